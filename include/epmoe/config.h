@@ -1,0 +1,82 @@
+// Layer configuration and its validation. All configuration checks live in validate(); every issue
+// it reports names the field, the value and the fix.
+#pragma once
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "epmoe/format.h"
+#include "epmoe/placement.h"
+
+namespace epmoe {
+
+enum class RouterKind : uint8_t {
+  softmax_topk,          // softmax over E in fp32, top-K (ties: lower id), optional renormalize
+  sigmoid_grouped_topk,  // DeepSeek-V3: sigmoid, +bias for choice, n_group/topk_group, scaling
+};
+
+struct RouterConfig {
+  RouterKind kind = RouterKind::softmax_topk;
+  bool renormalize = true;
+  int n_group = 1;                    // sigmoid_grouped_topk: groups of E/n_group experts
+  int topk_group = 1;                 // sigmoid_grouped_topk: groups kept
+  float routed_scaling_factor = 1.f;  // sigmoid_grouped_topk: multiplies the final weights
+};
+
+// Whether the runner re-quantizes silu(gate)*up before the second GEMM. GPU runners that feed fp8
+// tensor cores do; the reference runner reproduces the same rounding when asked, so the two can be
+// compared tightly.
+enum class IntermediateQuant : uint8_t { none, fp8 };
+
+struct MoeConfig {
+  // Model shape.
+  int hidden = 0;        // H
+  int intermediate = 0;  // I, per expert
+  int num_experts = 0;   // E
+  int top_k = 0;         // K
+  RouterConfig router;
+
+  // Parallelism.
+  int num_ranks = 1;  // R
+  int capacity = 0;   // C: most tokens one rank may dispatch per call
+  std::optional<ExpertPlacement> placement;  // empty: contiguous (E % R == 0)
+
+  // Formats.
+  ActFormat dispatch_format = ActFormat::bf16;
+  bool fp8_ue8m0 = false;
+  float nvfp4_global_scale = 0.f;  // activation gs for nvfp4 dispatch; > 0 required
+  WeightFormat weight_format = WeightFormat::bf16;
+  ActFormat combine_format = ActFormat::bf16;  // bf16 or fp8
+  IntermediateQuant intermediate_quant = IntermediateQuant::none;
+
+  // Backends (see registry.h for the valid pairs).
+  std::string dispatcher = "cpu";
+  std::string runner = "reference";
+
+  // Communication kernels.
+  int comm_sms = 24;           // SMs a device-initiated dispatcher may use
+  int timeout_ms = 10000;      // how long to wait for a peer before naming it in a TimeoutError
+
+  // Derived.
+  int experts_per_rank() const;  // slots per rank (placement-aware)
+  QuantParams quant_params() const { return QuantParams{fp8_ue8m0, nvfp4_global_scale}; }
+  ExpertPlacement resolved_placement() const;  // the explicit map or the contiguous one
+};
+
+struct ConfigIssue {
+  std::string field;    // e.g. "hidden"
+  std::string value;    // e.g. "7000"
+  std::string message;  // e.g. "hidden=7000 is not a multiple of 128, which dispatch format fp8 requires"
+};
+
+// Every problem with `cfg`, in field order. Empty when valid.
+std::vector<ConfigIssue> validate(const MoeConfig& cfg);
+// Throws UsageError listing every issue.
+void validate_or_throw(const MoeConfig& cfg);
+// A hash of everything ranks must agree on; compared across ranks at setup.
+uint64_t config_fingerprint(const MoeConfig& cfg);
+// Human-readable multi-line dump (what `epmoe validate` prints).
+std::string describe(const MoeConfig& cfg);
+
+}  // namespace epmoe

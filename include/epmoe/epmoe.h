@@ -1,0 +1,16 @@
+// Umbrella header.
+#pragma once
+#include "epmoe/comm.h"
+#include "epmoe/config.h"
+#include "epmoe/dispatch.h"
+#include "epmoe/error.h"
+#include "epmoe/format.h"
+#include "epmoe/layer.h"
+#include "epmoe/numeric.h"
+#include "epmoe/placement.h"
+#include "epmoe/presets.h"
+#include "epmoe/quant.h"
+#include "epmoe/registry.h"
+#include "epmoe/router.h"
+#include "epmoe/runner.h"
+#include "epmoe/tensor.h"

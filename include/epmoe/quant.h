@@ -1,0 +1,60 @@
+// Activation and weight quantization (design.md 3.2, 3.4), CPU reference. The operation order is
+// part of the format: the CUDA quantizers follow it exactly and match bitwise.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "epmoe/format.h"
+#include "epmoe/tensor.h"
+
+namespace epmoe {
+
+// ---- single blocks -------------------------------------------------------------------------
+// fp8 block of 128 (n may be < 128 only in tests): writes n e4m3 codes, returns the fp32 scale.
+float quantize_fp8_block(const float* x, int n, bool ue8m0, uint8_t* q);
+// nvfp4 block of 16: writes 8 packed bytes (element 2i low nibble), returns the e4m3 scale code.
+uint8_t quantize_nvfp4_block(const float* x16, float global_scale, uint8_t* packed8);
+// gs = 448 * 6 / amax over `n` values (amax of 0 gives gs = 1).
+float nvfp4_global_scale(const float* x, size_t n);
+float nvfp4_global_scale_bf16(const bf16_raw* x, size_t n);
+
+// ---- rows of activations ---------------------------------------------------------------------
+// in: [T, H] bf16. payload: [T][payload_bytes(f, H)], scales: [T][scale_bytes(f, H)].
+void quantize_rows(ActFormat f, const QuantParams& p, const bf16_raw* in, int64_t T, int H,
+                   uint8_t* payload, uint8_t* scales);
+// Inverse: out [T, H] fp32. For bf16 this is an exact widening.
+void dequantize_rows(ActFormat f, const QuantParams& p, const uint8_t* payload, const uint8_t* scales,
+                     int64_t T, int H, float* out);
+
+// ---- weights ---------------------------------------------------------------------------------
+// One weight matrix for all experts of a rank: [E_loc][rows][cols], K (= cols) contiguous.
+struct MatrixView {
+  WeightFormat format = WeightFormat::bf16;
+  int experts = 0, rows = 0, cols = 0;
+  const void* data = nullptr;           // bf16: u16 [E][rows][cols]; fp8: e4m3 [E][rows][cols];
+                                        // nvfp4: packed [E][rows][cols/2]
+  const void* scales = nullptr;         // fp8: f32 [E][rows/128][cols/128]; nvfp4: e4m3 [E][rows][cols/16]
+  const float* global_scale = nullptr;  // nvfp4: [E]
+  DeviceKind device = DeviceKind::cpu;
+
+  size_t data_bytes() const;
+  size_t scale_bytes() const;
+};
+
+// Host-owned quantized matrix.
+struct HostMatrix {
+  WeightFormat format = WeightFormat::bf16;
+  int experts = 0, rows = 0, cols = 0;
+  std::vector<uint8_t> data, scales;
+  std::vector<float> global_scale;
+  MatrixView view() const;
+};
+
+// Quantizes fp32 weights [E][rows][cols]: bf16 by RNE; fp8 per 128x128 tile with the fp8 rule of
+// 3.2 (amax over the tile); nvfp4 per 16 along cols with gs computed per expert from its data.
+HostMatrix quantize_matrix(const float* w, int experts, int rows, int cols, WeightFormat f);
+// Dequantizes expert `e`, rows [r0, r0+n) into out [n][cols] fp32.
+void dequantize_matrix_rows(const MatrixView& m, int e, int r0, int n, float* out);
+
+}  // namespace epmoe
