@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# On a GPU machine: build, run every GPU test and the benchmarks, and write a short summary.
+#   scripts/gpu_check.sh [--tests REGEX] [--no-bench] [--bench "ARGS"]...
+# Output: $OUT (or ./out) gets summary.md, ctest.log, bench logs. The GPU machine keeps nothing, so
+# copy the summary into bench/results/ and commit it.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+out=${OUT:-$(pwd)/out}
+mkdir -p "$out"
+export NCCL_NVLS_ENABLE=0 NVSHMEM_DISABLE_NVLS=1 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
+tests_regex=""; run_bench=1; benches=()
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --tests) tests_regex="$2"; shift 2 ;;
+    --no-bench) run_bench=0; shift ;;
+    --bench) benches+=("$2"); shift 2 ;;
+    *) echo "unknown argument $1"; exit 2 ;;
+  esac
+done
+[ ${#benches[@]} -eq 0 ] && benches=("runner" "a2a" "layer")
+
+summary="$out/summary.md"
+{
+  echo "# epmoe GPU check"
+  echo "- date: $(date -u +%Y-%m-%dT%H:%MZ)"
+  echo "- commit: $(git rev-parse --short HEAD 2>/dev/null || echo unknown)$(git diff --quiet 2>/dev/null || echo ' (+uncommitted changes)')"
+  echo "- GPUs: $(nvidia-smi --query-gpu=name --format=csv,noheader | sort | uniq -c | sed 's/^ *//' | paste -sd, -)"
+  echo "- nvcc: $(nvcc --version | tail -1)"
+} > "$summary"
+
+# The NCCL the library links is the one whose headers it is built with (the system copy here).
+t0=$(date +%s)
+cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release ${EPMOE_CMAKE_ARGS:-} > "$out/build.log" 2>&1 &&
+  cmake --build build-gpu -j "$(nproc)" >> "$out/build.log" 2>&1
+rc=$?
+echo "- build: $([ $rc -eq 0 ] && echo ok || echo FAILED) in $(( $(date +%s) - t0 )) s" >> "$summary"
+if [ $rc -ne 0 ]; then tail -40 "$out/build.log"; cat "$summary"; exit 1; fi
+
+(cd build-gpu && ctest -L gpu --output-on-failure --timeout 600 ${tests_regex:+-R "$tests_regex"}) > "$out/ctest.log" 2>&1
+echo "- GPU tests: $(grep -E 'tests passed|tests failed' "$out/ctest.log" | tail -1)" >> "$summary"
+grep -E '^\s+[0-9]+ - .*\((Failed|Timeout|SEGFAULT|Subprocess)' "$out/ctest.log" | head -20 | sed 's/^/  - FAIL /' >> "$summary"
+
+if [ $run_bench -eq 1 ]; then
+  for b in "${benches[@]}"; do
+    name=$(echo "$b" | tr ' /' '__' | tr -cd 'A-Za-z0-9_.-')
+    echo "## bench $b" >> "$summary"
+    timeout 300 ./build-gpu/epmoe bench $b > "$out/bench_$name.log" 2>&1
+    echo "(exit $?)" >> "$out/bench_$name.log"
+    sed 's/^/    /' "$out/bench_$name.log" | tail -60 >> "$summary"
+  done
+fi
+cat "$summary"
