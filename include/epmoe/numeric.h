@@ -5,6 +5,7 @@
 // NaN policy (documented in docs/FORMATS.md): bf16 keeps NaN (quiet); e4m3 maps NaN to 0x7f (NaN);
 // e2m1 has no NaN and maps it to +0 (code 0). +-Inf saturate to +-448 (e4m3) and +-6 (e2m1).
 #pragma once
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 
@@ -125,5 +126,40 @@ EPMOE_HD float e2m1_to_f32(uint8_t q) {
   float v = c < 4 ? 0.5f * static_cast<float>(c) : (c == 4 ? 2.0f : (c == 5 ? 3.0f : (c == 6 ? 4.0f : 6.0f)));
   return (q & 0x8u) ? -v : v;
 }
+
+// ---- exp / sigmoid with one fixed operation sequence ------------------------------------------
+// Library expf differs between glibc and CUDA in the last bit; the router needs CPU and GPU to
+// agree bitwise, so both use this: n = rint(x*log2(e)), r = x - n*ln2 (two fma steps, Cody-Waite),
+// Taylor polynomial of degree 7 in Horner form with explicit fma (|r| <= ln2/2 keeps the error
+// under 2 ulp), then scaling by 2^n through the exponent bits.
+EPMOE_HD float exp_f32(float x) {
+  if (x != x) return x;
+  if (x > 88.72283935546875f) return bits_f32(0x7f800000u);
+  if (x < -103.97208404541016f) return 0.0f;
+  const float n = rintf(x * 1.44269502162933349609375f);
+  float r = fmaf(-n, 0.693145751953125f, x);          // ln2 high part (exact in 16 bits)
+  r = fmaf(-n, 1.428606765330187045e-06f, r);          // ln2 low part
+  float p = 1.98412698412698412e-04f;                  // 1/5040
+  p = fmaf(p, r, 1.38888888888888889e-03f);            // 1/720
+  p = fmaf(p, r, 8.33333333333333333e-03f);            // 1/120
+  p = fmaf(p, r, 4.16666666666666667e-02f);            // 1/24
+  p = fmaf(p, r, 1.66666666666666667e-01f);            // 1/6
+  p = fmaf(p, r, 0.5f);
+  p = fmaf(p, r, 1.0f);
+  p = fmaf(p, r, 1.0f);
+  int ni = static_cast<int>(n);
+  // 2^n may be subnormal: split the scaling so each factor is a normal power of two.
+  if (ni < -126) {
+    p *= bits_f32(static_cast<uint32_t>(ni + 126 + 127) << 23);
+    ni = -126;
+  }
+  if (ni > 127) {
+    p *= 2.0f;
+    ni -= 1;
+  }
+  return p * bits_f32(static_cast<uint32_t>(ni + 127) << 23);
+}
+
+EPMOE_HD float sigmoid_f32(float x) { return 1.0f / (1.0f + exp_f32(-x)); }
 
 }  // namespace epmoe::num
