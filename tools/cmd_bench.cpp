@@ -1,0 +1,39 @@
+// `epmoe bench <subcommand>`: a front for the benchmark drivers, which register themselves from
+// tools/bench_*.cpp through BenchRegistrar (see commands.h).
+#include <algorithm>
+#include <cstdio>
+
+#include "commands.h"
+
+namespace epmoe::cli {
+namespace {
+
+void list_subcommands(std::FILE* to) {
+  std::fprintf(to, "usage: epmoe bench <subcommand> [flags]\n\n");
+  if (bench_commands().empty()) {
+    std::fprintf(to, "no bench subcommand is built into this binary (they register from tools/bench_*.cpp)\n");
+    return;
+  }
+  auto table = bench_commands();
+  std::sort(table.begin(), table.end(), [](const Command& a, const Command& b) { return a.name < b.name; });
+  std::fprintf(to, "subcommands:\n");
+  for (const auto& c : table) std::fprintf(to, "  %-10s %s\n", c.name.c_str(), c.summary.c_str());
+  std::fprintf(to, "\n'epmoe bench <subcommand> --help' describes its flags.\n");
+}
+
+int bench_main(const std::vector<std::string>& args) {
+  if (args.empty() || args[0] == "--help" || args[0] == "-h" || args[0] == "help") {
+    list_subcommands(stdout);
+    return 0;
+  }
+  for (const auto& c : bench_commands())
+    if (c.name == args[0]) return c.run(std::vector<std::string>(args.begin() + 1, args.end()));
+  std::fprintf(stderr, "epmoe bench: unknown subcommand '%s'\n\n", args[0].c_str());
+  list_subcommands(stderr);
+  return 2;
+}
+
+const CommandRegistrar reg{{"bench", "benchmarks (epmoe bench: list of subcommands)", bench_main}};
+
+}  // namespace
+}  // namespace epmoe::cli
