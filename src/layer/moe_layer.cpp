@@ -1,0 +1,248 @@
+// MoeLayer: one rank's share of the layer. It checks arguments, routes when given logits, and
+// runs the registered step (dispatch -> run -> combine) of the configured backend pair.
+#include "epmoe/layer.h"
+
+#include <string>
+#include <vector>
+
+#include "epmoe/error.h"
+#include "epmoe/registry.h"
+#include "epmoe/router.h"
+
+#if defined(EPMOE_WITH_CUDA)
+#include <cuda_runtime.h>
+
+#include "route/cuda/route.h"
+#endif
+
+namespace epmoe {
+
+namespace {
+
+std::string dims(const MatrixView& m) {
+  return "[" + std::to_string(m.experts) + "][" + std::to_string(m.rows) + "][" + std::to_string(m.cols) + "]";
+}
+
+void check_weights(const MoeConfig& cfg, const ExpertWeights& w, DeviceKind device) {
+  const int El = cfg.experts_per_rank(), H = cfg.hidden, I = cfg.intermediate;
+  auto fail = [](const std::string& msg) { throw UsageError("MoeLayer weights: " + msg); };
+  if (w.num_local_experts != El || w.hidden != H || w.intermediate != I)
+    fail("num_local_experts=" + std::to_string(w.num_local_experts) + " hidden=" + std::to_string(w.hidden) +
+         " intermediate=" + std::to_string(w.intermediate) + " do not match the configuration (" + std::to_string(El) +
+         ", " + std::to_string(H) + ", " + std::to_string(I) + "); build this rank's weights for the config's placement");
+  const struct {
+    const MatrixView& m;
+    const char* name;
+    int rows, cols;
+  } mats[] = {{w.w13, "w13", 2 * I, H}, {w.w2, "w2", H, I}};
+  for (const auto& x : mats) {
+    if (x.m.experts != El || x.m.rows != x.rows || x.m.cols != x.cols)
+      fail(std::string(x.name) + " is " + dims(x.m) + ", expected [" + std::to_string(El) + "][" +
+           std::to_string(x.rows) + "][" + std::to_string(x.cols) + "] (E_loc, rows, cols)");
+    if (x.m.format != cfg.weight_format)
+      fail(std::string(x.name) + " has format " + format_name(x.m.format) + " but weight_format=" +
+           format_name(cfg.weight_format) + "; quantize the weights to the configured format or change the config");
+    if (x.m.device != device)
+      fail(std::string(x.name) + " is on " + device_name(x.m.device) + " but the runner needs weights on " +
+           device_name(device));
+    if (El > 0 && x.m.data == nullptr) fail(std::string(x.name) + ".data is null");
+  }
+}
+
+#if defined(EPMOE_WITH_CUDA)
+void cuda_check(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) throw BackendError(std::string("MoeLayer: ") + what + ": " + cudaGetErrorString(e));
+}
+
+// Device memory that frees itself; allocation on a given device without changing the caller's one.
+struct DeviceBuffer {
+  void* ptr = nullptr;
+  size_t bytes = 0;
+  int device = 0;
+  void reserve(size_t n, int dev) {
+    if (n <= bytes) return;
+    int prev = 0;
+    cuda_check(cudaGetDevice(&prev), "cudaGetDevice");
+    cuda_check(cudaSetDevice(dev), "cudaSetDevice");
+    if (ptr) cudaFree(ptr);
+    ptr = nullptr;
+    bytes = 0;
+    const cudaError_t e = cudaMalloc(&ptr, n);
+    cudaSetDevice(prev);
+    cuda_check(e, "cudaMalloc of a layer workspace");
+    bytes = n;
+    device = dev;
+  }
+  ~DeviceBuffer() {
+    if (ptr) cudaFree(ptr);
+  }
+};
+#endif
+
+}  // namespace
+
+struct MoeLayer::Impl {
+  MoeConfig cfg;
+  Communicator& comm;
+  ExpertWeights weights;
+  const float* router_bias;
+  Registry::Pair pair;
+  std::unique_ptr<Dispatcher> dispatcher;
+  std::unique_ptr<Runner> runner;
+  DeviceKind device = DeviceKind::cpu;
+
+  // Host scratch (cpu device): y [R][C][H], routed ids/weights.
+  std::vector<bf16_raw> y_host;
+  std::vector<int32_t> ids_host;
+  std::vector<float> w_host;
+#if defined(EPMOE_WITH_CUDA)
+  DeviceBuffer y_dev, ids_dev, w_dev;
+#endif
+
+  Impl(const MoeConfig& c, Communicator& cm, const ExpertWeights& w, const float* bias)
+      : cfg(c), comm(cm), weights(w), router_bias(bias) {}
+
+  bf16_raw* y() {
+#if defined(EPMOE_WITH_CUDA)
+    if (device == DeviceKind::cuda) return static_cast<bf16_raw*>(y_dev.ptr);
+#endif
+    return y_host.data();
+  }
+
+  // Shape and placement errors are local to one rank, but every rank must fail together or the
+  // others would wait in dispatch until their timeout. On the cpu fabric one extra agreement round
+  // is cheap, so every rank learns that some rank's input was bad; the rank with the bad input
+  // reports its own message. On GPU communicators only the dispatcher's collective checks (T > C,
+  // ids) are shared, to keep the forward free of host round trips.
+  void agree_on_input(const std::string& local_error) {
+    if (comm.size() > 1 && comm.device() == DeviceKind::cpu) {
+      try {
+        comm.check_same(local_error.empty() ? 0 : 1, "forward input check (0 = ok, 1 = bad input)");
+      } catch (const UsageError&) {
+        if (!local_error.empty()) throw UsageError(local_error);
+        throw;
+      }
+    }
+    if (!local_error.empty()) throw UsageError(local_error);
+  }
+
+  void step(int64_t T, const TensorView& hidden, const int32_t* ids, const float* w, const TensorView& out,
+            Stream stream) {
+    StepContext ctx{*dispatcher, *runner, weights, y()};
+    DispatchInput in;
+    in.num_tokens = T;
+    in.hidden = hidden.as<const bf16_raw>();
+    in.topk_ids = ids;
+    in.topk_weights = w;
+    in.stream = stream;
+    pair.step(ctx, in, out.as<bf16_raw>());
+  }
+};
+
+MoeLayer::MoeLayer(const MoeConfig& cfg, Communicator& comm, const ExpertWeights& weights, const float* router_bias)
+    : impl_(std::make_unique<Impl>(cfg, comm, weights, router_bias)) {
+  validate_or_throw(cfg);
+  Impl& s = *impl_;
+  s.pair = Registry::global().resolve(cfg);
+  s.device = s.pair.runner->device;
+  if (comm.size() != cfg.num_ranks)
+    throw UsageError("MoeLayer: the communicator has " + std::to_string(comm.size()) + " ranks but num_ranks=" +
+                     std::to_string(cfg.num_ranks) + "; create the group with num_ranks ranks");
+  bool kind_ok = false;
+  std::string kinds;
+  for (const auto& k : s.pair.dispatcher->comm_kinds) {
+    kind_ok |= (k == comm.kind());
+    kinds += (kinds.empty() ? "" : ", ") + k;
+  }
+  if (!kind_ok)
+    throw UsageError("MoeLayer: dispatcher=" + cfg.dispatcher + " runs on communicators of kind " + kinds +
+                     ", but this one is '" + comm.kind() + "'; create a matching communicator or pick another dispatcher");
+  if (comm.device() != s.device)
+    throw UsageError(std::string("MoeLayer: the communicator's ranks live on ") + device_name(comm.device()) +
+                     " but runner=" + cfg.runner + " runs on " + device_name(s.device) +
+                     "; pick a runner for that device");
+  check_weights(cfg, weights, s.device);
+
+  const size_t y_elems = size_t(cfg.num_ranks) * cfg.capacity * cfg.hidden;
+  if (s.device == DeviceKind::cpu) {
+    s.y_host.assign(y_elems, 0);
+  } else {
+#if defined(EPMOE_WITH_CUDA)
+    s.y_dev.reserve(y_elems * sizeof(bf16_raw), comm.device_index());
+    s.ids_dev.reserve(size_t(cfg.capacity) * cfg.top_k * sizeof(int32_t), comm.device_index());
+    s.w_dev.reserve(size_t(cfg.capacity) * cfg.top_k * sizeof(float), comm.device_index());
+#else
+    throw UsageError("MoeLayer: runner=" + cfg.runner + " needs CUDA, which this build does not have");
+#endif
+  }
+  // Collective: the dispatcher checks the configuration fingerprint with every rank.
+  s.dispatcher = s.pair.dispatcher->create(cfg, comm);
+  s.runner = s.pair.runner->create(cfg, comm.device_index());
+}
+
+MoeLayer::~MoeLayer() = default;
+
+const MoeConfig& MoeLayer::config() const { return impl_->cfg; }
+int MoeLayer::rank() const { return impl_->comm.rank(); }
+
+void MoeLayer::forward(const TensorView& hidden, const TensorView& router_logits, const TensorView& out,
+                       Stream stream) {
+  Impl& s = *impl_;
+  const MoeConfig& c = s.cfg;
+  const int K = c.top_k;
+  std::string err;
+  int64_t T = 0;
+  try {
+    check_tensor(hidden, "hidden", DType::bf16, {-1, c.hidden}, s.device);
+    T = hidden.size(0);
+    check_tensor(router_logits, "router_logits", router_logits.dtype == DType::bf16 ? DType::bf16 : DType::f32,
+                 {T, c.num_experts}, s.device);
+    check_tensor(out, "out", DType::bf16, {T, c.hidden}, s.device);
+  } catch (const UsageError& e) {
+    err = e.what();
+  }
+  s.agree_on_input(err);
+
+  if (s.device == DeviceKind::cpu) {
+    s.ids_host.resize(size_t(T) * K);
+    s.w_host.resize(size_t(T) * K);
+    route_cpu(c.router, router_logits, s.router_bias, K, s.ids_host.data(), s.w_host.data());
+    s.step(T, hidden, s.ids_host.data(), s.w_host.data(), out, stream);
+    return;
+  }
+#if defined(EPMOE_WITH_CUDA)
+  // T > C is reported by the dispatcher on every rank; the scratch grows so routing stays in bounds.
+  s.ids_dev.reserve(size_t(T) * K * sizeof(int32_t), s.comm.device_index());
+  s.w_dev.reserve(size_t(T) * K * sizeof(float), s.comm.device_index());
+  auto* ids = static_cast<int32_t*>(s.ids_dev.ptr);
+  auto* w = static_cast<float*>(s.w_dev.ptr);
+  cuda::route(c.router, router_logits, s.router_bias, K, ids, w, static_cast<cudaStream_t>(stream));
+  s.step(T, hidden, ids, w, out, stream);
+#else
+  throw UsageError("MoeLayer: CUDA routing not built");
+#endif
+}
+
+void MoeLayer::forward_routed(const TensorView& hidden, const TensorView& topk_ids, const TensorView& topk_weights,
+                              const TensorView& out, Stream stream) {
+  Impl& s = *impl_;
+  const MoeConfig& c = s.cfg;
+  std::string err;
+  int64_t T = 0;
+  try {
+    check_tensor(hidden, "hidden", DType::bf16, {-1, c.hidden}, s.device);
+    T = hidden.size(0);
+    check_tensor(topk_ids, "topk_ids", DType::i32, {T, c.top_k}, s.device);
+    check_tensor(topk_weights, "topk_weights", DType::f32, {T, c.top_k}, s.device);
+    check_tensor(out, "out", DType::bf16, {T, c.hidden}, s.device);
+    // Host ids are checked here so the message names the token; the dispatcher checks again
+    // (collectively, and on devices where the ids cannot be read from the host).
+    if (s.device == DeviceKind::cpu) check_topk_ids(topk_ids.as<const int32_t>(), T, c.top_k, c.num_experts);
+  } catch (const UsageError& e) {
+    err = e.what();
+  }
+  s.agree_on_input(err);
+  s.step(T, hidden, topk_ids.as<const int32_t>(), topk_weights.as<const float>(), out, stream);
+}
+
+}  // namespace epmoe
