@@ -1,0 +1,129 @@
+#include "dispatch/plan.h"
+
+#include <algorithm>
+#include <cstring>
+
+namespace epmoe::detail {
+
+void DispatchPlan::translated_row(int64_t t, int d, int32_t* out) const {
+  const size_t base = size_t(t) * top_k;
+  for (int k = 0; k < top_k; ++k) out[k] = copy_rank[base + k] == d ? copy_slot[base + k] : -1;
+}
+
+DispatchPlan make_dispatch_plan(const ExpertPlacement& placement, int src_rank, const int32_t* ids,
+                                int64_t num_tokens, int top_k) {
+  DispatchPlan p;
+  const int R = placement.num_ranks();
+  p.num_ranks = R;
+  p.top_k = top_k;
+  p.num_tokens = num_tokens;
+  p.send_counts.assign(R, 0);
+  p.slot.assign(size_t(num_tokens) * R, -1);
+  p.copy_rank.assign(size_t(num_tokens) * top_k, -1);
+  p.copy_slot.assign(size_t(num_tokens) * top_k, -1);
+  for (int64_t t = 0; t < num_tokens; ++t) {
+    for (int k = 0; k < top_k; ++k) {
+      const size_t i = size_t(t) * top_k + k;
+      const int32_t e = ids[i];
+      if (e < 0) continue;
+      const ExpertCopy c = placement.choose(e, src_rank, t);
+      p.copy_rank[i] = c.rank;
+      p.copy_slot[i] = c.slot;
+      int32_t& s = p.slot[size_t(t) * R + c.rank];
+      // Several of t's experts on one rank still make one copy there.
+      if (s < 0) s = p.send_counts[c.rank]++;
+    }
+  }
+  return p;
+}
+
+std::string input_problem(int64_t num_tokens, int capacity, int num_experts, int top_k, const void* hidden,
+                          const int32_t* ids, const float* weights) {
+  if (num_tokens < 0) return "num_tokens=" + std::to_string(num_tokens) + " is negative";
+  if (num_tokens > capacity)
+    return "T=" + std::to_string(num_tokens) + " tokens exceeds capacity C=" + std::to_string(capacity) +
+           "; raise MoeConfig::capacity (--capacity)";
+  if (num_tokens == 0) return "";
+  if (!hidden || !ids || !weights)
+    return std::string("DispatchInput::") + (!hidden ? "hidden" : !ids ? "topk_ids" : "topk_weights") +
+           " is null with T=" + std::to_string(num_tokens) + " > 0; pass [T, H] hidden and [T, K] ids and weights";
+  for (int64_t t = 0; t < num_tokens; ++t)
+    for (int k = 0; k < top_k; ++k) {
+      const int32_t id = ids[size_t(t) * top_k + k];
+      if (id < -1 || id >= num_experts)
+        return "topk_ids[token " + std::to_string(t) + ", k " + std::to_string(k) + "] = " + std::to_string(id) +
+               " is outside [-1, E=" + std::to_string(num_experts) + "); pass expert ids in [0, " +
+               std::to_string(num_experts) + ") or -1 for none";
+    }
+  return "";
+}
+
+void HostRecvBuffers::allocate(int R, int C, int H, int K, int E_loc, ActFormat f) {
+  num_ranks = R;
+  capacity = C;
+  hidden = H;
+  top_k = K;
+  num_local_experts = E_loc;
+  format = f;
+  const size_t slots = size_t(R) * C;
+  payload.assign(slots * payload_bytes(f, H), 0);
+  scales.assign(slots * scale_bytes(f, H), 0);
+  local_ids.assign(slots * K, -1);
+  weights.assign(slots * K, 0.0f);
+  counts.assign(R, 0);
+  expert_counts.assign(E_loc, 0);
+}
+
+DispatchOutput HostRecvBuffers::view(const QuantParams& quant) const {
+  DispatchOutput o;
+  o.num_ranks = num_ranks;
+  o.capacity = capacity;
+  o.hidden = hidden;
+  o.top_k = top_k;
+  o.num_local_experts = num_local_experts;
+  o.format = format;
+  o.quant = quant;
+  o.device = DeviceKind::cpu;
+  o.payload = payload.data();
+  o.scales = scales.empty() ? nullptr : scales.data();
+  o.local_ids = local_ids.data();
+  o.weights = weights.data();
+  o.counts = counts.data();
+  o.expert_counts = expert_counts.data();
+  return o;
+}
+
+void write_region(const DispatchPlan& plan, int src, int d, const uint8_t* enc_payload, const uint8_t* enc_scales,
+                  const float* weights, HostRecvBuffers& dst) {
+  const size_t pb = payload_bytes(dst.format, dst.hidden), sb = scale_bytes(dst.format, dst.hidden);
+  const int K = plan.top_k;
+  for (int64_t t = 0; t < plan.num_tokens; ++t) {
+    const int32_t j = plan.slot_of(t, d);
+    if (j < 0) continue;
+    const size_t slot = size_t(src) * dst.capacity + j;
+    std::memcpy(dst.payload.data() + slot * pb, enc_payload + size_t(t) * pb, pb);
+    if (sb) std::memcpy(dst.scales.data() + slot * sb, enc_scales + size_t(t) * sb, sb);
+    plan.translated_row(t, d, dst.local_ids.data() + slot * K);
+    std::memcpy(dst.weights.data() + slot * K, weights + size_t(t) * K, sizeof(float) * K);
+  }
+}
+
+void finalize_receive(HostRecvBuffers& buf) {
+  const int K = buf.top_k;
+  std::fill(buf.expert_counts.begin(), buf.expert_counts.end(), 0);
+  for (int s = 0; s < buf.num_ranks; ++s) {
+    for (int j = 0; j < buf.capacity; ++j) {
+      const size_t slot = size_t(s) * buf.capacity + j;
+      int32_t* ids = buf.local_ids.data() + slot * K;
+      if (j >= buf.counts[s]) {
+        std::fill(ids, ids + K, -1);
+        std::fill(buf.weights.data() + slot * K, buf.weights.data() + (slot + 1) * K, 0.0f);
+        continue;
+      }
+      for (int k = 0; k < K; ++k)
+        if (ids[k] >= 0) ++buf.expert_counts[ids[k]];
+    }
+  }
+}
+
+}  // namespace epmoe::detail
