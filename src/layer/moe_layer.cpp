@@ -20,7 +20,14 @@ namespace epmoe {
 namespace {
 
 std::string dims(const MatrixView& m) {
-  return "[" + std::to_string(m.experts) + "][" + std::to_string(m.rows) + "][" + std::to_string(m.cols) + "]";
+  std::string s = "[";
+  s += std::to_string(m.experts);
+  s += "][";
+  s += std::to_string(m.rows);
+  s += "][";
+  s += std::to_string(m.cols);
+  s += "]";
+  return s;
 }
 
 void check_weights(const MoeConfig& cfg, const ExpertWeights& w, DeviceKind device) {
