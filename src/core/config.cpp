@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <climits>
 #include <cstdio>
 #include <cstring>
 #include <sstream>
@@ -180,6 +181,11 @@ std::vector<ConfigIssue> validate(const MoeConfig& c) {
   if (c.capacity < 1) {
     is.add("capacity", c.capacity,
            "must be >= 1; set it to the most tokens one rank dispatches per call (e.g. the max batch tokens)");
+  } else if (c.num_ranks >= 1 && int64_t(c.capacity) * c.num_ranks > int64_t(INT32_MAX)) {
+    // Receive slots [R][C] are indexed with 32-bit integers on the device.
+    is.add("capacity", c.capacity,
+           "times num_ranks=" + std::to_string(c.num_ranks) + " exceeds 2^31-1 receive slots; lower capacity to <= " +
+               std::to_string(int64_t(INT32_MAX) / c.num_ranks));
   }
   check_placement(c, is);
   if (c.dispatch_format == ActFormat::nvfp4 &&

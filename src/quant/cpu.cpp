@@ -47,6 +47,14 @@ void check_act_args(const char* fn, ActFormat f, const QuantParams& p, int H) {
   }
 }
 
+void check_ptrs(const char* fn, ActFormat f, const void* values, const void* payload, const void* scales) {
+  if (values == nullptr || payload == nullptr || (f != ActFormat::bf16 && scales == nullptr)) {
+    throw UsageError(std::string(fn) + ": a null " +
+                     (values == nullptr ? "row buffer" : payload == nullptr ? "payload buffer" : "scales buffer") +
+                     " for format " + format_name(f) + " with T > 0; pass the buffers (scales may be null only for bf16)");
+  }
+}
+
 }  // namespace
 
 float quantize_fp8_block(const float* x, int n, bool ue8m0, uint8_t* q) {
@@ -115,6 +123,7 @@ void quantize_rows(ActFormat f, const QuantParams& p, const bf16_raw* in, int64_
   check_act_args("quantize_rows", f, p, H);
   if (T < 0) throw UsageError("quantize_rows: T=" + std::to_string(T) + " must be >= 0");
   if (T == 0 || H == 0) return;
+  check_ptrs("quantize_rows", f, in, payload, scales);
   const size_t pb = payload_bytes(f, H), sb = scale_bytes(f, H);
   std::vector<float> row(static_cast<size_t>(H));
   for (int64_t t = 0; t < T; ++t) {
@@ -142,6 +151,8 @@ void dequantize_rows(ActFormat f, const QuantParams& p, const uint8_t* payload, 
                      int H, float* out) {
   check_act_args("dequantize_rows", f, p, H);
   if (T < 0) throw UsageError("dequantize_rows: T=" + std::to_string(T) + " must be >= 0");
+  if (T == 0 || H == 0) return;
+  check_ptrs("dequantize_rows", f, out, payload, scales);
   const size_t pb = payload_bytes(f, H), sb = scale_bytes(f, H);
   for (int64_t t = 0; t < T; ++t) {
     const uint8_t* src = payload + size_t(t) * pb;

@@ -162,6 +162,8 @@ TEST(CoreConfig, RanksCapacityAndContiguousPlacement) {
   c = base();
   c.capacity = 0;
   expect_has(only_issue(c, "capacity").message, "capacity=0 must be >= 1");
+  c.capacity = 1 << 30;
+  expect_has(only_issue(c, "capacity").message, "exceeds 2^31-1 receive slots; lower capacity to <= 1073741823");
   c = base();
   c.num_ranks = 3;
   ConfigIssue i = only_issue(c, "placement");

@@ -310,6 +310,8 @@ TEST(QuantCpu, RowsRejectBadArguments) {
   } catch (const UsageError& e) {
     EXPECT_NE(std::string(e.what()).find("H=20 is not a multiple of 16"), std::string::npos) << e.what();
   }
+  EXPECT_THROW(quantize_rows(ActFormat::fp8, {}, in.data(), 1, 128, a.data(), nullptr), UsageError);
+  EXPECT_THROW(dequantize_rows(ActFormat::fp8, {}, a.data(), nullptr, 1, 128, nullptr), UsageError);
   // T = 0 touches nothing.
   quantize_rows(ActFormat::fp8, {}, nullptr, 0, 128, nullptr, nullptr);
 }
