@@ -1,0 +1,298 @@
+// NCCL communicators: creation (one process for all GPUs, one process per GPU, mpirun bootstrap),
+// the version check, check_same, and bounded waits.
+#include "dispatch/nccl/nccl_comm_impl.h"
+
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <set>
+#include <thread>
+
+#include "core/cuda/check.h"
+#include "epmoe/error.h"
+#include "epmoe/nccl_comm.h"
+
+namespace epmoe {
+namespace detail {
+
+void nccl_check(ncclResult_t r, const char* expr, const char* file, int line) {
+  if (r == ncclSuccess || r == ncclInProgress) return;
+  const char* last = ncclGetLastError(nullptr);
+  throw BackendError(std::string("NCCL error at ") + file + ":" + std::to_string(line) + ": " + expr + " failed: " +
+                     ncclGetErrorString(r) + (last && *last ? std::string(" (") + last + ")" : std::string()));
+}
+
+namespace {
+std::string version_string(int code) {
+  // NCCL >= 2.9 encodes major*10000 + minor*100 + patch.
+  return std::to_string(code / 10000) + "." + std::to_string((code / 100) % 100) + "." + std::to_string(code % 100);
+}
+}  // namespace
+
+void nccl_preflight() {
+  // Must precede every NCCL initialisation in the process: NVLink multicast stays off (design.md 5).
+  setenv("NCCL_NVLS_ENABLE", "0", 1);
+  int v = 0;
+  EPMOE_NCCL_CHECK(ncclGetVersion(&v));
+  if (v != NCCL_VERSION_CODE && !std::getenv("EPMOE_NCCL_ALLOW_VERSION_MISMATCH")) {
+    throw BackendError("NCCL version mismatch: epmoe was compiled against NCCL " + version_string(NCCL_VERSION_CODE) +
+                       " but libnccl.so.2 loaded at run time is " + version_string(v) +
+                       "; the NCCL device API is inlined at compile time, so build against the NCCL you run with "
+                       "(cmake -DEPMOE_NCCL_ROOT=<prefix>) or put the matching libnccl.so.2 first on LD_LIBRARY_PATH");
+  }
+}
+
+NcclComm::NcclComm(ncclComm_t comm, int rank, int size, int device, int timeout_ms)
+    : comm_(comm), rank_(rank), size_(size), device_(device), timeout_ms_(timeout_ms) {
+  activate();
+  EPMOE_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+  dev_scratch_bytes_ = 4096;
+  EPMOE_CUDA_CHECK(cudaMalloc(&dev_scratch_, dev_scratch_bytes_));
+}
+
+NcclComm::~NcclComm() {
+  cudaSetDevice(device_);
+  if (stream_) cudaStreamSynchronize(stream_);
+  if (comm_) {
+    // A broken group may never complete a destroy (it synchronises with peers): abort instead.
+    if (broken_) ncclCommAbort(comm_);
+    else ncclCommDestroy(comm_);
+  }
+  if (dev_scratch_) cudaFree(dev_scratch_);
+  if (stream_) cudaStreamDestroy(stream_);
+}
+
+void NcclComm::activate() const { EPMOE_CUDA_CHECK(cudaSetDevice(device_)); }
+
+void NcclComm::wait(cudaStream_t stream, const char* where, int timeout_ms) {
+  if (broken_) throw BackendError(std::string("nccl communicator of rank ") + std::to_string(rank_) +
+                                  " is unusable after an earlier timeout or error (at " + where + ")");
+  const int limit = timeout_ms > 0 ? timeout_ms : timeout_ms_;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(limit);
+  int spins = 0;
+  for (;;) {
+    const cudaError_t q = cudaStreamQuery(stream);
+    if (q == cudaSuccess) return;
+    if (q != cudaErrorNotReady) EPMOE_CUDA_CHECK(q);
+    ncclResult_t async = ncclSuccess;
+    EPMOE_NCCL_CHECK(ncclCommGetAsyncError(comm_, &async));
+    if (async != ncclSuccess && async != ncclInProgress) {
+      broken_ = true;
+      EPMOE_NCCL_CHECK(async);
+    }
+    if (std::chrono::steady_clock::now() > deadline) {
+      broken_ = true;
+      ncclCommAbort(comm_);
+      comm_ = nullptr;
+      throw TimeoutError("rank " + std::to_string(rank_) + ": a peer did not arrive within " + std::to_string(limit) +
+                             " ms at " + where + " (NCCL collectives do not say which peer; rank -1 = unknown). "
+                             "Check that every rank calls the same collectives in the same order, or raise "
+                             "MoeConfig::timeout_ms (--timeout-ms)",
+                         -1);
+    }
+    // Spin briefly first (most waits are microseconds), then yield the core.
+    if (++spins > 2000) std::this_thread::sleep_for(std::chrono::microseconds(50));
+  }
+}
+
+std::vector<int32_t> NcclComm::all_gather_i32(const int32_t* host_values, int n, const char* where,
+                                             cudaStream_t stream) {
+  activate();
+  const size_t bytes = size_t(n) * 4 * (size_ + 1);
+  if (bytes > dev_scratch_bytes_) {
+    EPMOE_CUDA_CHECK(cudaFree(dev_scratch_));
+    dev_scratch_bytes_ = bytes;
+    EPMOE_CUDA_CHECK(cudaMalloc(&dev_scratch_, dev_scratch_bytes_));
+  }
+  int32_t* send = static_cast<int32_t*>(dev_scratch_);
+  int32_t* recv = send + n;
+  std::vector<int32_t> out(size_t(n) * size_);
+  // Pageable host memory: the copies are synchronous with respect to the host, which is what a
+  // small exchange wants anyway.
+  EPMOE_CUDA_CHECK(cudaMemcpyAsync(send, host_values, size_t(n) * 4, cudaMemcpyHostToDevice, stream));
+  EPMOE_NCCL_CHECK(ncclAllGather(send, recv, size_t(n), ncclInt32, comm_, stream));
+  wait(stream, where);
+  EPMOE_CUDA_CHECK(cudaMemcpyAsync(out.data(), recv, out.size() * 4, cudaMemcpyDeviceToHost, stream));
+  EPMOE_CUDA_CHECK(cudaStreamSynchronize(stream));
+  return out;
+}
+
+std::vector<uint64_t> NcclComm::all_gather_u64(uint64_t value, const char* where) {
+  int32_t parts[2];
+  std::memcpy(parts, &value, 8);
+  const std::vector<int32_t> all = all_gather_i32(parts, 2, where);
+  std::vector<uint64_t> out(size_);
+  for (int r = 0; r < size_; ++r) std::memcpy(&out[r], &all[size_t(r) * 2], 8);
+  return out;
+}
+
+void NcclComm::check_same(uint64_t value, const char* what) {
+  const std::vector<uint64_t> all = all_gather_u64(value, what);
+  std::string bad;
+  for (int r = 1; r < size_; ++r)
+    if (all[r] != all[0]) bad += (bad.empty() ? "" : ", ") + std::to_string(r);
+  if (!bad.empty())
+    throw UsageError(std::string(what) + " differs between ranks: rank(s) " + bad + " disagree with rank 0 (seen by rank " +
+                     std::to_string(rank_) + "); create every rank with the same configuration");
+}
+
+NcclComm& as_nccl(Communicator& c, const char* who) {
+  auto* n = dynamic_cast<NcclComm*>(&c);
+  if (!n)
+    throw UsageError(std::string(who) + " needs a communicator of kind \"nccl\" but got \"" + c.kind() +
+                     "\"; create it with make_nccl_group or make_nccl_comm (include epmoe/nccl_comm.h)");
+  return *n;
+}
+
+}  // namespace detail
+
+namespace {
+
+int visible_devices() {
+  std::string why;
+  const int n = cuda::device_count(&why);
+  if (n == 0) throw BackendError("no CUDA device for an nccl communicator: " + why);
+  return n;
+}
+
+void check_timeout(int timeout_ms, const char* who) {
+  if (timeout_ms <= 0)
+    throw UsageError(std::string(who) + ": timeout_ms=" + std::to_string(timeout_ms) +
+                     " must be positive (MoeConfig::timeout_ms, --timeout-ms)");
+}
+
+}  // namespace
+
+std::vector<std::unique_ptr<Communicator>> make_nccl_group(std::vector<int> devices, int timeout_ms) {
+  check_timeout(timeout_ms, "make_nccl_group");
+  if (devices.empty()) throw UsageError("make_nccl_group: devices is empty; pass the CUDA device of each rank, e.g. {0, 1}");
+  const int n = visible_devices();
+  std::set<int> seen;
+  for (int d : devices) {
+    if (d < 0 || d >= n)
+      throw UsageError("make_nccl_group: device " + std::to_string(d) + " does not exist (this process sees " +
+                       std::to_string(n) + " CUDA devices: 0.." + std::to_string(n - 1) + ")");
+    if (!seen.insert(d).second)
+      throw UsageError("make_nccl_group: device " + std::to_string(d) + " is listed twice; one rank per GPU");
+  }
+  detail::nccl_preflight();
+  std::vector<ncclComm_t> raw(devices.size());
+  EPMOE_NCCL_CHECK(ncclCommInitAll(raw.data(), static_cast<int>(devices.size()), devices.data()));
+  std::vector<std::unique_ptr<Communicator>> out;
+  for (size_t r = 0; r < devices.size(); ++r)
+    out.push_back(std::make_unique<detail::NcclComm>(raw[r], int(r), int(devices.size()), devices[r], timeout_ms));
+  return out;
+}
+
+ncclUniqueId make_nccl_unique_id() {
+  detail::nccl_preflight();
+  ncclUniqueId id;
+  EPMOE_NCCL_CHECK(ncclGetUniqueId(&id));
+  return id;
+}
+
+std::unique_ptr<Communicator> make_nccl_comm(const ncclUniqueId& id, int rank, int nranks, int device, int timeout_ms) {
+  check_timeout(timeout_ms, "make_nccl_comm");
+  if (nranks < 1 || rank < 0 || rank >= nranks)
+    throw UsageError("make_nccl_comm: rank=" + std::to_string(rank) + " with nranks=" + std::to_string(nranks) +
+                     " is invalid; pass 0 <= rank < nranks");
+  const int n = visible_devices();
+  if (device < 0 || device >= n)
+    throw UsageError("make_nccl_comm: device=" + std::to_string(device) + " does not exist (this process sees " +
+                     std::to_string(n) + " CUDA devices)");
+  detail::nccl_preflight();
+  EPMOE_CUDA_CHECK(cudaSetDevice(device));
+  ncclComm_t c = nullptr;
+  EPMOE_NCCL_CHECK(ncclCommInitRank(&c, nranks, id, rank));
+  return std::make_unique<detail::NcclComm>(c, rank, nranks, device, timeout_ms);
+}
+
+bool launched_under_mpi() {
+  return std::getenv("OMPI_COMM_WORLD_RANK") != nullptr && std::getenv("OMPI_COMM_WORLD_SIZE") != nullptr;
+}
+
+namespace {
+
+int env_int(const char* name) {
+  const char* v = std::getenv(name);
+  if (!v) throw UsageError(std::string("environment variable ") + name + " is not set; start the ranks with mpirun");
+  char* end = nullptr;
+  const long x = std::strtol(v, &end, 10);
+  if (!end || *end) throw UsageError(std::string(name) + "=" + v + " is not an integer");
+  return static_cast<int>(x);
+}
+
+std::string job_id() {
+  for (const char* name : {"EPMOE_JOB_ID", "PMIX_NAMESPACE", "OMPI_MCA_ess_base_jobid", "OMPI_MCA_orte_ess_jobid"}) {
+    if (const char* v = std::getenv(name); v && *v) {
+      std::string s = v;
+      for (char& ch : s)
+        if (!isalnum(static_cast<unsigned char>(ch)) && ch != '-' && ch != '_') ch = '_';
+      return s;
+    }
+  }
+  throw UsageError("make_nccl_comm_from_env: no job id found (EPMOE_JOB_ID, PMIX_NAMESPACE, OMPI_MCA_ess_base_jobid); "
+                   "export EPMOE_JOB_ID=<something unique per job> on every rank");
+}
+
+}  // namespace
+
+std::unique_ptr<Communicator> make_nccl_comm_from_env(int timeout_ms) {
+  check_timeout(timeout_ms, "make_nccl_comm_from_env");
+  if (!launched_under_mpi())
+    throw UsageError("make_nccl_comm_from_env: OMPI_COMM_WORLD_RANK/SIZE are not set; launch with mpirun -np <R>");
+  const int rank = env_int("OMPI_COMM_WORLD_RANK");
+  const int size = env_int("OMPI_COMM_WORLD_SIZE");
+  const int local = std::getenv("OMPI_COMM_WORLD_LOCAL_RANK") ? env_int("OMPI_COMM_WORLD_LOCAL_RANK") : rank;
+  const char* dir_env = std::getenv("EPMOE_BOOTSTRAP_DIR");
+  const std::string dir = dir_env && *dir_env ? dir_env : "/tmp";
+  const std::string path = dir + "/epmoe-nccl-" + job_id() + ".id";
+  ncclUniqueId id{};
+  if (rank == 0) {
+    id = make_nccl_unique_id();
+    // Write then rename: a reader never sees a half-written id.
+    const std::string tmp = path + ".tmp" + std::to_string(getpid());
+    {
+      std::ofstream f(tmp, std::ios::binary);
+      f.write(reinterpret_cast<const char*>(&id), sizeof id);
+      if (!f) throw BackendError("make_nccl_comm_from_env: cannot write " + tmp + " (set EPMOE_BOOTSTRAP_DIR to a writable shared directory)");
+    }
+    if (std::rename(tmp.c_str(), path.c_str()) != 0)
+      throw BackendError("make_nccl_comm_from_env: cannot rename " + tmp + " to " + path);
+  } else {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+    for (;;) {
+      std::ifstream f(path, std::ios::binary);
+      if (f && f.read(reinterpret_cast<char*>(&id), sizeof id) && f.gcount() == sizeof id) break;
+      if (std::chrono::steady_clock::now() > deadline)
+        throw TimeoutError("make_nccl_comm_from_env: rank 0 did not publish " + path + " within " +
+                               std::to_string(timeout_ms) + " ms; is EPMOE_BOOTSTRAP_DIR shared by all ranks?",
+                           0);
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+  }
+  const int ndev = visible_devices();
+  auto comm = make_nccl_comm(id, rank, size, local % ndev, timeout_ms);
+  // Every rank has read the id once the (collective) init returned.
+  if (rank == 0) std::remove(path.c_str());
+  return comm;
+}
+
+ncclComm_t nccl_handle(Communicator& comm) {
+  auto* n = dynamic_cast<detail::NcclComm*>(&comm);
+  return n ? n->handle() : nullptr;
+}
+
+std::string nccl_compiled_version() { return detail::version_string(NCCL_VERSION_CODE); }
+
+std::string nccl_runtime_version() {
+  int v = 0;
+  EPMOE_NCCL_CHECK(ncclGetVersion(&v));
+  return detail::version_string(v);
+}
+
+}  // namespace epmoe

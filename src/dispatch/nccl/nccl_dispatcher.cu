@@ -1,0 +1,308 @@
+// The "nccl" dispatcher: host-orchestrated, works over any NCCL transport (NVLink, PCIe, network).
+//   dispatch  1. on the GPU: validate ids and count this rank's tokens per destination (per chunk);
+//             2. all_gather a small header (status, bad id, counts) so every rank raises the same
+//                UsageError before any payload moves;
+//             3. on the GPU: deterministic slots (prefix sums) and the quantized copies packed per
+//                destination; ncclSend/ncclRecv of payload, scales, ids and weights in one group;
+//             4. expert counts of the received slots.
+//   combine   each region [s] of y (n[s] valid rows, contiguous) goes back to rank s as is (bf16) or
+//             fp8-encoded; the home rank sums in ascending rank order (combine/reduce.h's rule).
+// Host synchronisation: once per dispatch (the header exchange); combine does not wait.
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "core/cuda/check.h"
+#include "dispatch/nccl/a2a_host.h"
+#include "dispatch/nccl/a2a_kernels.cuh"
+#include "dispatch/nccl/nccl_comm_impl.h"
+#include "epmoe/error.h"
+
+namespace epmoe::detail {
+namespace {
+
+constexpr int kMaxPlanCtas = 128;
+// Header exchanged per dispatch: status, T, bad token, bad k, bad id, then R counts.
+enum : int32_t { kOk = 0, kCapacity = 1, kBadId = 2, kNullInput = 3, kNegative = 4 };
+constexpr int kHeader = 5;
+
+class NcclDispatcher final : public Dispatcher {
+ public:
+  NcclDispatcher(const MoeConfig& cfg, Communicator& c)
+      : cfg_(cfg), comm_(as_nccl(c, "dispatcher \"nccl\"")), R_(cfg.num_ranks), me_(c.rank()) {
+    check_gpu_a2a_config(cfg, c.size(), c.rank(), "dispatcher \"nccl\"");
+    comm_.activate();
+    placement_ = std::make_unique<DevicePlacement>(cfg);
+    const int C = cfg.capacity, H = cfg.hidden, K = cfg.top_k;
+    const ActFormat f = cfg.dispatch_format, cf = cfg.combine_format;
+    ps_ = payload_bytes(f, H);
+    ss_ = scale_bytes(f, H);
+    cps_ = payload_bytes(cf, H);
+    css_ = scale_bytes(cf, H);
+    const size_t slots = size_t(R_) * C;
+    for (Region* r : {&send_, &recv_}) {
+      r->payload.reserve(slots * ps_);
+      r->scales.reserve(std::max<size_t>(16, slots * ss_));
+      r->ids.reserve(slots * K * 4);
+      r->weights.reserve(slots * K * 4);
+    }
+    EPMOE_CUDA_CHECK(cudaMemset(recv_.ids.get(), 0xff, slots * K * 4));
+    chunk_counts_.reserve(size_t(kMaxPlanCtas) * R_ * 4);
+    bad_.reserve(4);
+    slot_map_.reserve(size_t(C) * R_ * 4);
+    counts_.reserve(size_t(R_) * 4);
+    EPMOE_CUDA_CHECK(cudaMemset(counts_.get(), 0, size_t(R_) * 4));
+    expert_counts_.reserve(std::max<size_t>(4, size_t(cfg.experts_per_rank()) * 4));
+    comb_send_payload_.reserve(cf == ActFormat::bf16 ? 16 : slots * cps_);
+    comb_send_scales_.reserve(std::max<size_t>(16, slots * css_));
+    comb_recv_payload_.reserve(slots * cps_);
+    comb_recv_scales_.reserve(std::max<size_t>(16, slots * css_));
+    EPMOE_CUDA_CHECK(cudaMallocHost(&host_, size_t(kMaxPlanCtas) * R_ * 4 + 64 + size_t(R_) * 4));
+    host_counts_ = reinterpret_cast<int32_t*>(static_cast<uint8_t*>(host_) + size_t(kMaxPlanCtas) * R_ * 4 + 64);
+    send_counts_.assign(R_, 0);
+    recv_counts_.assign(R_, 0);
+    EPMOE_CUDA_CHECK(cudaDeviceSynchronize());
+    comm_.check_same(config_fingerprint(cfg), "dispatcher \"nccl\" configuration (config_fingerprint)");
+  }
+
+  ~NcclDispatcher() override {
+    cudaSetDevice(comm_.device_index());
+    cudaDeviceSynchronize();
+    if (host_) cudaFreeHost(host_);
+  }
+
+  const char* name() const override { return "nccl"; }
+
+  DispatchOutput dispatch(const DispatchInput& in) override {
+    comm_.activate();
+    have_dispatch_ = false;
+    cudaStream_t st = static_cast<cudaStream_t>(in.stream);
+    const int C = cfg_.capacity, H = cfg_.hidden, K = cfg_.top_k, E = cfg_.num_experts;
+    const int64_t T = in.num_tokens;
+
+    // 1. Local validation and counts.
+    std::vector<int32_t> header(kHeader + R_, 0);
+    header[1] = static_cast<int32_t>(T);
+    const int G = plan_ctas(T, kMaxPlanCtas);
+    const int64_t chunk = T > 0 ? (T + G - 1) / G : 0;
+    if (T < 0) header[0] = kNegative;
+    else if (T > C) header[0] = kCapacity;
+    else if (T > 0 && (!in.hidden || !in.topk_ids || !in.topk_weights)) header[0] = kNullInput;
+    if (header[0] == kOk && T > 0) {
+      const int big = 0x7fffffff;
+      EPMOE_CUDA_CHECK(cudaMemcpyAsync(bad_.get(), &big, 4, cudaMemcpyHostToDevice, st));
+      a2a::count_kernel<<<G, a2a::kCountThreads, 0, st>>>(placement_->get(), in.topk_ids, K, me_, T, chunk,
+                                                          chunk_counts_.get<int32_t>(), bad_.get<int>());
+      EPMOE_CUDA_CHECK_LAUNCH();
+      int32_t* h_chunks = static_cast<int32_t*>(host_);
+      int32_t* h_bad = h_chunks + size_t(kMaxPlanCtas) * R_;
+      EPMOE_CUDA_CHECK(cudaMemcpyAsync(h_chunks, chunk_counts_.get(), size_t(G) * R_ * 4, cudaMemcpyDeviceToHost, st));
+      EPMOE_CUDA_CHECK(cudaMemcpyAsync(h_bad, bad_.get(), 4, cudaMemcpyDeviceToHost, st));
+      comm_.wait(st, "dispatch/plan");
+      if (*h_bad != 0x7fffffff) {
+        header[0] = kBadId;
+        header[2] = *h_bad / K;
+        header[3] = *h_bad % K;
+        EPMOE_CUDA_CHECK(cudaMemcpy(&header[4], in.topk_ids + *h_bad, 4, cudaMemcpyDeviceToHost));
+      } else {
+        for (int b = 0; b < G; ++b)
+          for (int d = 0; d < R_; ++d) header[kHeader + d] += h_chunks[size_t(b) * R_ + d];
+      }
+    }
+
+    // 2. Everyone learns everyone's counts, or everyone's errors.
+    const std::vector<int32_t> all = comm_.all_gather_i32(header.data(), kHeader + R_, "dispatch/counts", st);
+    std::string errors;
+    for (int r = 0; r < R_; ++r) {
+      const int32_t* h = &all[size_t(r) * (kHeader + R_)];
+      std::string p;
+      switch (h[0]) {
+        case kOk: break;
+        case kCapacity: p = capacity_problem(h[1], C); break;
+        case kBadId: p = bad_id_problem(h[2], h[3], h[4], E); break;
+        case kNegative: p = "num_tokens=" + std::to_string(h[1]) + " is negative"; break;
+        default:
+          p = "DispatchInput has a null hidden, topk_ids or topk_weights with T=" + std::to_string(h[1]) +
+              " > 0; pass [T, H] hidden and [T, K] ids and weights";
+      }
+      if (!p.empty()) errors += (errors.empty() ? "" : "; ") + ("rank " + std::to_string(r) + ": ") + p;
+    }
+    if (!errors.empty()) throw UsageError("dispatch: " + errors + " (nothing was sent)");
+    for (int r = 0; r < R_; ++r) {
+      send_counts_[r] = all[size_t(me_) * (kHeader + R_) + kHeader + r];
+      recv_counts_[r] = all[size_t(r) * (kHeader + R_) + kHeader + me_];
+    }
+    T_ = T;
+
+    // 3. Pack and exchange.
+    a2a::DestTable table{};
+    for (int d = 0; d < R_; ++d) table.d[d] = region_ptrs(send_, d);
+    if (T > 0) {
+      a2a::pack_kernel<<<G, a2a::kPackThreads, 0, st>>>(cfg_.dispatch_format, cfg_.quant_params(), placement_->get(),
+                                                        me_, T, chunk, in.hidden, in.topk_ids, in.topk_weights, H, K,
+                                                        chunk_counts_.get<int32_t>(), slot_map_.get<int32_t>(), table);
+      EPMOE_CUDA_CHECK_LAUNCH();
+    }
+    // Slots past the count read as id -1; reset the regions that shrank since the last call.
+    for (int s = 0; s < R_; ++s) {
+      if (recv_counts_[s] < prev_recv_[s]) {
+        int32_t* ids = recv_.ids.get<int32_t>() + (size_t(s) * C + recv_counts_[s]) * K;
+        EPMOE_CUDA_CHECK(cudaMemsetAsync(ids, 0xff, size_t(prev_recv_[s] - recv_counts_[s]) * K * 4, st));
+      }
+    }
+    exchange(st, [&](int d) { return region_ptrs(send_, d); }, [&](int s) { return region_ptrs(recv_, s); },
+             send_counts_, recv_counts_, ps_, ss_, K, "dispatch/payload");
+    prev_recv_ = recv_counts_;
+
+    // 4. Counts and expert counts for the runner.
+    std::memcpy(host_counts_, recv_counts_.data(), size_t(R_) * 4);
+    EPMOE_CUDA_CHECK(cudaMemcpyAsync(counts_.get(), host_counts_, size_t(R_) * 4, cudaMemcpyHostToDevice, st));
+    const int E_loc = cfg_.experts_per_rank();
+    EPMOE_CUDA_CHECK(cudaMemsetAsync(expert_counts_.get(), 0, size_t(E_loc) * 4, st));
+    a2a::expert_count_kernel<<<std::max(1, std::min(1024, (R_ * C * K + 255) / 256)), 256, 0, st>>>(
+        recv_.ids.get<int32_t>(), counts_.get<int32_t>(), R_, C, K, E_loc, expert_counts_.get<int32_t>());
+    EPMOE_CUDA_CHECK_LAUNCH();
+    // The counts copy reads host_counts_ asynchronously: the next dispatch rewrites it only after
+    // its own wait on this stream.
+    have_dispatch_ = true;
+
+    DispatchOutput o;
+    o.num_ranks = R_;
+    o.capacity = C;
+    o.hidden = H;
+    o.top_k = K;
+    o.num_local_experts = E_loc;
+    o.format = cfg_.dispatch_format;
+    o.quant = cfg_.quant_params();
+    o.device = DeviceKind::cuda;
+    o.payload = recv_.payload.get<uint8_t>();
+    o.scales = ss_ ? recv_.scales.get<uint8_t>() : nullptr;
+    o.local_ids = recv_.ids.get<int32_t>();
+    o.weights = recv_.weights.get<float>();
+    o.counts = counts_.get<int32_t>();
+    o.expert_counts = expert_counts_.get<int32_t>();
+    return o;
+  }
+
+  void combine(const CombineInput& in, bf16_raw* out) override {
+    comm_.activate();
+    if (!have_dispatch_)
+      throw UsageError("combine called without a successful dispatch before it; call dispatch() first");
+    have_dispatch_ = false;
+    cudaStream_t st = static_cast<cudaStream_t>(in.stream);
+    const int C = cfg_.capacity, H = cfg_.hidden;
+    int64_t received = 0;
+    for (int s = 0; s < R_; ++s) received += recv_counts_[s];
+    // Both errors are local; a peer then times out in its next bounded wait instead of hanging.
+    if (!in.y && received > 0)
+      throw UsageError("CombineInput::y is null but this rank received " + std::to_string(received) +
+                       " tokens; pass the runner output [R][C][H]");
+    if (!out && T_ > 0) throw UsageError("combine: out is null with T=" + std::to_string(T_) + " > 0; pass [T, H] bf16");
+    const ActFormat cf = cfg_.combine_format;
+    const uint8_t* src_payload = reinterpret_cast<const uint8_t*>(in.y);
+    const uint8_t* src_scales = nullptr;
+    if (cf != ActFormat::bf16 && received > 0) {
+      a2a::encode_rows_kernel<<<std::min<int64_t>(1024, (received + 7) / 8), 256, 0, st>>>(
+          cf, cfg_.quant_params(), in.y, counts_.get<int32_t>(), R_, C, H, comb_send_payload_.get<uint8_t>(),
+          comb_send_scales_.get<uint8_t>());
+      EPMOE_CUDA_CHECK_LAUNCH();
+      src_payload = comb_send_payload_.get<uint8_t>();
+      src_scales = comb_send_scales_.get<uint8_t>();
+    }
+    // What we received from s goes back to s; what we sent to d comes back into region d.
+    auto send_of = [&](int s) {
+      return a2a::DestRegion{const_cast<uint8_t*>(src_payload) + size_t(s) * C * cps_,
+                             src_scales ? const_cast<uint8_t*>(src_scales) + size_t(s) * C * css_ : nullptr, nullptr,
+                             nullptr};
+    };
+    auto recv_of = [&](int d) {
+      return a2a::DestRegion{comb_recv_payload_.get<uint8_t>() + size_t(d) * C * cps_,
+                             css_ ? comb_recv_scales_.get<uint8_t>() + size_t(d) * C * css_ : nullptr, nullptr, nullptr};
+    };
+    exchange(st, send_of, recv_of, recv_counts_, send_counts_, cps_, css_, 0, "combine/payload");
+    if (T_ > 0) {
+      a2a::reduce_kernel<<<std::min<int64_t>(1024, (T_ + 7) / 8), 256, 0, st>>>(
+          cf, H, R_, C, T_, slot_map_.get<int32_t>(), comb_recv_payload_.get<uint8_t>(),
+          comb_recv_scales_.get<uint8_t>(), out);
+      EPMOE_CUDA_CHECK_LAUNCH();
+    }
+  }
+
+  // Waits for the last call (bounded) so that asynchronous NCCL errors surface.
+  void sync(cudaStream_t st) {
+    comm_.activate();
+    comm_.wait(st, "nccl dispatcher sync");
+  }
+
+ private:
+  struct Region {
+    cuda::DeviceBuffer payload, scales, ids, weights;
+  };
+
+  a2a::DestRegion region_ptrs(Region& r, int d) const {
+    const size_t base = size_t(d) * cfg_.capacity;
+    return a2a::DestRegion{r.payload.get<uint8_t>() + base * ps_, ss_ ? r.scales.get<uint8_t>() + base * ss_ : nullptr,
+                           r.ids.get<int32_t>() + base * cfg_.top_k, r.weights.get<float>() + base * cfg_.top_k};
+  }
+
+  // One NCCL group: rows of send_of(d) (n_send[d] of them) to every d, rows from every s into
+  // recv_of(s) (n_recv[s]); our own rows by a device copy. K = 0: no ids/weights arrays.
+  template <class SendOf, class RecvOf>
+  void exchange(cudaStream_t st, SendOf send_of, RecvOf recv_of, const std::vector<int32_t>& n_send,
+                const std::vector<int32_t>& n_recv, size_t ps, size_t ss, int K, const char* where) {
+    (void)where;  // NCCL enqueues; a missing peer surfaces in the next bounded wait
+    auto bytes = [&](const a2a::DestRegion& r, int which) -> uint8_t* {
+      switch (which) {
+        case 0: return r.payload;
+        case 1: return r.scales;
+        case 2: return reinterpret_cast<uint8_t*>(r.ids);
+        default: return reinterpret_cast<uint8_t*>(r.weights);
+      }
+    };
+    const size_t row[4] = {ps, ss, size_t(K) * 4, size_t(K) * 4};
+    const int parts = K > 0 ? 4 : 2;
+    {
+      const a2a::DestRegion s = send_of(me_), r = recv_of(me_);
+      for (int i = 0; i < parts; ++i)
+        if (row[i] && n_send[me_] > 0)
+          EPMOE_CUDA_CHECK(cudaMemcpyAsync(bytes(r, i), bytes(s, i), row[i] * n_send[me_], cudaMemcpyDeviceToDevice, st));
+    }
+    EPMOE_NCCL_CHECK(ncclGroupStart());
+    for (int p = 0; p < R_; ++p) {
+      if (p == me_) continue;
+      const a2a::DestRegion s = send_of(p), r = recv_of(p);
+      for (int i = 0; i < parts; ++i) {
+        if (!row[i]) continue;
+        if (n_send[p] > 0) EPMOE_NCCL_CHECK(ncclSend(bytes(s, i), row[i] * n_send[p], ncclUint8, p, comm_.handle(), st));
+        if (n_recv[p] > 0) EPMOE_NCCL_CHECK(ncclRecv(bytes(r, i), row[i] * n_recv[p], ncclUint8, p, comm_.handle(), st));
+      }
+    }
+    EPMOE_NCCL_CHECK(ncclGroupEnd());
+  }
+
+  MoeConfig cfg_;
+  NcclComm& comm_;
+  int R_, me_;
+  size_t ps_ = 0, ss_ = 0, cps_ = 0, css_ = 0;
+  std::unique_ptr<DevicePlacement> placement_;
+  Region send_, recv_;
+  cuda::DeviceBuffer chunk_counts_, bad_, slot_map_, counts_, expert_counts_;
+  cuda::DeviceBuffer comb_send_payload_, comb_send_scales_, comb_recv_payload_, comb_recv_scales_;
+  void* host_ = nullptr;
+  int32_t* host_counts_ = nullptr;
+  std::vector<int32_t> send_counts_, recv_counts_, prev_recv_ = std::vector<int32_t>(a2a::kMaxRanks, 0);
+  int64_t T_ = 0;
+  bool have_dispatch_ = false;
+};
+
+}  // namespace
+
+std::unique_ptr<Dispatcher> make_nccl_dispatcher(const MoeConfig& cfg, Communicator& comm) {
+  return std::make_unique<NcclDispatcher>(cfg, comm);
+}
+
+void nccl_dispatcher_sync(Dispatcher& d, void* stream) {
+  if (auto* n = dynamic_cast<NcclDispatcher*>(&d)) n->sync(static_cast<cudaStream_t>(stream));
+}
+
+}  // namespace epmoe::detail

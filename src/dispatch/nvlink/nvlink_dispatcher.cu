@@ -1,0 +1,497 @@
+// The "nvlink" dispatcher: device-initiated one-sided push over NCCL symmetric memory (LSA peer
+// pointers into windows registered with NCCL_WIN_DEFAULT; no multicast anywhere).
+//
+// One dispatch is one kernel of cfg.comm_sms CTAs (call epoch e, kept in device memory):
+//   1. each CTA validates and counts its chunk of tokens per destination; grid barrier;
+//   2. CTA 0 writes a Status {count, input problem} into every peer's window and releases it with
+//      epoch e; every CTA acquires all peers' statuses. A peer's status for e doubles as its ack that
+//      it finished with call e-1's receive buffers. Any problem anywhere: nothing moves, every rank
+//      records the same UsageError;
+//   3. slots by prefix sums (chunk counts + warp ballots), then one warp per token quantizes the row
+//      once (fp8/nvfp4 fused) and stores it into each destination's region [me][slot];
+//   4. every CTA adds 1 (release, system scope) to each peer's arrival counter for this source; CTA s
+//      waits (acquire) for G arrivals from source s, then resets ids of slots that became invalid;
+//      grid barrier; expert counts.
+// Combine is the mirror: push y rows (bf16 or fp8-encoded) to the home rank's region [me][slot],
+// arrive, wait, then one warp per token sums its rows in ascending rank order.
+// No host synchronisation; CUDA-graph capturable (epochs and counters live in device memory).
+// Waits are bounded: a peer that never arrives leaves an error record naming it, and the host
+// raises TimeoutError at its next call (or at gpu_dispatcher_sync).
+#include <nccl.h>
+#include <nccl_device.h>
+
+#include <climits>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "core/cuda/check.h"
+#include "dispatch/nccl/a2a_host.h"
+#include "dispatch/nccl/nccl_comm_impl.h"
+#include "dispatch/nvlink/nvlink_kernels.cuh"
+#include "epmoe/error.h"
+
+namespace epmoe::detail {
+namespace {
+
+using namespace epmoe::nvl;
+
+__global__ void peer_bases_kernel(ncclWindow_t win, int R, int me, uint8_t* local, uint8_t** out) {
+  const int d = threadIdx.x;
+  if (d < R) out[d] = d == me ? local : static_cast<uint8_t*>(ncclGetLsaPointer(win, 0, d));
+}
+
+__global__ void __launch_bounds__(kThreads) dispatch_kernel(Args a) {
+  __shared__ int sm_counts[a2a::kMaxRanks], sm_prefix[a2a::kMaxRanks], sm_running[a2a::kMaxRanks];
+  __shared__ int sm_warp[(kThreads / 32) * a2a::kMaxRanks];
+  __shared__ a2a::DestRegion sm_dst[a2a::kMaxRanks];
+  __shared__ int sm_bad_any;
+  __shared__ uint64_t sm_epoch;
+  const int R = a.R, me = a.me, G = gridDim.x, b = blockIdx.x;
+  if (threadIdx.x == 0) {
+    sm_epoch = *reinterpret_cast<volatile uint64_t*>(&a.S->epoch);
+    sm_bad_any = 0;
+  }
+  __syncthreads();
+  const uint64_t e = sm_epoch;
+  const int64_t chunk = a.T > 0 ? (a.T + G - 1) / G : 0;
+  const int64_t t0 = min(a.T, b * chunk), t1 = min(a.T, t0 + chunk);
+
+  // 1. Count (and validate) this CTA's chunk.
+  if (a.local_code == kOk) {
+    a2a::count_chunk(a.p, a.ids, a.K, me, t0, t1, a.chunk_counts + size_t(b) * R, &a.S->bad, sm_counts);
+  } else if (threadIdx.x < R) {
+    a.chunk_counts[size_t(b) * R + threadIdx.x] = 0;
+  }
+  if (b == 0)
+    for (int i = threadIdx.x; i < a.E_loc; i += blockDim.x) a.expert_counts[i] = 0;
+  grid_sync(a, (2 * e - 1) * G);
+
+  // 2. Statuses: ours to every peer, then everyone's.
+  if (b == 0 && threadIdx.x < R) {
+    const int d = threadIdx.x;
+    int32_t total = 0;
+    for (int c = 0; c < G; ++c) total += a.chunk_counts[size_t(c) * R + d];
+    int32_t code = a.local_code, bt = 0, bk = 0, bid = 0;
+    const int32_t bad = *reinterpret_cast<volatile int32_t*>(&a.S->bad);
+    if (code == kOk && bad != INT_MAX) {
+      code = kBadId;
+      bt = bad / a.K;
+      bk = bad % a.K;
+      bid = a.ids[bad];
+    }
+    Status* st = reinterpret_cast<Status*>(a.peer_base[d] + a.L.status + size_t(me) * kStatusBytes);
+    st->count = code == kOk ? total : 0;
+    st->code = code;
+    st->T = static_cast<int32_t>(a.T);
+    st->bad_t = bt;
+    st->bad_k = bk;
+    st->bad_id = bid;
+    st_release_sys(&st->epoch, e);
+  }
+  uint8_t* mine = a.peer_base[me];
+  if (threadIdx.x < R) {
+    const int s = threadIdx.x;
+    const Status* st = reinterpret_cast<const Status*>(mine + a.L.status + size_t(s) * kStatusBytes);
+    if (wait_sys(a, &st->epoch, e, s, kAtStatus)) {
+      const int32_t code = *reinterpret_cast<const volatile int32_t*>(&st->code);
+      if (code != kOk) atomicOr(&sm_bad_any, 1);
+      if (b == 0 && code != kOk) {  // only problems cross PCIe into the host-mapped record
+        volatile int32_t* rec = a.err->bad[s];
+        rec[0] = code;
+        rec[1] = *reinterpret_cast<const volatile int32_t*>(&st->T);
+        rec[2] = *reinterpret_cast<const volatile int32_t*>(&st->bad_t);
+        rec[3] = *reinterpret_cast<const volatile int32_t*>(&st->bad_k);
+        rec[4] = *reinterpret_cast<const volatile int32_t*>(&st->bad_id);
+      }
+    } else {
+      atomicOr(&sm_bad_any, 2);
+    }
+  }
+  __syncthreads();
+  const int bad_any = sm_bad_any;
+
+  // 3. Slots and copies.
+  if (bad_any == 0 && t1 > t0) {
+    for (int d = threadIdx.x; d < R; d += blockDim.x) {
+      int s = 0;
+      for (int c = 0; c < b; ++c) s += a.chunk_counts[size_t(c) * R + d];
+      sm_prefix[d] = s;
+      const size_t base = size_t(me) * a.C;
+      uint8_t* w = a.peer_base[d];
+      const size_t ps = payload_bytes(a.f, a.H), ss = scale_bytes(a.f, a.H);
+      sm_dst[d] = a2a::DestRegion{w + a.L.payload + base * ps, ss ? w + a.L.scales + base * ss : nullptr,
+                                  reinterpret_cast<int32_t*>(w + a.L.ids) + base * a.K,
+                                  reinterpret_cast<float*>(w + a.L.weights) + base * a.K};
+    }
+    __syncthreads();
+    a2a::slot_chunk(a.p, a.ids, a.K, me, t0, t1, sm_prefix, a.slot_map, sm_warp, sm_running);
+    __syncthreads();
+    const int warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
+    for (int64_t t = t0 + warp; t < t1; t += nwarps)
+      a2a::push_token(a.f, a.q, a.p, me, t, a.hidden, a.ids, a.w, a.H, a.K, a.slot_map + t * R, sm_dst);
+  }
+
+  // 4. Arrive everywhere (also when nothing moved, so that the counters stay in step), then wait.
+  __syncthreads();
+  if (threadIdx.x < R)
+    red_release_sys(reinterpret_cast<uint64_t*>(a.peer_base[threadIdx.x] + a.L.arrive_d) + me, 1);
+  for (int s = b; s < R; s += G) {  // CTA b watches sources b, b+G, ...
+    __shared__ int sm_ok;
+    if (threadIdx.x == 0)
+      sm_ok = wait_sys(a, reinterpret_cast<const uint64_t*>(mine + a.L.arrive_d) + s, e * G, s, kAtDispatchData);
+    __syncthreads();
+    const int n = (bad_any == 0 && sm_ok)
+                      ? *reinterpret_cast<const volatile int32_t*>(
+                            &reinterpret_cast<const Status*>(mine + a.L.status + size_t(s) * kStatusBytes)->count)
+                      : 0;
+    const int prev = a.S->prev_n[s];
+    int32_t* ids = reinterpret_cast<int32_t*>(mine + a.L.ids) + size_t(s) * a.C * a.K;
+    for (int64_t i = int64_t(n) * a.K + threadIdx.x; i < int64_t(prev) * a.K; i += blockDim.x) ids[i] = -1;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      a.S->counts[s] = n;
+      a.S->prev_n[s] = n;
+    }
+  }
+  grid_sync(a, 2 * e * G);
+
+  // 5. Expert counts over the valid slots.
+  if (bad_any == 0) {
+    const int32_t* ids = reinterpret_cast<const int32_t*>(mine + a.L.ids);
+    const int64_t total = int64_t(R) * a.C * a.K;
+    for (int64_t i = b * int64_t(blockDim.x) + threadIdx.x; i < total; i += int64_t(G) * blockDim.x) {
+      const int64_t slot = i / a.K;
+      const int s = static_cast<int>(slot / a.C), j = static_cast<int>(slot % a.C);
+      if (j >= a.S->counts[s]) continue;
+      const int id = ids[i];
+      if (id >= 0 && id < a.E_loc) atomicAdd(&a.expert_counts[id], 1);
+    }
+  }
+  if (b == 0 && threadIdx.x == 0) {
+    a.S->bad = INT_MAX;
+    a.S->failed = bad_any != 0;
+    if (bad_any == 0) a.S->combines += 1;
+    if (bad_any & 1) {
+      volatile ErrorRecord* er = a.err;
+      __threadfence_system();
+      if (er->code == kErrNone) er->code = kErrUsage;
+      __threadfence_system();
+    }
+    a.S->epoch = e + 1;
+  }
+}
+
+__global__ void __launch_bounds__(kThreads) combine_kernel(Args a) {
+  const int R = a.R, me = a.me, G = gridDim.x;
+  // Target: one arrival per CTA per data-moving combine so far (a rejected dispatch has a combine
+  // that moves nothing, on every rank alike).
+  const uint64_t e = *reinterpret_cast<volatile uint64_t*>(&a.S->combines);
+  const bool failed = *reinterpret_cast<volatile int32_t*>(&a.S->failed) != 0;
+  const int lane = threadIdx.x & 31;
+  const int64_t gw = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) >> 5;
+  const int64_t nw = (int64_t(G) * blockDim.x) >> 5;
+  const size_t ps = payload_bytes(a.cf, a.H), ss = scale_bytes(a.cf, a.H);
+  uint8_t* mine = a.peer_base[me];
+
+  if (failed) {  // nothing was dispatched: zeros, no traffic
+    for (int64_t t = gw; t < a.T; t += nw) a2a::reduce_row(a.cf, a.H, 0, nullptr, nullptr, a.out + t * a.H);
+    return;
+  }
+  // 1. Push every valid slot's y to its home rank, region [me], same slot.
+  {
+    for (int64_t slot = gw; slot < int64_t(R) * a.C; slot += nw) {
+      const int s = static_cast<int>(slot / a.C), j = static_cast<int>(slot % a.C);
+      if (j >= a.S->counts[s]) continue;  // warp-uniform
+      uint8_t* home = a.peer_base[s];
+      const size_t dst_slot = size_t(me) * a.C + j;
+      uint8_t* pp = lane == 0 ? home + a.L.cpayload + dst_slot * ps : nullptr;
+      uint8_t* sp = lane == 0 && ss ? home + a.L.cscales + dst_slot * ss : nullptr;
+      a2a::push_row(a.cf, a.q, a.y + slot * a.H, a.H, 1, pp, sp);
+    }
+  }
+  __syncthreads();
+  if (threadIdx.x < R)
+    red_release_sys(reinterpret_cast<uint64_t*>(a.peer_base[threadIdx.x] + a.L.arrive_c) + me, 1);
+  __shared__ int sm_ok;
+  if (threadIdx.x == 0) sm_ok = 1;
+  __syncthreads();
+  if (threadIdx.x < R &&
+      !wait_sys(a, reinterpret_cast<const uint64_t*>(mine + a.L.arrive_c) + threadIdx.x, e * G, threadIdx.x,
+                kAtCombineData))
+    sm_ok = 0;
+  __syncthreads();
+
+  // 2. Sum at home.
+  for (int64_t t = gw; t < a.T; t += nw) {
+    const uint8_t* my_pp = nullptr;
+    const uint8_t* my_sp = nullptr;
+    int n = 0;
+    if (sm_ok) {
+      for (int d = 0; d < R; ++d) {
+        const int j = a.slot_map[t * R + d];
+        if (j < 0) continue;
+        if (lane == n) {
+          my_pp = mine + a.L.cpayload + (size_t(d) * a.C + j) * ps;
+          my_sp = ss ? mine + a.L.cscales + (size_t(d) * a.C + j) * ss : nullptr;
+        }
+        ++n;
+      }
+    }
+    a2a::reduce_row(a.cf, a.H, n, my_pp, my_sp, a.out + t * a.H);
+  }
+}
+
+size_t align_up(size_t x, size_t a) { return (x + a - 1) / a * a; }
+
+Layout make_layout(const MoeConfig& cfg) {
+  const size_t R = cfg.num_ranks, C = cfg.capacity, H = cfg.hidden, K = cfg.top_k;
+  const size_t slots = R * C;
+  Layout L{};
+  size_t o = 0;
+  auto take = [&](size_t bytes) {
+    const size_t at = o;
+    o = align_up(o + bytes, 256);
+    return at;
+  };
+  L.status = take(R * kStatusBytes);
+  L.arrive_d = take(R * 8);
+  L.arrive_c = take(R * 8);
+  L.payload = take(slots * payload_bytes(cfg.dispatch_format, int(H)));
+  L.scales = take(slots * scale_bytes(cfg.dispatch_format, int(H)));
+  L.ids = take(slots * K * 4);
+  L.weights = take(slots * K * 4);
+  L.cpayload = take(slots * payload_bytes(cfg.combine_format, int(H)));
+  L.cscales = take(slots * scale_bytes(cfg.combine_format, int(H)));
+  L.total = align_up(o, size_t(1) << 21);
+  return L;
+}
+
+class NvlinkDispatcher final : public Dispatcher {
+ public:
+  NvlinkDispatcher(const MoeConfig& cfg, Communicator& c)
+      : cfg_(cfg), comm_(as_nccl(c, "dispatcher \"nvlink\"")), R_(cfg.num_ranks), me_(c.rank()) {
+    check_gpu_a2a_config(cfg, c.size(), c.rank(), "dispatcher \"nvlink\"");
+    comm_.activate();
+    int sms = 0;
+    EPMOE_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, comm_.device_index()));
+    if (cfg.comm_sms > sms)
+      throw UsageError("dispatcher \"nvlink\": comm_sms=" + std::to_string(cfg.comm_sms) + " exceeds the " +
+                       std::to_string(sms) + " SMs of device " + std::to_string(comm_.device_index()) +
+                       "; the spinning CTAs must all be resident, use --comm-sms <= " + std::to_string(sms));
+    G_ = cfg.comm_sms;
+    placement_ = std::make_unique<DevicePlacement>(cfg);
+    L_ = make_layout(cfg);
+
+    // Symmetric window: same size and registration order on every rank.
+    EPMOE_NCCL_CHECK(ncclMemAlloc(&window_mem_, L_.total));
+    EPMOE_CUDA_CHECK(cudaMemset(window_mem_, 0, L_.total));
+    EPMOE_CUDA_CHECK(cudaMemset(static_cast<uint8_t*>(window_mem_) + L_.ids, 0xff,
+                                size_t(R_) * cfg.capacity * cfg.top_k * 4));
+    EPMOE_CUDA_CHECK(cudaDeviceSynchronize());
+    EPMOE_NCCL_CHECK(ncclCommWindowRegister(comm_.handle(), window_mem_, L_.total, &win_, NCCL_WIN_DEFAULT));
+    ncclDevCommRequirements reqs;
+    std::memset(&reqs, 0, sizeof reqs);  // 2.28: no initializer macro; lsaMultimem stays false
+    reqs.lsaBarrierCount = 1;
+    const ncclResult_t dr = ncclDevCommCreate(comm_.handle(), &reqs, &dev_comm_);
+    if (dr != ncclSuccess) {
+      ncclCommWindowDeregister(comm_.handle(), win_);
+      ncclMemFree(window_mem_);
+      throw BackendError(std::string("dispatcher \"nvlink\": ncclDevCommCreate failed (") + ncclGetErrorString(dr) +
+                         "): the GPUs need CUDA P2P between all ranks and cuMem (NCCL_CUMEM_ENABLE=1); use the "
+                         "\"nccl\" dispatcher otherwise");
+    }
+    have_dev_comm_ = true;
+    if (dev_comm_.lsaSize != R_ || dev_comm_.lsaRank != me_)
+      throw UsageError("dispatcher \"nvlink\": ranks span several NVLink domains (lsaSize=" +
+                       std::to_string(dev_comm_.lsaSize) + ", nRanks=" + std::to_string(R_) +
+                       "); use the \"nccl\" dispatcher across nodes");
+
+    peer_base_.reserve(size_t(R_) * sizeof(void*));
+    peer_bases_kernel<<<1, 32>>>(win_, R_, me_, static_cast<uint8_t*>(window_mem_), peer_base_.get<uint8_t*>());
+    EPMOE_CUDA_CHECK_LAUNCH();
+    state_.reserve(sizeof(State));
+    State s0{};
+    s0.epoch = 1;
+    s0.bad = INT_MAX;
+    EPMOE_CUDA_CHECK(cudaMemcpy(state_.get(), &s0, sizeof s0, cudaMemcpyHostToDevice));
+    chunk_counts_.reserve(size_t(G_) * R_ * 4);
+    slot_map_.reserve(size_t(cfg.capacity) * R_ * 4);
+    expert_counts_.reserve(std::max<size_t>(4, size_t(cfg.experts_per_rank()) * 4));
+    EPMOE_CUDA_CHECK(cudaHostAlloc(&err_host_, sizeof(ErrorRecord), cudaHostAllocMapped));
+    std::memset(err_host_, 0, sizeof(ErrorRecord));
+    EPMOE_CUDA_CHECK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&err_dev_), err_host_, 0));
+    EPMOE_CUDA_CHECK(cudaDeviceSynchronize());
+    // Also the barrier that keeps peers from writing before our window was cleared.
+    comm_.check_same(config_fingerprint(cfg), "dispatcher \"nvlink\" configuration (config_fingerprint)");
+  }
+
+  ~NvlinkDispatcher() override {
+    cudaSetDevice(comm_.device_index());
+    cudaDeviceSynchronize();
+    // No peer may still write into our window when it goes: one more collective first.
+    if (!broken_ && !comm_.broken()) {
+      try {
+        comm_.check_same(0, "dispatcher \"nvlink\" teardown");
+      } catch (...) {
+      }
+    }
+    if (have_dev_comm_) ncclDevCommDestroy(comm_.handle(), &dev_comm_);
+    if (win_ && comm_.handle()) ncclCommWindowDeregister(comm_.handle(), win_);
+    if (window_mem_) ncclMemFree(window_mem_);
+    if (err_host_) cudaFreeHost(err_host_);
+  }
+
+  const char* name() const override { return "nvlink"; }
+
+  DispatchOutput dispatch(const DispatchInput& in) override {
+    comm_.activate();
+    raise_recorded();
+    have_dispatch_ = false;
+    const int C = cfg_.capacity;
+    const int64_t T = in.num_tokens;
+    Args a = args(in.stream);
+    a.T = T;
+    a.local_code = T < 0 ? kNegative : T > C ? kCapacity : (T > 0 && (!in.hidden || !in.topk_ids || !in.topk_weights)) ? kNullInput : kOk;
+    if (a.local_code != kOk) a.T = 0;  // the kernel reads nothing of a rejected input
+    a.hidden = in.hidden;
+    a.ids = in.topk_ids;
+    a.w = in.topk_weights;
+    dispatch_kernel<<<G_, kThreads, 0, static_cast<cudaStream_t>(in.stream)>>>(a);
+    EPMOE_CUDA_CHECK_LAUNCH();
+    if (a.local_code != kOk) {
+      // Our own input is bad: the kernel told every peer (nothing moves anywhere); raise now.
+      sync(in.stream);
+    }
+    T_ = a.T;
+    have_dispatch_ = true;
+    DispatchOutput o;
+    o.num_ranks = R_;
+    o.capacity = C;
+    o.hidden = cfg_.hidden;
+    o.top_k = cfg_.top_k;
+    o.num_local_experts = cfg_.experts_per_rank();
+    o.format = cfg_.dispatch_format;
+    o.quant = cfg_.quant_params();
+    o.device = DeviceKind::cuda;
+    uint8_t* w = static_cast<uint8_t*>(window_mem_);
+    o.payload = w + L_.payload;
+    o.scales = scale_bytes(cfg_.dispatch_format, cfg_.hidden) ? w + L_.scales : nullptr;
+    o.local_ids = reinterpret_cast<const int32_t*>(w + L_.ids);
+    o.weights = reinterpret_cast<const float*>(w + L_.weights);
+    o.counts = reinterpret_cast<State*>(state_.get())->counts;
+    o.expert_counts = expert_counts_.get<int32_t>();
+    return o;
+  }
+
+  void combine(const CombineInput& in, bf16_raw* out) override {
+    comm_.activate();
+    raise_recorded();
+    if (!have_dispatch_)
+      throw UsageError("combine called without a dispatch before it; call dispatch() first (one combine per dispatch)");
+    have_dispatch_ = false;
+    if (!out && T_ > 0) throw UsageError("combine: out is null with T=" + std::to_string(T_) + " > 0; pass [T, H] bf16");
+    Args a = args(in.stream);
+    a.T = T_;
+    a.y = in.y;
+    a.out = out;
+    combine_kernel<<<G_, kThreads, 0, static_cast<cudaStream_t>(in.stream)>>>(a);
+    EPMOE_CUDA_CHECK_LAUNCH();
+  }
+
+  // Waits for the stream (bounded by the kernels' own timeouts) and raises what they recorded.
+  void sync(void* stream) {
+    comm_.activate();
+    EPMOE_CUDA_CHECK(cudaStreamSynchronize(static_cast<cudaStream_t>(stream)));
+    raise_recorded();
+  }
+
+ private:
+  Args args(void* stream) const {
+    (void)stream;
+    Args a{};
+    a.f = cfg_.dispatch_format;
+    a.cf = cfg_.combine_format;
+    a.q = cfg_.quant_params();
+    a.p = placement_->get();
+    a.R = R_;
+    a.me = me_;
+    a.C = cfg_.capacity;
+    a.H = cfg_.hidden;
+    a.K = cfg_.top_k;
+    a.E = cfg_.num_experts;
+    a.E_loc = cfg_.experts_per_rank();
+    a.timeout_ns = int64_t(cfg_.timeout_ms) * 1000000;
+    a.L = L_;
+    a.peer_base = peer_base_.get<uint8_t*>();
+    a.S = state_.get<State>();
+    a.err = err_dev_;
+    a.chunk_counts = chunk_counts_.get<int32_t>();
+    a.slot_map = slot_map_.get<int32_t>();
+    a.expert_counts = expert_counts_.get<int32_t>();
+    return a;
+  }
+
+  // Raises what a kernel recorded (reads host-mapped memory; no synchronisation).
+  void raise_recorded() {
+    if (broken_) throw BackendError("dispatcher \"nvlink\" of rank " + std::to_string(me_) + " is unusable after: " + broken_what_);
+    volatile ErrorRecord* e = err_host_;
+    const int code = e->code;
+    if (code == kErrNone) return;
+    if (code == kErrTimeout) {
+      static const char* where[] = {"?", "dispatch/status", "dispatch/payload", "combine/payload", "grid barrier"};
+      const int w = e->where >= 0 && e->where <= 4 ? e->where : 0;
+      broken_ = true;
+      broken_what_ = "rank " + std::to_string(e->rank) + " did not arrive within " + std::to_string(cfg_.timeout_ms) +
+                     " ms at " + where[w] + " (seen by rank " + std::to_string(me_) + ")";
+      throw TimeoutError("dispatcher \"nvlink\": " + broken_what_ +
+                             "; every rank must call dispatch/combine the same number of times. Raise "
+                             "MoeConfig::timeout_ms (--timeout-ms) if a rank is just slow. The dispatcher is "
+                             "unusable now",
+                         e->rank);
+    }
+    std::string errors;
+    for (int r = 0; r < R_; ++r) {
+      const int32_t c = e->bad[r][0], T = e->bad[r][1];
+      std::string p;
+      if (c == kCapacity) p = capacity_problem(T, cfg_.capacity);
+      else if (c == kBadId) p = bad_id_problem(e->bad[r][2], e->bad[r][3], e->bad[r][4], cfg_.num_experts);
+      else if (c == kNegative) p = "num_tokens is negative";
+      else if (c == kNullInput)
+        p = "DispatchInput has a null hidden, topk_ids or topk_weights with T > 0; pass [T, H] hidden and [T, K] ids and weights";
+      if (!p.empty()) errors += (errors.empty() ? "" : "; ") + ("rank " + std::to_string(r) + ": ") + p;
+    }
+    e->code = kErrNone;
+    for (int r = 0; r < R_; ++r) e->bad[r][0] = kOk;
+    throw UsageError("dispatch: " + errors + " (nothing was sent)");
+  }
+
+  MoeConfig cfg_;
+  NcclComm& comm_;
+  int R_, me_, G_ = 24;
+  std::unique_ptr<DevicePlacement> placement_;
+  Layout L_{};
+  void* window_mem_ = nullptr;
+  ncclWindow_t win_ = nullptr;
+  ncclDevComm dev_comm_{};
+  bool have_dev_comm_ = false;
+  cuda::DeviceBuffer peer_base_, state_, chunk_counts_, slot_map_, expert_counts_;
+  ErrorRecord* err_host_ = nullptr;
+  ErrorRecord* err_dev_ = nullptr;
+  int64_t T_ = 0;
+  bool have_dispatch_ = false;
+  bool broken_ = false;
+  std::string broken_what_;
+};
+
+}  // namespace
+
+std::unique_ptr<Dispatcher> make_nvlink_dispatcher(const MoeConfig& cfg, Communicator& comm) {
+  return std::make_unique<NvlinkDispatcher>(cfg, comm);
+}
+
+void nvlink_dispatcher_sync(Dispatcher& d, void* stream) {
+  if (auto* n = dynamic_cast<NvlinkDispatcher*>(&d)) n->sync(stream);
+}
+
+}  // namespace epmoe::detail

@@ -1,0 +1,155 @@
+// Device side of the "nvlink" dispatcher: one-sided pushes into peers' symmetric windows, flags with
+// system-scope release/acquire, bounded waits that leave an error record instead of hanging.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "dispatch/nccl/a2a_device.cuh"
+
+namespace epmoe::nvl {
+
+constexpr int kThreads = 512;
+constexpr int kStatusBytes = 64;
+
+// Byte offsets inside every rank's window (identical on all ranks).
+struct Layout {
+  size_t status;    // [R] Status, written by source s into slot s
+  size_t arrive_d;  // [R] u64: dispatch CTAs of source s that finished writing here (monotone)
+  size_t arrive_c;  // [R] u64: same for combine
+  size_t payload, scales, ids, weights;  // dispatch receive [R][C]
+  size_t cpayload, cscales;              // combine receive [R][C] (region = the rank that ran the slot)
+  size_t total;
+};
+
+// What a source tells each destination before any payload moves; `epoch` is released last.
+struct Status {
+  uint64_t epoch;
+  int32_t count;  // tokens coming to this destination
+  int32_t code;   // 0 ok, else the source's input problem (kCapacity, ...)
+  int32_t T, bad_t, bad_k, bad_id;
+};
+static_assert(sizeof(Status) <= kStatusBytes, "status slot");
+
+enum : int32_t { kOk = 0, kCapacity = 1, kBadId = 2, kNullInput = 3, kNegative = 4 };
+enum : int32_t { kErrNone = 0, kErrTimeout = 1, kErrUsage = 2 };
+enum : int32_t { kAtStatus = 1, kAtDispatchData = 2, kAtCombineData = 3, kAtGridBarrier = 4 };
+
+// Host-mapped error record: written by the device, read by the host without synchronising.
+struct ErrorRecord {
+  int32_t code;
+  int32_t rank;   // timeout: the rank that did not arrive
+  int32_t where;  // kAt*
+  int32_t pad;
+  int32_t bad[a2a::kMaxRanks][5];  // usage: per source rank {code, T, bad_t, bad_k, bad_id}
+};
+
+// Local (non-window) device state; lives across calls so that CUDA-graph replays stay consistent.
+struct State {
+  uint64_t epoch;     // the epoch of the next dispatch (starts at 1)
+  uint64_t grid_bar;  // this rank's in-kernel grid barrier (monotone)
+  int32_t bad;        // first bad (t*K + k) of this call, INT_MAX when none
+  int32_t failed;     // the last dispatch was rejected (bad input somewhere): combine moves nothing
+  int32_t abort;      // a wait timed out: every later wait gives up at once
+  int32_t pad;
+  uint64_t combines;  // dispatches that succeeded = combines that move data (their arrival target)
+  int32_t counts[a2a::kMaxRanks];   // valid slots per source (DispatchOutput::counts)
+  int32_t prev_n[a2a::kMaxRanks];   // counts of the previous call (ids past them are already -1)
+};
+
+struct Args {
+  ActFormat f, cf;
+  QuantParams q;
+  a2a::DevPlacement p;
+  int R, me, C, H, K, E, E_loc;
+  int64_t T;
+  int32_t local_code;
+  int64_t timeout_ns;
+  const bf16_raw* hidden;
+  const int32_t* ids;
+  const float* w;
+  const bf16_raw* y;  // combine
+  bf16_raw* out;      // combine
+  Layout L;
+  uint8_t* const* peer_base;  // [R] window base of every rank (own = local pointer)
+  State* S;
+  ErrorRecord* err;  // device view of the host-mapped record
+  int32_t* chunk_counts;  // [G][R]
+  int32_t* slot_map;      // [C][R]
+  int32_t* expert_counts; // [E_loc]
+};
+
+__device__ __forceinline__ uint64_t ld_acquire_sys(const uint64_t* p) {
+  uint64_t v;
+  asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+  return v;
+}
+__device__ __forceinline__ void st_release_sys(uint64_t* p, uint64_t v) {
+  asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+}
+__device__ __forceinline__ void red_release_sys(uint64_t* p, uint64_t v) {
+  asm volatile("red.release.sys.global.add.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+}
+__device__ __forceinline__ uint64_t ld_acquire_gpu(const uint64_t* p) {
+  uint64_t v;
+  asm volatile("ld.acquire.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+  return v;
+}
+__device__ __forceinline__ void red_release_gpu(uint64_t* p, uint64_t v) {
+  asm volatile("red.release.gpu.global.add.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+}
+__device__ __forceinline__ uint64_t now_ns() {
+  uint64_t t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+
+__device__ inline void record_timeout(const Args& a, int rank, int where) {
+  volatile ErrorRecord* e = a.err;
+  if (atomicCAS(&a.S->abort, 0, 1) == 0) {
+    e->rank = rank;
+    e->where = where;
+    __threadfence_system();
+    e->code = kErrTimeout;
+    __threadfence_system();
+  }
+}
+
+// Spins until *p >= target (system scope). False after a timeout (recorded, naming `rank`) or
+// when another wait of this rank already timed out.
+__device__ inline bool wait_sys(const Args& a, const uint64_t* p, uint64_t target, int rank, int where) {
+  const uint64_t t0 = now_ns();
+  uint32_t spins = 0;
+  while (ld_acquire_sys(p) < target) {
+    if ((++spins & 255u) == 0) {
+      if (*reinterpret_cast<volatile int32_t*>(&a.S->abort)) return false;
+      if (int64_t(now_ns() - t0) > a.timeout_ns) {
+        record_timeout(a, rank, where);
+        return false;
+      }
+    }
+  }
+  return true;
+}
+
+// All CTAs of this grid (co-resident by construction: gridDim.x <= SMs, one CTA per SM).
+__device__ inline void grid_sync(const Args& a, uint64_t target) {
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    red_release_gpu(&a.S->grid_bar, 1);
+    const uint64_t t0 = now_ns();
+    uint32_t spins = 0;
+    while (ld_acquire_gpu(&a.S->grid_bar) < target) {
+      if ((++spins & 255u) == 0) {
+        if (*reinterpret_cast<volatile int32_t*>(&a.S->abort)) break;
+        if (int64_t(now_ns() - t0) > a.timeout_ns) {
+          record_timeout(a, a.me, kAtGridBarrier);
+          break;
+        }
+      }
+    }
+  }
+  __syncthreads();
+}
+
+}  // namespace epmoe::nvl
