@@ -1,0 +1,46 @@
+// Grouped GEMMs of the CUDA runner (host side). Rows of all experts are packed by expert into one
+// [rows][K] bf16 matrix A; a device-built tile table lists the m-tiles (expert, first row, rows),
+// and a device scalar how many there are, so launches never need the host to know the counts
+// (CUDA-graph capturable). Each CTA loops over (m-tile, n-tile) pairs (persistent grid).
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "epmoe/quant.h"
+#include "epmoe/tensor.h"
+
+namespace epmoe::cuda {
+
+struct MTile {
+  int32_t expert, row0, rows, pad;
+};
+
+struct GemmArgs {
+  const bf16_raw* A = nullptr;  // [rows][K]
+  int K = 0;
+  MatrixView W;                 // [E][rows_w][K], on the device
+  // fused = true (GEMM1): W is W13 [2I][K]; out[r][j] = bf16(silu(g) * u), j < N = I.
+  // fused = false (GEMM2): out[r][n] = bf16(A W^T), n < N = rows_w.
+  bool fused = false;
+  int N = 0;
+  bf16_raw* out = nullptr;      // [rows][N]
+  const MTile* tiles = nullptr;
+  const int32_t* num_tiles = nullptr;  // device scalar
+  int max_tiles = 0;                   // upper bound of *num_tiles (sizes the grid)
+};
+
+// BM = rows per m-tile: 32 (decode: few rows per expert) or 128.
+void launch_grouped_gemm_bf16(const GemmArgs& a, int bm, cudaStream_t stream);
+void launch_grouped_gemm_fp8(const GemmArgs& a, int bm, cudaStream_t stream);
+void launch_grouped_gemm_nvfp4(const GemmArgs& a, int bm, cudaStream_t stream);
+
+inline void launch_grouped_gemm(const GemmArgs& a, int bm, cudaStream_t stream) {
+  switch (a.W.format) {
+    case WeightFormat::bf16: return launch_grouped_gemm_bf16(a, bm, stream);
+    case WeightFormat::fp8: return launch_grouped_gemm_fp8(a, bm, stream);
+    case WeightFormat::nvfp4: return launch_grouped_gemm_nvfp4(a, bm, stream);
+  }
+}
+
+}  // namespace epmoe::cuda

@@ -1,0 +1,261 @@
+#include "run/cuda/runner.h"
+
+#include <cuda_bf16.h>
+
+#include <algorithm>
+#include <string>
+
+#include "epmoe/error.h"
+#include "epmoe/numeric.h"
+#include "quant/cuda/quant_device.cuh"
+#include "run/cuda/gemm.h"
+
+namespace epmoe::cuda {
+namespace {
+
+constexpr int kScanThreads = 1024;
+
+__device__ __forceinline__ bool slot_valid(int64_t i, int C, const int32_t* counts) {
+  return (i % C) < counts[i / C];
+}
+
+__global__ void count_kernel(const int32_t* __restrict__ ids, const int32_t* __restrict__ counts, int64_t S, int C,
+                             int K, int E, int32_t* __restrict__ cnt) {
+  const int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  if (i >= S || !slot_valid(i, C, counts)) return;
+  for (int k = 0; k < K; ++k) {
+    const int e = ids[i * K + k];
+    if (e >= 0 && e < E) atomicAdd(&cnt[e], 1);
+  }
+}
+
+// Offsets of each expert's rows, the m-tile table, and zeroed fill counters. Thread i owns a
+// contiguous chunk of experts.
+__global__ void __launch_bounds__(kScanThreads) offsets_kernel(const int32_t* __restrict__ cnt, int E, int bm,
+                                                               int32_t* __restrict__ offsets,
+                                                               int32_t* __restrict__ fill, MTile* __restrict__ tiles,
+                                                               int32_t* __restrict__ num_tiles) {
+  __shared__ int32_t s_rows[kScanThreads], s_tiles[kScanThreads];
+  const int tid = threadIdx.x;
+  const int chunk = (E + kScanThreads - 1) / kScanThreads;
+  const int e0 = tid * chunk, e1 = min(E, e0 + chunk);
+  int32_t rows = 0, nt = 0;
+  for (int e = e0; e < e1; ++e) {
+    rows += cnt[e];
+    nt += (cnt[e] + bm - 1) / bm;
+  }
+  s_rows[tid] = rows;
+  s_tiles[tid] = nt;
+  __syncthreads();
+  for (int o = 1; o < kScanThreads; o <<= 1) {
+    const int32_t a = tid >= o ? s_rows[tid - o] : 0, b = tid >= o ? s_tiles[tid - o] : 0;
+    __syncthreads();
+    s_rows[tid] += a;
+    s_tiles[tid] += b;
+    __syncthreads();
+  }
+  int32_t r = s_rows[tid] - rows, t = s_tiles[tid] - nt;
+  for (int e = e0; e < e1; ++e) {
+    offsets[e] = r;
+    fill[e] = 0;
+    for (int m = 0; m < cnt[e]; m += bm) tiles[t++] = MTile{e, r + m, min(bm, cnt[e] - m), 0};
+    r += cnt[e];
+  }
+  if (tid == kScanThreads - 1) *num_tiles = s_tiles[tid];
+}
+
+__device__ __forceinline__ float load_act(ActFormat f, const QuantParams& p, const uint8_t* row, const uint8_t* sc,
+                                          int h) {
+  if (f == ActFormat::bf16) return num::bf16_to_f32(reinterpret_cast<const bf16_raw*>(row)[h]);
+  if (f == ActFormat::fp8) return dev::fp8_dequant(row[h], reinterpret_cast<const float*>(sc)[h / 128]);
+  const uint8_t b = row[h / 2];
+  return dev::nvfp4_dequant((h & 1) ? b >> 4 : b & 0xf, sc[h / 16], p.nvfp4_global_scale);
+}
+
+// One CTA per slot: claims a row per valid (slot, k) and writes the slot's bf16 activation there.
+__global__ void permute_kernel(ActFormat f, QuantParams p, const uint8_t* __restrict__ payload,
+                               const uint8_t* __restrict__ scales, const int32_t* __restrict__ ids,
+                               const int32_t* __restrict__ counts, int C, int K, int E, int H,
+                               const int32_t* __restrict__ offsets, int32_t* __restrict__ fill,
+                               int32_t* __restrict__ pair_pos, bf16_raw* __restrict__ A) {
+  __shared__ int32_t pos[32];
+  const int64_t i = blockIdx.x;
+  if (!slot_valid(i, C, counts)) return;
+  if (threadIdx.x < K) {
+    const int e = ids[i * K + threadIdx.x];
+    const int32_t q = (e >= 0 && e < E) ? offsets[e] + atomicAdd(&fill[e], 1) : -1;
+    pos[threadIdx.x] = q;
+    pair_pos[i * K + threadIdx.x] = q;
+  }
+  __syncthreads();
+  const uint8_t* row = payload + i * int64_t(payload_bytes(f, H));
+  const uint8_t* sc = scales ? scales + i * int64_t(scale_bytes(f, H)) : nullptr;
+  for (int h = threadIdx.x * 2; h < H; h += blockDim.x * 2) {
+    const __nv_bfloat162 v = __floats2bfloat162_rn(load_act(f, p, row, sc, h), load_act(f, p, row, sc, h + 1));
+    for (int k = 0; k < K; ++k)
+      if (pos[k] >= 0) *reinterpret_cast<__nv_bfloat162*>(A + int64_t(pos[k]) * H + h) = v;
+  }
+}
+
+// h rows take the fp8 block-128 round trip (intermediate_quant = fp8); one warp per block.
+__global__ void intermediate_fp8_kernel(bf16_raw* __restrict__ h, const int32_t* __restrict__ offsets,
+                                        const int32_t* __restrict__ cnt, int E, int I, bool ue8m0) {
+  const int64_t r = blockIdx.x;
+  const int64_t rows = offsets[E - 1] + cnt[E - 1];
+  if (r >= rows) return;
+  bf16_raw* row = h + r * I;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+  for (int b = warp; b < I / 128; b += warps) {
+    float v[4], amax = 0.f;
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      v[q] = num::bf16_to_f32(row[b * 128 + lane * 4 + q]);
+      amax = fmaxf(amax, fabsf(v[q]));
+    }
+    const dev::Fp8Block bp = dev::fp8_block_params(dev::warp_max(amax), ue8m0);
+#pragma unroll
+    for (int q = 0; q < 4; ++q)
+      row[b * 128 + lane * 4 + q] = num::f32_to_bf16(dev::fp8_dequant(dev::fp8_code(v[q], bp), bp.scale));
+  }
+}
+
+// y[slot] = bf16(sum_k w_k * o[pos_k]) in ascending k, fp32, no fma.
+__global__ void reduce_kernel(const bf16_raw* __restrict__ o, const int32_t* __restrict__ pair_pos,
+                              const float* __restrict__ w, const int32_t* __restrict__ counts, int C, int K, int H,
+                              bf16_raw* __restrict__ y) {
+  const int64_t i = blockIdx.x;
+  if (!slot_valid(i, C, counts)) return;
+  __shared__ int32_t pos[32];
+  __shared__ float wk[32];
+  if (threadIdx.x < K) {
+    pos[threadIdx.x] = pair_pos[i * K + threadIdx.x];
+    wk[threadIdx.x] = w[i * K + threadIdx.x];
+  }
+  __syncthreads();
+  for (int h = threadIdx.x * 2; h < H; h += blockDim.x * 2) {
+    float a0 = 0.f, a1 = 0.f;
+    for (int k = 0; k < K; ++k) {
+      if (pos[k] < 0) continue;
+      const __nv_bfloat162 v = *reinterpret_cast<const __nv_bfloat162*>(o + int64_t(pos[k]) * H + h);
+      const float2 f = __bfloat1622float2(v);
+      a0 = __fadd_rn(a0, __fmul_rn(wk[k], f.x));
+      a1 = __fadd_rn(a1, __fmul_rn(wk[k], f.y));
+    }
+    *reinterpret_cast<__nv_bfloat162*>(y + i * H + h) = __floats2bfloat162_rn(a0, a1);
+  }
+}
+
+std::string mat_desc(const MatrixView& m) {
+  return std::string(format_name(m.format)) + "[" + std::to_string(m.experts) + ", " + std::to_string(m.rows) + ", " +
+         std::to_string(m.cols) + "] on " + device_name(m.device);
+}
+
+}  // namespace
+
+CudaRunner::CudaRunner(const MoeConfig& cfg, int device_index) : cfg_(cfg), device_(device_index) {
+  if (cfg.top_k > 32)
+    throw UsageError("runner cuda: top_k=" + std::to_string(cfg.top_k) + " exceeds 32, the most the CUDA runner supports");
+  if (cfg.hidden % 64 != 0 || cfg.intermediate % 64 != 0)
+    throw UsageError("runner cuda: hidden=" + std::to_string(cfg.hidden) + " and intermediate=" +
+                     std::to_string(cfg.intermediate) + " must be multiples of 64 for the CUDA runner's tiles");
+  if (cfg.intermediate_quant == IntermediateQuant::fp8 && cfg.intermediate % 128 != 0)
+    throw UsageError("runner cuda: intermediate_quant=fp8 needs intermediate % 128 == 0, got " +
+                     std::to_string(cfg.intermediate));
+}
+
+void CudaRunner::check(const DispatchOutput& in, const ExpertWeights& w, const bf16_raw* y) const {
+  auto fail = [](const std::string& m) { throw UsageError("runner cuda: " + m); };
+  if (in.device != DeviceKind::cuda) fail("dispatch output is on " + std::string(device_name(in.device)) + ", needs cuda");
+  if (w.w13.device != DeviceKind::cuda || w.w2.device != DeviceKind::cuda)
+    fail("weights must be on the CUDA device (w13 " + mat_desc(w.w13) + ", w2 " + mat_desc(w.w2) + ")");
+  const int H = in.hidden, I = w.intermediate, E = in.num_local_experts;
+  if (w.hidden != H || w.num_local_experts != E)
+    fail("weights are for hidden=" + std::to_string(w.hidden) + ", experts=" + std::to_string(w.num_local_experts) +
+         " but the dispatch output has hidden=" + std::to_string(H) + ", experts=" + std::to_string(E));
+  if (w.w13.experts != E || w.w13.rows != 2 * I || w.w13.cols != H)
+    fail("w13 is " + mat_desc(w.w13) + "; expected [" + std::to_string(E) + ", " + std::to_string(2 * I) + ", " +
+         std::to_string(H) + "]");
+  if (w.w2.experts != E || w.w2.rows != H || w.w2.cols != I)
+    fail("w2 is " + mat_desc(w.w2) + "; expected [" + std::to_string(E) + ", " + std::to_string(H) + ", " +
+         std::to_string(I) + "]");
+  if (w.w13.format != w.w2.format) fail("w13 and w2 must share one weight format");
+  if (H % 64 != 0 || I % 64 != 0)
+    fail("hidden=" + std::to_string(H) + " and intermediate=" + std::to_string(I) + " must be multiples of 64");
+  if (in.top_k > 32) fail("top_k=" + std::to_string(in.top_k) + " exceeds 32");
+  if (in.slots() > 0 && (!in.payload || !in.local_ids || !in.weights || !in.counts || !y))
+    fail("payload, local_ids, weights, counts and y must be non-null");
+  if (in.format != ActFormat::bf16 && !in.scales) fail(std::string("scales are null for format ") + format_name(in.format));
+  if (in.format == ActFormat::nvfp4 && !(in.quant.nvfp4_global_scale > 0.f))
+    fail("nvfp4 dispatch needs quant.nvfp4_global_scale > 0");
+  if (w.w13.format == WeightFormat::nvfp4 && (!w.w13.global_scale || !w.w2.global_scale))
+    fail("nvfp4 weights need global_scale arrays on the device");
+}
+
+void CudaRunner::run(const DispatchOutput& in, const ExpertWeights& w, bf16_raw* y, Stream stream) {
+  check(in, w, y);
+  const int64_t S = in.slots();
+  if (S == 0) return;
+  DeviceGuard g(device_);
+  cudaStream_t st = static_cast<cudaStream_t>(stream);
+  const int C = in.capacity, K = in.top_k, E = in.num_local_experts, H = in.hidden, I = w.intermediate;
+  const int64_t max_rows = S * K;
+  const double avg = double(max_rows) / std::max(E, 1);
+  const int bm = force_bm_ ? force_bm_ : (avg <= 48.0 ? 32 : 128);
+  last_bm_ = bm;
+  const int64_t max_tiles = (max_rows + bm - 1) / bm + E;
+  if (max_rows > INT32_MAX) throw UsageError("runner cuda: R*C*K=" + std::to_string(max_rows) + " rows exceed 2^31");
+
+  cnt_.reserve(size_t(E) * 4);
+  offsets_.reserve(size_t(E) * 4);
+  fill_.reserve(size_t(E) * 4);
+  tiles_.reserve(size_t(max_tiles) * sizeof(MTile));
+  num_tiles_.reserve(4);
+  pair_pos_.reserve(size_t(max_rows) * 4);
+  a_.reserve(size_t(max_rows) * H * 2);
+  h_.reserve(size_t(max_rows) * I * 2);
+  o_.reserve(size_t(max_rows) * H * 2);
+
+  EPMOE_CUDA_CHECK(cudaMemsetAsync(cnt_.get(), 0, size_t(E) * 4, st));
+  count_kernel<<<unsigned((S + 255) / 256), 256, 0, st>>>(in.local_ids, in.counts, S, C, K, E, cnt_.get<int32_t>());
+  EPMOE_CUDA_CHECK_LAUNCH();
+  offsets_kernel<<<1, kScanThreads, 0, st>>>(cnt_.get<int32_t>(), E, bm, offsets_.get<int32_t>(), fill_.get<int32_t>(),
+                                             tiles_.get<MTile>(), num_tiles_.get<int32_t>());
+  EPMOE_CUDA_CHECK_LAUNCH();
+  permute_kernel<<<unsigned(S), 256, 0, st>>>(in.format, in.quant, in.payload, in.scales, in.local_ids, in.counts, C, K,
+                                              E, H, offsets_.get<int32_t>(), fill_.get<int32_t>(),
+                                              pair_pos_.get<int32_t>(), a_.get<bf16_raw>());
+  EPMOE_CUDA_CHECK_LAUNCH();
+
+  GemmArgs g1;
+  g1.A = a_.get<bf16_raw>();
+  g1.K = H;
+  g1.W = w.w13;
+  g1.fused = true;
+  g1.N = I;
+  g1.out = h_.get<bf16_raw>();
+  g1.tiles = tiles_.get<MTile>();
+  g1.num_tiles = num_tiles_.get<int32_t>();
+  g1.max_tiles = static_cast<int>(max_tiles);
+  launch_grouped_gemm(g1, bm, st);
+
+  if (cfg_.intermediate_quant == IntermediateQuant::fp8) {
+    intermediate_fp8_kernel<<<unsigned(max_rows), 256, 0, st>>>(h_.get<bf16_raw>(), offsets_.get<int32_t>(),
+                                                                cnt_.get<int32_t>(), E, I, in.quant.ue8m0);
+    EPMOE_CUDA_CHECK_LAUNCH();
+  }
+
+  GemmArgs g2 = g1;
+  g2.A = h_.get<bf16_raw>();
+  g2.K = I;
+  g2.W = w.w2;
+  g2.fused = false;
+  g2.N = H;
+  g2.out = o_.get<bf16_raw>();
+  launch_grouped_gemm(g2, bm, st);
+
+  reduce_kernel<<<unsigned(S), 256, 0, st>>>(o_.get<bf16_raw>(), pair_pos_.get<int32_t>(), in.weights, in.counts, C, K,
+                                             H, y);
+  EPMOE_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace epmoe::cuda

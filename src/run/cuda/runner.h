@@ -1,0 +1,43 @@
+// The "cuda" routed runner (design.md 3.4) on one GPU. Steps, all on the device and without host
+// synchronization (CUDA-graph capturable once its workspace has grown to the step's size):
+//   1. count (slot, k) pairs per local expert; offsets and the m-tile table by a one-CTA scan;
+//   2. permute: each valid pair gets a row in the expert-sorted matrix A, filled with the slot's
+//      activation dequantized to bf16 (the row order inside an expert does not affect any result:
+//      every row is computed independently);
+//   3. GEMM1 with W13 and SiLU(gate)*up fused into its epilogue -> h [rows][I] bf16
+//      (when intermediate_quant is fp8, h then takes the fp8 block-128 round trip);
+//   4. GEMM2 with W2 -> o [rows][H] bf16;
+//   5. per slot: y = bf16(sum over k ascending of w_k * o[row(slot, k)]), fp32, one pass.
+// Numerics (documented in docs/RUNNER.md): activations and the intermediate are rounded to bf16;
+// fp8 weights become bf16(e4m3 * tile scale); nvfp4 weights are exact in bf16 up to the global
+// scale, which divides the fp32 accumulator.
+#pragma once
+#include <cuda_runtime.h>
+
+#include "core/cuda/check.h"
+#include "epmoe/config.h"
+#include "epmoe/runner.h"
+
+namespace epmoe::cuda {
+
+class CudaRunner final : public Runner {
+ public:
+  CudaRunner(const MoeConfig& cfg, int device_index);
+  const char* name() const override { return "cuda"; }
+  void run(const DispatchOutput& in, const ExpertWeights& w, bf16_raw* y, Stream stream) override;
+
+  // Rows per GEMM m-tile chosen for the last run (32 or 128), for benchmarks and tests.
+  int last_block_m() const { return last_bm_; }
+  // Force the m-tile (0 = automatic from the average rows per expert).
+  void set_block_m(int bm) { force_bm_ = bm; }
+
+ private:
+  void check(const DispatchOutput& in, const ExpertWeights& w, const bf16_raw* y) const;
+
+  MoeConfig cfg_;
+  int device_ = 0;
+  int last_bm_ = 0, force_bm_ = 0;
+  DeviceBuffer cnt_, offsets_, fill_, tiles_, num_tiles_, pair_pos_, a_, h_, o_;
+};
+
+}  // namespace epmoe::cuda

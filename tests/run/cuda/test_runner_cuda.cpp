@@ -1,0 +1,215 @@
+// Runner "cuda" vs the CPU reference runner on the same DispatchOutput (design.md 3.6): fresh random
+// data of DeepSeek-V3, Qwen3 and Mixtral expert shapes, every weight format, both m-tile sizes,
+// skewed loads (everything on one expert, experts without tokens), T = 0 and T = 1, and the fp8
+// intermediate. The bound is stated here: max|a-b|/max|ref| <= 3e-2 and 1-cos <= 1e-3, which
+// covers the runner's bf16 roundings (activations, intermediate, expert outputs, fp8 weights times
+// their scale) against the reference's fp32; a wrong row, expert or scale is far outside it.
+// Slots that are not valid must be left untouched (they keep their poison).
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <random>
+#include <vector>
+
+#include "dispatch/plan.h"
+#include "epmoe/error.h"
+#include "epmoe/quant.h"
+#include "quant/cuda/gpu_test_util.h"
+#include "run/cuda/runner.h"
+#include "run/reference.h"
+
+namespace epmoe::test {
+namespace {
+
+constexpr double kMaxRel = 3e-2, kMaxOneMinusCos = 1e-3;
+
+struct DevMatrix {
+  Dev<uint8_t> data, scales;
+  Dev<float> gs;
+  MatrixView view;
+  explicit DevMatrix(const HostMatrix& h)
+      : data(h.data), scales(h.scales.empty() ? std::vector<uint8_t>(1) : h.scales),
+        gs(h.global_scale.empty() ? std::vector<float>(1) : h.global_scale) {
+    view = h.view();
+    view.device = DeviceKind::cuda;
+    view.data = data.get();
+    view.scales = h.scales.empty() ? nullptr : scales.get();
+    view.global_scale = h.global_scale.empty() ? nullptr : gs.get();
+  }
+};
+
+struct Problem {
+  int H, I, E, K, C;
+  ActFormat act;
+  WeightFormat wf;
+  IntermediateQuant iq = IntermediateQuant::none;
+  int bm = 0;          // 0 = automatic
+  int64_t T = -1;      // tokens (-1 = C)
+  bool skew = false;   // all pairs on expert 0
+  const char* name = "";
+};
+
+MoeConfig make_cfg(const Problem& p) {
+  MoeConfig c;
+  c.hidden = p.H;
+  c.intermediate = p.I;
+  c.num_experts = p.E;
+  c.top_k = p.K;
+  c.num_ranks = 1;
+  c.capacity = p.C;
+  c.dispatch_format = p.act;
+  c.weight_format = p.wf;
+  c.intermediate_quant = p.iq;
+  c.nvfp4_global_scale = 448.f * 6.f / 12.f;
+  c.dispatcher = "local";
+  c.runner = "cuda";
+  return c;
+}
+
+void run_problem(const Problem& p, uint32_t seed) {
+  SCOPED_TRACE(std::string(p.name) + " act " + format_name(p.act) + " weights " + format_name(p.wf) + " seed " +
+               std::to_string(seed));
+  std::mt19937 rng(seed);
+  const MoeConfig cfg = make_cfg(p);
+  const int H = p.H, I = p.I, E = p.E, K = p.K, C = p.C;
+  const int64_t T = p.T < 0 ? C : p.T;
+  // Weights ~ N(0, 1/sqrt(fan_in)).
+  std::normal_distribution<float> nd(0.f, 1.f);
+  std::vector<float> w13(size_t(E) * 2 * I * H), w2(size_t(E) * H * I);
+  for (auto& v : w13) v = nd(rng) / std::sqrt(float(H));
+  for (auto& v : w2) v = nd(rng) / std::sqrt(float(I));
+  const HostMatrix h13 = quantize_matrix(w13.data(), E, 2 * I, H, p.wf);
+  const HostMatrix h2 = quantize_matrix(w2.data(), E, H, I, p.wf);
+  w13.clear();
+  w2.clear();
+  ExpertWeights hw{E, H, I, h13.view(), h2.view()};
+  DevMatrix d13(h13), d2(h2);
+  ExpertWeights dw{E, H, I, d13.view, d2.view};
+
+  // Tokens: x ~ N(0, 1) (scaled per row), K distinct experts (or all on expert 0), some -1.
+  const auto x = random_bf16(rng, T, H);
+  std::vector<int32_t> ids(size_t(T) * K);
+  std::vector<float> tw(size_t(T) * K);
+  std::uniform_real_distribution<float> u(0.f, 1.f);
+  for (int64_t t = 0; t < T; ++t) {
+    std::vector<int32_t> perm(E);
+    for (int e = 0; e < E; ++e) perm[e] = e;
+    std::shuffle(perm.begin(), perm.end(), rng);
+    for (int k = 0; k < K; ++k) {
+      ids[t * K + k] = p.skew ? (k == 0 ? 0 : -1) : (u(rng) < 0.1f ? -1 : perm[k]);
+      // Experts E-1 and E-2 get no tokens at all when E > K + 2 (empty groups).
+      if (!p.skew && E > K + 2 && ids[t * K + k] >= E - 2) ids[t * K + k] = -1;
+      tw[t * K + k] = u(rng);
+    }
+  }
+  const ExpertPlacement place = cfg.resolved_placement();
+  const detail::DispatchPlan plan = detail::make_dispatch_plan(place, 0, ids.data(), T, K);
+  std::vector<uint8_t> ep(size_t(T) * payload_bytes(p.act, H)), es(size_t(T) * scale_bytes(p.act, H));
+  quantize_rows(p.act, cfg.quant_params(), x.data(), T, H, ep.data(), es.data());
+  detail::HostRecvBuffers recv;
+  recv.allocate(1, C, H, K, E, p.act);
+  detail::write_region(plan, 0, 0, ep.data(), p.act == ActFormat::bf16 ? nullptr : es.data(), tw.data(), recv);
+  recv.counts[0] = plan.send_counts[0];
+  detail::finalize_receive(recv);
+  const int n = recv.counts[0];
+
+  // Reference.
+  std::vector<bf16_raw> y_ref(size_t(C) * H, 0);
+  detail::ReferenceRunner ref(cfg);
+  ref.run(recv.view(cfg.quant_params()), hw, y_ref.data(), nullptr);
+
+  // Device copy of the same DispatchOutput.
+  Dev<uint8_t> pay(recv.payload), sc(recv.scales.empty() ? std::vector<uint8_t>(1) : recv.scales);
+  Dev<int32_t> lid(recv.local_ids), cnt(recv.counts), ecnt(recv.expert_counts);
+  Dev<float> wts(recv.weights);
+  DispatchOutput dout = recv.view(cfg.quant_params());
+  dout.device = DeviceKind::cuda;
+  dout.payload = pay.get();
+  dout.scales = p.act == ActFormat::bf16 ? nullptr : sc.get();
+  dout.local_ids = lid.get();
+  dout.weights = wts.get();
+  dout.counts = cnt.get();
+  dout.expert_counts = ecnt.get();
+  Dev<bf16_raw> y(size_t(C) * H);
+  y.poison();
+  cuda::CudaRunner runner(cfg, 0);
+  runner.set_block_m(p.bm);
+  runner.run(dout, dw, y.get(), nullptr);
+  EPMOE_CUDA_CHECK(cudaDeviceSynchronize());
+  const auto yg = y.download();
+
+  std::vector<bf16_raw> a(yg.begin(), yg.begin() + size_t(n) * H), r(y_ref.begin(), y_ref.begin() + size_t(n) * H);
+  const Diff d = compare(widen(a), widen(r));
+  std::printf("[runner] %-22s act %-5s w %-5s bm %3d  n=%d  max|a-b|/max|ref| %.3e  1-cos %.3e\n", p.name,
+              format_name(p.act), format_name(p.wf), runner.last_block_m(), n, d.rel(), d.one_minus_cos);
+  EXPECT_EQ(d.nonfinite, 0u);
+  EXPECT_LE(d.rel(), kMaxRel);
+  EXPECT_LE(d.one_minus_cos, kMaxOneMinusCos);
+  for (size_t i = size_t(n) * H; i < yg.size(); ++i)
+    if (yg[i] != 0xffff) {
+      ADD_FAILURE() << "invalid slot " << i / H << " was written";
+      break;
+    }
+}
+
+TEST(CudaRunner, MatchesReferenceOnModelShapes) {
+  EPMOE_REQUIRE_GPU();
+  uint32_t seed = std::random_device{}();
+  using A = ActFormat;
+  using W = WeightFormat;
+  const std::vector<Problem> problems = {
+      {7168, 2048, 4, 2, 6, A::fp8, W::fp8, IntermediateQuant::none, 0, -1, false, "deepseek-v3"},
+      {7168, 2048, 4, 2, 6, A::bf16, W::bf16, IntermediateQuant::none, 0, -1, false, "deepseek-v3"},
+      {7168, 2048, 4, 2, 5, A::nvfp4, W::nvfp4, IntermediateQuant::none, 0, -1, false, "deepseek-v3"},
+      {2048, 768, 16, 8, 24, A::bf16, W::bf16, IntermediateQuant::none, 0, -1, false, "qwen3-30b"},
+      {2048, 768, 16, 8, 24, A::fp8, W::fp8, IntermediateQuant::fp8, 0, -1, false, "qwen3-30b iq=fp8"},
+      {2048, 768, 16, 8, 24, A::nvfp4, W::fp8, IntermediateQuant::none, 128, -1, false, "qwen3-30b bm128"},
+      {2048, 768, 16, 8, 20, A::fp8, W::nvfp4, IntermediateQuant::none, 0, -1, false, "qwen3-30b"},
+      {4096, 1536, 8, 8, 12, A::bf16, W::fp8, IntermediateQuant::none, 0, -1, false, "qwen3-235b"},
+      {4096, 14336, 2, 2, 3, A::bf16, W::bf16, IntermediateQuant::none, 0, -1, false, "mixtral"},
+      {4096, 14336, 2, 2, 3, A::fp8, W::nvfp4, IntermediateQuant::none, 0, -1, false, "mixtral"},
+  };
+  for (const Problem& p : problems) run_problem(p, seed++);
+}
+
+TEST(CudaRunner, SkewedLoadsAndTinyBatches) {
+  EPMOE_REQUIRE_GPU();
+  uint32_t seed = std::random_device{}();
+  using A = ActFormat;
+  using W = WeightFormat;
+  const std::vector<Problem> problems = {
+      // 300 rows on one expert: several m-tiles of both sizes, 15 experts idle.
+      {2048, 768, 16, 4, 300, A::bf16, W::bf16, IntermediateQuant::none, 128, -1, true, "skew bm128"},
+      {2048, 768, 16, 4, 300, A::fp8, W::fp8, IntermediateQuant::none, 32, -1, true, "skew bm32"},
+      {2048, 768, 16, 4, 200, A::nvfp4, W::nvfp4, IntermediateQuant::none, 128, -1, true, "skew nvfp4"},
+      {2048, 768, 16, 8, 16, A::fp8, W::fp8, IntermediateQuant::none, 0, 1, false, "T=1"},
+      {2048, 768, 16, 8, 16, A::fp8, W::bf16, IntermediateQuant::none, 0, 0, false, "T=0"},
+      {256, 128, 16, 4, 64, A::bf16, W::bf16, IntermediateQuant::none, 0, -1, false, "tiny"},
+      {2880, 2880, 4, 4, 10, A::bf16, W::fp8, IntermediateQuant::none, 0, -1, false, "gpt-oss (H%128!=0)"},
+  };
+  for (const Problem& p : problems) run_problem(p, seed++);
+}
+
+TEST(CudaRunner, RejectsMismatchedWeights) {
+  EPMOE_REQUIRE_GPU();
+  Problem p{256, 128, 4, 2, 4, ActFormat::bf16, WeightFormat::bf16};
+  const MoeConfig cfg = make_cfg(p);
+  cuda::CudaRunner runner(cfg, 0);
+  std::vector<float> w(size_t(4) * 256 * 256, 0.01f);
+  const HostMatrix h13 = quantize_matrix(w.data(), 4, 256, 256, WeightFormat::bf16);  // rows should be 2I = 256: ok
+  const HostMatrix h2 = quantize_matrix(w.data(), 4, 256, 64, WeightFormat::bf16);    // cols should be I = 128
+  DevMatrix d13(h13), d2(h2);
+  ExpertWeights dw{4, 256, 128, d13.view, d2.view};
+  DispatchOutput in;
+  in.num_ranks = 1;
+  in.capacity = 4;
+  in.hidden = 256;
+  in.top_k = 2;
+  in.num_local_experts = 4;
+  in.device = DeviceKind::cuda;
+  Dev<bf16_raw> y(4 * 256);
+  EXPECT_THROW(runner.run(in, dw, y.get(), nullptr), UsageError);
+}
+
+}  // namespace
+}  // namespace epmoe::test
