@@ -9,21 +9,6 @@
 #include "core/builtin_backends.h"
 #include "epmoe/error.h"
 
-// The CUDA and NCCL hooks are defined by their backends' engineers. Until a definition exists in
-// this tree the references are weak, so the build links and the registry skips the missing hook.
-// (A weak reference does not pull an archive member in: once the hooks exist they must be strong
-// references again, or their backends would silently be missing.)
-#if defined(EPMOE_WITH_CUDA) && !defined(EPMOE_CUDA_HOOK_STRONG)
-namespace epmoe::detail {
-[[gnu::weak]] void register_cuda_backends(Registry&);
-}
-#endif
-#if defined(EPMOE_WITH_NCCL) && !defined(EPMOE_NCCL_HOOK_STRONG)
-namespace epmoe::detail {
-[[gnu::weak]] void register_nccl_backends(Registry&);
-}
-#endif
-
 namespace epmoe {
 
 namespace {
@@ -65,10 +50,10 @@ Registry& Registry::global() {
     detail::register_cpu_dispatchers(*r);
     detail::register_reference_runner(*r);
 #if defined(EPMOE_WITH_CUDA)
-    if (&detail::register_cuda_backends != nullptr) detail::register_cuda_backends(*r);
+    detail::register_cuda_backends(*r);
 #endif
 #if defined(EPMOE_WITH_NCCL)
-    if (&detail::register_nccl_backends != nullptr) detail::register_nccl_backends(*r);
+    detail::register_nccl_backends(*r);
 #endif
     return r;
   }();
