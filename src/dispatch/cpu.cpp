@@ -40,7 +40,7 @@ struct RankBuffers {
 
 class CpuDispatcher final : public Dispatcher {
  public:
-  CpuDispatcher(const MoeConfig& cfg, CpuComm& comm) : cfg_(cfg), comm_(comm), fabric_(comm.fabric()) {
+  CpuDispatcher(const MoeConfig& cfg, CpuComm& comm) : cfg_(cfg), fabric_(comm.fabric()) {
     rank_ = comm.rank();
     R_ = comm.size();
     placement_ = cfg.resolved_placement();
@@ -160,7 +160,6 @@ class CpuDispatcher final : public Dispatcher {
   }
 
   MoeConfig cfg_;
-  CpuComm& comm_;
   CpuFabric& fabric_;
   int rank_ = 0, R_ = 1;
   ExpertPlacement placement_;

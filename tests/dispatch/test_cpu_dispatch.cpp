@@ -128,25 +128,33 @@ TEST(CpuDispatch, NanAndInfPassThroughBitwise) {
 }
 
 TEST(CpuDispatch, BackToBackCallsAreIndependent) {
-  MoeConfig cfg = make_config(4, 16, 2, 128, 8);
-  auto comms = make_cpu_group(4, cfg.timeout_ms);
-  std::vector<std::vector<RankInput>> steps;
-  for (uint32_t i = 0; i < 20; ++i) steps.push_back(random_inputs(cfg, random_token_counts(4, 8, 50 + i), 50 + i));
-  std::vector<std::vector<Received>> got(steps.size(), std::vector<Received>(4));
-  run_ranks(comms, [&](Communicator& comm) {
-    auto disp = create_dispatcher(cfg, comm);
-    for (size_t i = 0; i < steps.size(); ++i) {
-      const DispatchOutput o = disp->dispatch(steps[i][comm.rank()].view());
-      got[i][comm.rank()] = snapshot(o);
-      // Combine in between, as a layer does, so combine and dispatch phases interleave.
-      std::vector<bf16_raw> y = fake_run(cfg, o, comm.rank());
-      std::vector<bf16_raw> out(size_t(steps[i][comm.rank()].T) * cfg.hidden);
-      disp->combine(CombineInput{y.data()}, out.data());
-    }
-  });
-  for (size_t i = 0; i < steps.size(); ++i)
-    for (int d = 0; d < 4; ++d)
-      expect_received(cfg, expected_receive(cfg, steps[i], d), got[i][d], "step " + std::to_string(i));
+  for (int R : {2, 8}) {
+    MoeConfig cfg = make_config(R, 16, 2, 128, 8, ActFormat::bf16, R == 8 ? ActFormat::fp8 : ActFormat::bf16);
+    auto comms = make_cpu_group(R, cfg.timeout_ms);
+    std::vector<std::vector<RankInput>> steps;
+    for (uint32_t i = 0; i < 20; ++i)
+      steps.push_back(random_inputs(cfg, random_token_counts(R, 8, 50 + i), 50 + i));
+    std::vector<std::vector<Received>> got(steps.size(), std::vector<Received>(R));
+    std::vector<std::vector<std::vector<bf16_raw>>> outs(steps.size(), std::vector<std::vector<bf16_raw>>(R));
+    run_ranks(comms, [&](Communicator& comm) {
+      const int r = comm.rank();
+      auto disp = create_dispatcher(cfg, comm);
+      for (size_t i = 0; i < steps.size(); ++i) {
+        const DispatchOutput o = disp->dispatch(steps[i][r].view());
+        got[i][r] = snapshot(o);
+        // Combine in between, as a layer does, so combine and dispatch phases interleave.
+        std::vector<bf16_raw> y = fake_run(cfg, o, r);
+        outs[i][r].resize(size_t(steps[i][r].T) * cfg.hidden);
+        disp->combine(CombineInput{y.data()}, outs[i][r].data());
+      }
+    });
+    for (size_t i = 0; i < steps.size(); ++i)
+      for (int d = 0; d < R; ++d) {
+        const std::string ctx = "R=" + std::to_string(R) + " step " + std::to_string(i) + " rank " + std::to_string(d);
+        expect_received(cfg, expected_receive(cfg, steps[i], d), got[i][d], ctx);
+        EXPECT_EQ(expected_combine(cfg, steps[i], d), outs[i][d]) << ctx;
+      }
+  }
 }
 
 TEST(CpuDispatch, OverCapacityFailsOnEveryRankAndSendsNothing) {
