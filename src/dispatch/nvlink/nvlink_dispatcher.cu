@@ -273,6 +273,8 @@ class NvlinkDispatcher final : public Dispatcher {
       : cfg_(cfg), comm_(as_nccl(c, "dispatcher \"nvlink\"")), R_(cfg.num_ranks), me_(c.rank()) {
     check_gpu_a2a_config(cfg, c.size(), c.rank(), "dispatcher \"nvlink\"");
     comm_.activate();
+    // Before any collective allocation: ranks built differently must fail here, not hang.
+    comm_.check_same(config_fingerprint(cfg), "dispatcher \"nvlink\" configuration (config_fingerprint)");
     int sms = 0;
     EPMOE_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, comm_.device_index()));
     if (cfg.comm_sms > sms)
@@ -323,20 +325,15 @@ class NvlinkDispatcher final : public Dispatcher {
     EPMOE_CUDA_CHECK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&err_dev_), err_host_, 0));
     EPMOE_CUDA_CHECK(cudaDeviceSynchronize());
     // Also the barrier that keeps peers from writing before our window was cleared.
-    comm_.check_same(config_fingerprint(cfg), "dispatcher \"nvlink\" configuration (config_fingerprint)");
   }
 
   ~NvlinkDispatcher() override {
     cudaSetDevice(comm_.device_index());
     cudaDeviceSynchronize();
-    // No peer may still write into our window when it goes: one more collective first.
-    if (!broken_ && !comm_.broken()) {
-      try {
-        comm_.check_same(0, "dispatcher \"nvlink\" teardown");
-      } catch (...) {
-      }
-    }
-    if (have_dev_comm_) ncclDevCommDestroy(comm_.handle(), &dev_comm_);
+    // Local teardown only (no collective: dispatchers of one process are often destroyed one after
+    // another on one thread). Every write into our window is one we waited for, so once every rank
+    // has synchronised its last combine no peer can still touch it.
+    if (have_dev_comm_ && comm_.handle()) ncclDevCommDestroy(comm_.handle(), &dev_comm_);
     if (win_ && comm_.handle()) ncclCommWindowDeregister(comm_.handle(), win_);
     if (window_mem_) ncclMemFree(window_mem_);
     if (err_host_) cudaFreeHost(err_host_);

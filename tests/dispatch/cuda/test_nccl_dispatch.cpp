@@ -1,0 +1,503 @@
+// The multi-GPU dispatchers "nccl" and "nvlink" against the cpu fabric and the oracle of
+// dispatch_harness.h, bitwise: received payload/scales/ids/weights/counts/expert counts, and the
+// combine sum. Needs 2 GPUs (skipped with the reason otherwise).
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "dispatch/dispatch_harness.h"
+#include "dispatch/nccl/a2a_host.h"
+#include "epmoe/error.h"
+#include "epmoe/nccl_comm.h"
+
+namespace epmoe::test {
+namespace {
+
+#define CK(x) ASSERT_EQ(cudaSuccess, (x)) << #x
+
+int gpus() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  return n;
+}
+
+#define NEED_GPUS(n)                                                                                 \
+  do {                                                                                               \
+    const int have_ = gpus();                                                                        \
+    if (have_ < (n)) GTEST_SKIP() << "needs " << (n) << " GPUs, this machine has " << have_;         \
+  } while (0)
+
+std::vector<std::unique_ptr<Communicator>> group(int R, int timeout_ms = 10000) {
+  std::vector<int> devs(R);
+  for (int r = 0; r < R; ++r) devs[r] = r;
+  return make_nccl_group(devs, timeout_ms);
+}
+
+// Device copies of one rank's inputs and outputs.
+struct DevRank {
+  void* hidden = nullptr;
+  void* ids = nullptr;
+  void* w = nullptr;
+  void* y = nullptr;
+  void* out = nullptr;
+  cudaStream_t stream = nullptr;
+  ~DevRank() {
+    for (void* p : {hidden, ids, w, y, out})
+      if (p) cudaFree(p);
+    if (stream) cudaStreamDestroy(stream);
+  }
+};
+
+template <class T>
+void* upload(const std::vector<T>& v) {
+  void* p = nullptr;
+  if (cudaMalloc(&p, std::max<size_t>(16, v.size() * sizeof(T))) != cudaSuccess) throw std::runtime_error("cudaMalloc");
+  if (!v.empty()) cudaMemcpy(p, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice);
+  return p;
+}
+
+Received download(const MoeConfig& cfg, const DispatchOutput& o) {
+  Received r;
+  const size_t slots = size_t(o.slots());
+  r.payload.resize(slots * o.payload_stride());
+  r.scales.resize(slots * o.scale_stride());
+  r.ids.resize(slots * o.top_k);
+  r.weights.resize(slots * o.top_k);
+  r.counts.resize(o.num_ranks);
+  r.expert_counts.resize(o.num_local_experts);
+  cudaMemcpy(r.payload.data(), o.payload, r.payload.size(), cudaMemcpyDeviceToHost);
+  if (o.scale_stride()) cudaMemcpy(r.scales.data(), o.scales, r.scales.size(), cudaMemcpyDeviceToHost);
+  cudaMemcpy(r.ids.data(), o.local_ids, r.ids.size() * 4, cudaMemcpyDeviceToHost);
+  cudaMemcpy(r.weights.data(), o.weights, r.weights.size() * 4, cudaMemcpyDeviceToHost);
+  cudaMemcpy(r.counts.data(), o.counts, r.counts.size() * 4, cudaMemcpyDeviceToHost);
+  if (o.expert_counts) cudaMemcpy(r.expert_counts.data(), o.expert_counts, r.expert_counts.size() * 4, cudaMemcpyDeviceToHost);
+  (void)cfg;
+  return r;
+}
+
+// A host DispatchOutput over a Received copy (for fake_run).
+DispatchOutput host_view(const MoeConfig& cfg, const Received& r) {
+  DispatchOutput o;
+  o.num_ranks = cfg.num_ranks;
+  o.capacity = cfg.capacity;
+  o.hidden = cfg.hidden;
+  o.top_k = cfg.top_k;
+  o.num_local_experts = cfg.experts_per_rank();
+  o.format = cfg.dispatch_format;
+  o.quant = cfg.quant_params();
+  o.payload = r.payload.data();
+  o.scales = r.scales.empty() ? nullptr : r.scales.data();
+  o.local_ids = r.ids.data();
+  o.weights = r.weights.data();
+  o.counts = r.counts.data();
+  o.expert_counts = r.expert_counts.data();
+  return o;
+}
+
+// One dispatch + fake run + combine on the cpu fabric: what each rank received and its output.
+struct RoundTrip {
+  std::vector<Received> recv;
+  std::vector<std::vector<bf16_raw>> out;
+};
+
+RoundTrip cpu_round_trip(MoeConfig cfg, const std::vector<RankInput>& in) {
+  cfg.dispatcher = "cpu";
+  RoundTrip rt;
+  rt.recv.resize(cfg.num_ranks);
+  rt.out.resize(cfg.num_ranks);
+  auto comms = make_cpu_group(cfg.num_ranks, cfg.timeout_ms);
+  run_ranks(comms, [&](Communicator& comm) {
+    const int r = comm.rank();
+    auto disp = create_dispatcher(cfg, comm);
+    const DispatchOutput o = disp->dispatch(in[r].view());
+    rt.recv[r] = snapshot(o);
+    const std::vector<bf16_raw> y = fake_run(cfg, o, r);
+    rt.out[r].assign(size_t(in[r].T) * cfg.hidden, 0xdead);
+    CombineInput ci;
+    ci.y = y.data();
+    disp->combine(ci, rt.out[r].data());
+  });
+  return rt;
+}
+
+// The same on GPU dispatchers `disps` (one per rank, already created on `comms`).
+RoundTrip gpu_round_trip(const MoeConfig& cfg, std::vector<std::unique_ptr<Communicator>>& comms,
+                         std::vector<std::unique_ptr<Dispatcher>>& disps, const std::vector<RankInput>& in) {
+  RoundTrip rt;
+  rt.recv.resize(cfg.num_ranks);
+  rt.out.resize(cfg.num_ranks);
+  run_ranks(comms, [&](Communicator& comm) {
+    const int r = comm.rank();
+    cudaSetDevice(comm.device_index());
+    DevRank dv;
+    cudaStreamCreateWithFlags(&dv.stream, cudaStreamNonBlocking);
+    dv.hidden = upload(in[r].hidden);
+    dv.ids = upload(in[r].ids);
+    dv.w = upload(in[r].weights);
+    DispatchInput di;
+    di.num_tokens = in[r].T;
+    di.hidden = static_cast<const bf16_raw*>(dv.hidden);
+    di.topk_ids = static_cast<const int32_t*>(dv.ids);
+    di.topk_weights = static_cast<const float*>(dv.w);
+    di.stream = dv.stream;
+    const DispatchOutput o = disps[r]->dispatch(di);
+    detail::gpu_dispatcher_sync(*disps[r], dv.stream);
+    rt.recv[r] = download(cfg, o);
+    const std::vector<bf16_raw> y = fake_run(cfg, host_view(cfg, rt.recv[r]), r);
+    dv.y = upload(y);
+    std::vector<bf16_raw> poison(size_t(in[r].T) * cfg.hidden, 0xdead);
+    dv.out = upload(poison);
+    CombineInput ci;
+    ci.y = static_cast<const bf16_raw*>(dv.y);
+    ci.stream = dv.stream;
+    disps[r]->combine(ci, static_cast<bf16_raw*>(dv.out));
+    detail::gpu_dispatcher_sync(*disps[r], dv.stream);
+    rt.out[r].resize(poison.size());
+    cudaMemcpy(rt.out[r].data(), dv.out, poison.size() * 2, cudaMemcpyDeviceToHost);
+  });
+  return rt;
+}
+
+std::vector<std::unique_ptr<Dispatcher>> create_all(const MoeConfig& cfg, std::vector<std::unique_ptr<Communicator>>& comms) {
+  std::vector<std::unique_ptr<Dispatcher>> d(comms.size());
+  run_ranks(comms, [&](Communicator& c) {
+    d[c.rank()] = Registry::global().find_dispatcher(cfg.dispatcher)->create(cfg, c);
+  });
+  return d;
+}
+
+void expect_same(const MoeConfig& cfg, const std::vector<RankInput>& in, const RoundTrip& gpu, const std::string& ctx) {
+  const RoundTrip cpu = cpu_round_trip(cfg, in);
+  for (int r = 0; r < cfg.num_ranks; ++r) {
+    expect_received(cfg, cpu.recv[r], gpu.recv[r], ctx + " rank " + std::to_string(r) + " vs cpu fabric");
+    expect_received(cfg, expected_receive(cfg, in, r), gpu.recv[r], ctx + " rank " + std::to_string(r) + " vs oracle");
+    ASSERT_EQ(cpu.out[r].size(), gpu.out[r].size());
+    EXPECT_TRUE(cpu.out[r] == gpu.out[r]) << ctx << " combine output of rank " << r << " differs from the cpu fabric";
+    EXPECT_TRUE(expected_combine(cfg, in, r) == gpu.out[r]) << ctx << " combine output of rank " << r << " vs oracle";
+  }
+}
+
+MoeConfig small_config(const std::string& dispatcher, ActFormat f, ActFormat cf, int C = 96) {
+  MoeConfig cfg = make_config(2, 16, 4, 256, C, f, cf);
+  cfg.dispatcher = dispatcher;
+  cfg.runner = "cuda";
+  cfg.comm_sms = 8;
+  return cfg;
+}
+
+struct Case {
+  std::string dispatcher;
+  ActFormat f, cf;
+};
+
+class GpuA2A : public ::testing::TestWithParam<Case> {};
+
+std::string case_name(const ::testing::TestParamInfo<Case>& i) {
+  return i.param.dispatcher + "_" + format_name(i.param.f) + "_combine_" + format_name(i.param.cf);
+}
+
+// Every pair and format, with several shapes of traffic, on one group and one dispatcher each.
+TEST_P(GpuA2A, MatchesCpuFabricBitwise) {
+  NEED_GPUS(2);
+  const Case c = GetParam();
+  MoeConfig cfg = small_config(c.dispatcher, c.f, c.cf);
+  auto comms = group(2);
+  auto disps = create_all(cfg, comms);
+  const std::vector<std::vector<int64_t>> shapes = {{37, 50}, {0, 61}, {96, 1}, {0, 0}, {96, 96}, {5, 0}};
+  uint32_t seed = 11;
+  for (const auto& T : shapes) {
+    const auto in = random_inputs(cfg, T, seed++);
+    const RoundTrip gpu = gpu_round_trip(cfg, comms, disps, in);
+    expect_same(cfg, in, gpu, c.dispatcher + " T={" + std::to_string(T[0]) + "," + std::to_string(T[1]) + "}");
+    if (HasFatalFailure()) return;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    NcclNvlink, GpuA2A,
+    ::testing::Values(Case{"nccl", ActFormat::bf16, ActFormat::bf16}, Case{"nccl", ActFormat::fp8, ActFormat::bf16},
+                      Case{"nccl", ActFormat::nvfp4, ActFormat::fp8}, Case{"nccl", ActFormat::fp8, ActFormat::fp8},
+                      Case{"nvlink", ActFormat::bf16, ActFormat::bf16}, Case{"nvlink", ActFormat::fp8, ActFormat::bf16},
+                      Case{"nvlink", ActFormat::nvfp4, ActFormat::fp8}, Case{"nvlink", ActFormat::fp8, ActFormat::fp8},
+                      Case{"nvlink", ActFormat::nvfp4, ActFormat::bf16}),
+    case_name);
+
+// All of rank 0's tokens go to rank 1, rank 1 sends one token: very unbalanced traffic.
+TEST(NcclNvlinkDispatch, VeryUnbalancedRanks) {
+  NEED_GPUS(2);
+  auto comms = group(2);
+  for (const char* name : {"nccl", "nvlink"}) {
+    MoeConfig cfg = small_config(name, ActFormat::fp8, ActFormat::bf16, 128);
+    auto in = random_inputs(cfg, {128, 1}, 5, 0.0);
+    for (auto& id : in[0].ids) id = 8 + (id % 8);  // experts 8..15 live on rank 1
+    auto disps = create_all(cfg, comms);
+    expect_same(cfg, in, gpu_round_trip(cfg, comms, disps, in), std::string(name) + " unbalanced");
+  }
+}
+
+// Redundant copies: some experts on both ranks; the placement rule decides per token.
+TEST(NcclNvlinkDispatch, ExplicitPlacementWithRedundantCopies) {
+  NEED_GPUS(2);
+  auto comms = group(2);
+  for (const char* name : {"nccl", "nvlink"}) {
+    MoeConfig cfg = small_config(name, ActFormat::bf16, ActFormat::bf16);
+    std::vector<std::vector<ExpertCopy>> copies(16);
+    for (int e = 0; e < 16; ++e) copies[e].push_back({e / 8, e % 8});
+    copies[3].push_back({1, 8});
+    copies[12].push_back({0, 8});
+    copies[5].push_back({1, 9});
+    cfg.placement = ExpertPlacement::explicit_map(2, 10, copies);
+    auto disps = create_all(cfg, comms);
+    const auto in = random_inputs(cfg, {70, 33}, 21);
+    expect_same(cfg, in, gpu_round_trip(cfg, comms, disps, in), std::string(name) + " explicit placement");
+  }
+}
+
+// T > C on one rank and a bad id on the other: every rank raises the same UsageError, nothing is
+// sent, and the dispatcher keeps working afterwards.
+TEST(NcclNvlinkDispatch, CapacityAndBadIdErrorsOnEveryRank) {
+  NEED_GPUS(2);
+  auto comms = group(2);
+  for (const char* name : {"nccl", "nvlink"}) {
+    MoeConfig cfg = small_config(name, ActFormat::fp8, ActFormat::bf16, 32);
+    auto disps = create_all(cfg, comms);
+    for (int which = 0; which < 2; ++which) {
+      auto in = random_inputs(cfg, {which == 0 ? 33 : 20, 20}, 3);
+      if (which == 1) in[1].ids[7 * cfg.top_k + 2] = 16;  // E = 16: out of range
+      std::vector<std::string> msgs(2);
+      run_ranks(comms, [&](Communicator& comm) {
+        const int r = comm.rank();
+        cudaSetDevice(comm.device_index());
+        DevRank dv;
+        dv.hidden = upload(in[r].hidden);
+        dv.ids = upload(in[r].ids);
+        dv.w = upload(in[r].weights);
+        DispatchInput di;
+        di.num_tokens = in[r].T;
+        di.hidden = static_cast<const bf16_raw*>(dv.hidden);
+        di.topk_ids = static_cast<const int32_t*>(dv.ids);
+        di.topk_weights = static_cast<const float*>(dv.w);
+        try {
+          disps[r]->dispatch(di);
+          detail::gpu_dispatcher_sync(*disps[r], nullptr);
+        } catch (const UsageError& e) {
+          msgs[r] = e.what();
+        }
+      });
+      for (int r = 0; r < 2; ++r) {
+        if (which == 0) {
+          EXPECT_NE(msgs[r].find("rank 0: T=33 tokens exceeds capacity C=32"), std::string::npos) << name << ": " << msgs[r];
+        } else {
+          EXPECT_NE(msgs[r].find("rank 1: topk_ids[token 7, k 2] = 16"), std::string::npos) << name << ": " << msgs[r];
+        }
+        EXPECT_NE(msgs[r].find("nothing was sent"), std::string::npos) << msgs[r];
+      }
+      // Still usable.
+      const auto good = random_inputs(cfg, {32, 17}, 99);
+      expect_same(cfg, good, gpu_round_trip(cfg, comms, disps, good), std::string(name) + " after an error");
+    }
+  }
+}
+
+// Ranks created with different configurations fail at setup on every rank.
+TEST(NcclNvlinkDispatch, MismatchedConfigurationIsAnError) {
+  NEED_GPUS(2);
+  auto comms = group(2);
+  for (const char* name : {"nccl", "nvlink"}) {
+    std::vector<std::string> msgs(2);
+    run_ranks(comms, [&](Communicator& c) {
+      MoeConfig cfg = small_config(name, ActFormat::bf16, ActFormat::bf16, c.rank() == 0 ? 64 : 65);
+      try {
+        Registry::global().find_dispatcher(name)->create(cfg, c);
+      } catch (const UsageError& e) {
+        msgs[c.rank()] = e.what();
+      }
+    });
+    for (int r = 0; r < 2; ++r) EXPECT_NE(msgs[r].find("differs between ranks"), std::string::npos) << name << ": " << msgs[r];
+  }
+}
+
+// 1000 back-to-back steps with changing token counts; every 100th is checked against the fabric,
+// and the last one after all 1000 ran without a host sync in between (nvlink).
+TEST(NcclNvlinkDispatch, ThousandBackToBackCalls) {
+  NEED_GPUS(2);
+  auto comms = group(2);
+  for (const char* name : {"nvlink", "nccl"}) {
+    MoeConfig cfg = small_config(name, ActFormat::fp8, ActFormat::bf16, 64);
+    auto disps = create_all(cfg, comms);
+    std::vector<std::vector<RankInput>> ins;
+    for (int i = 0; i < 4; ++i) ins.push_back(random_inputs(cfg, {int64_t(64 - 13 * i), int64_t(7 * i)}, 500 + i));
+    std::vector<std::vector<bf16_raw>> outs(2);
+    run_ranks(comms, [&](Communicator& comm) {
+      const int r = comm.rank();
+      cudaSetDevice(comm.device_index());
+      std::vector<std::unique_ptr<DevRank>> dv(4);
+      cudaStream_t st;
+      cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking);
+      void* y = upload(std::vector<bf16_raw>(size_t(2) * cfg.capacity * cfg.hidden, num::f32_to_bf16(0.5f)));
+      for (int i = 0; i < 4; ++i) {
+        dv[i] = std::make_unique<DevRank>();
+        dv[i]->hidden = upload(ins[i][r].hidden);
+        dv[i]->ids = upload(ins[i][r].ids);
+        dv[i]->w = upload(ins[i][r].weights);
+        dv[i]->out = upload(std::vector<bf16_raw>(size_t(64) * cfg.hidden));
+      }
+      for (int it = 0; it < 1000; ++it) {
+        const int i = it % 4;
+        DispatchInput di;
+        di.num_tokens = ins[i][r].T;
+        di.hidden = static_cast<const bf16_raw*>(dv[i]->hidden);
+        di.topk_ids = static_cast<const int32_t*>(dv[i]->ids);
+        di.topk_weights = static_cast<const float*>(dv[i]->w);
+        di.stream = st;
+        disps[r]->dispatch(di);
+        CombineInput ci;
+        ci.y = static_cast<const bf16_raw*>(y);
+        ci.stream = st;
+        disps[r]->combine(ci, static_cast<bf16_raw*>(dv[i]->out));
+      }
+      detail::gpu_dispatcher_sync(*disps[r], st);
+      outs[r].resize(size_t(ins[3][r].T) * cfg.hidden);
+      cudaMemcpy(outs[r].data(), dv[3]->out, outs[r].size() * 2, cudaMemcpyDeviceToHost);
+      cudaFree(y);
+      cudaStreamDestroy(st);
+    });
+    // Step 999 used input 3 with y = 0.5 everywhere: out[t] = 0.5 * (number of ranks t went to).
+    const auto& in = ins[3];
+    for (int r = 0; r < 2; ++r)
+      for (int64_t t = 0; t < in[r].T; ++t) {
+        int n = 0;
+        for (int d = 0; d < 2; ++d) {
+          bool goes = false;
+          for (int k = 0; k < cfg.top_k; ++k) {
+            const int e = in[r].ids[t * cfg.top_k + k];
+            if (e >= 0 && oracle_copy(cfg, e, r, t).rank == d) goes = true;
+          }
+          n += goes;
+        }
+        ASSERT_EQ(num::f32_to_bf16(0.5f * n), outs[r][t * cfg.hidden]) << name << " rank " << r << " token " << t;
+        ASSERT_EQ(num::f32_to_bf16(0.5f * n), outs[r][t * cfg.hidden + cfg.hidden - 1]) << name;
+      }
+    // And a full bitwise check right after the 1000 calls.
+    const auto in2 = random_inputs(cfg, {40, 64}, 77);
+    expect_same(cfg, in2, gpu_round_trip(cfg, comms, disps, in2), std::string(name) + " after 1000 calls");
+  }
+}
+
+// nvlink: dispatch + a device-side stand-in runner + combine captured in one CUDA graph per rank and
+// replayed; the replays must give the fabric's result (epochs live in device memory).
+TEST(NvlinkDispatch, CudaGraphReplay) {
+  NEED_GPUS(2);
+  auto comms = group(2);
+  MoeConfig cfg = small_config("nvlink", ActFormat::bf16, ActFormat::bf16, 64);
+  auto disps = create_all(cfg, comms);
+  const auto in = random_inputs(cfg, {64, 29}, 1234);
+  // Reference: y = 1.0 for every slot (a constant runner that a graph can hold as a memcpy).
+  std::vector<std::vector<bf16_raw>> outs(2);
+  std::vector<std::string> errs(2);
+  run_ranks(comms, [&](Communicator& comm) {
+    const int r = comm.rank();
+    cudaSetDevice(comm.device_index());
+    DevRank dv;
+    cudaStreamCreateWithFlags(&dv.stream, cudaStreamNonBlocking);
+    dv.hidden = upload(in[r].hidden);
+    dv.ids = upload(in[r].ids);
+    dv.w = upload(in[r].weights);
+    dv.y = upload(std::vector<bf16_raw>(size_t(2) * cfg.capacity * cfg.hidden, num::f32_to_bf16(1.0f)));
+    dv.out = upload(std::vector<bf16_raw>(size_t(in[r].T) * cfg.hidden, 0xdead));
+    DispatchInput di;
+    di.num_tokens = in[r].T;
+    di.hidden = static_cast<const bf16_raw*>(dv.hidden);
+    di.topk_ids = static_cast<const int32_t*>(dv.ids);
+    di.topk_weights = static_cast<const float*>(dv.w);
+    di.stream = dv.stream;
+    CombineInput ci;
+    ci.y = static_cast<const bf16_raw*>(dv.y);
+    ci.stream = dv.stream;
+    cudaGraph_t g;
+    cudaGraphExec_t ge;
+    if (cudaStreamBeginCapture(dv.stream, cudaStreamCaptureModeThreadLocal) != cudaSuccess) {
+      errs[r] = "begin capture failed";
+      return;
+    }
+    disps[r]->dispatch(di);
+    disps[r]->combine(ci, static_cast<bf16_raw*>(dv.out));
+    if (cudaStreamEndCapture(dv.stream, &g) != cudaSuccess || cudaGraphInstantiate(&ge, g, 0) != cudaSuccess) {
+      errs[r] = "capture failed";
+      return;
+    }
+    for (int i = 0; i < 50; ++i) cudaGraphLaunch(ge, dv.stream);
+    detail::gpu_dispatcher_sync(*disps[r], dv.stream);
+    outs[r].resize(size_t(in[r].T) * cfg.hidden);
+    cudaMemcpy(outs[r].data(), dv.out, outs[r].size() * 2, cudaMemcpyDeviceToHost);
+    cudaGraphExecDestroy(ge);
+    cudaGraphDestroy(g);
+  });
+  for (int r = 0; r < 2; ++r) {
+    ASSERT_EQ("", errs[r]);
+    for (int64_t t = 0; t < in[r].T; ++t) {
+      int n = 0;
+      for (int d = 0; d < 2; ++d) {
+        bool goes = false;
+        for (int k = 0; k < cfg.top_k; ++k) {
+          const int e = in[r].ids[t * cfg.top_k + k];
+          if (e >= 0 && oracle_copy(cfg, e, r, t).rank == d) goes = true;
+        }
+        n += goes;
+      }
+      for (int h = 0; h < cfg.hidden; h += 37)
+        ASSERT_EQ(num::f32_to_bf16(float(n)), outs[r][t * cfg.hidden + h]) << "rank " << r << " token " << t;
+    }
+  }
+  // Eager calls after 50 replays still agree with the fabric.
+  const auto in2 = random_inputs(cfg, {12, 64}, 4321);
+  expect_same(cfg, in2, gpu_round_trip(cfg, comms, disps, in2), "nvlink after graph replays");
+}
+
+// nvlink: a rank that never dispatches is named in a TimeoutError instead of a hang.
+TEST(NvlinkDispatch, MissingPeerIsNamedInTimeout) {
+  NEED_GPUS(2);
+  auto comms = group(2, 3000);
+  MoeConfig cfg = small_config("nvlink", ActFormat::bf16, ActFormat::bf16, 32);
+  cfg.timeout_ms = 300;
+  auto disps = create_all(cfg, comms);
+  const auto in = random_inputs(cfg, {10, 10}, 8);
+  int missing = -2;
+  std::string msg;
+  const auto t0 = std::chrono::steady_clock::now();
+  run_ranks(comms, [&](Communicator& comm) {
+    if (comm.rank() != 0) return;  // rank 1 never comes
+    cudaSetDevice(comm.device_index());
+    DevRank dv;
+    dv.hidden = upload(in[0].hidden);
+    dv.ids = upload(in[0].ids);
+    dv.w = upload(in[0].weights);
+    DispatchInput di;
+    di.num_tokens = in[0].T;
+    di.hidden = static_cast<const bf16_raw*>(dv.hidden);
+    di.topk_ids = static_cast<const int32_t*>(dv.ids);
+    di.topk_weights = static_cast<const float*>(dv.w);
+    try {
+      disps[0]->dispatch(di);
+      detail::gpu_dispatcher_sync(*disps[0], nullptr);
+    } catch (const TimeoutError& e) {
+      missing = e.rank();
+      msg = e.what();
+    }
+  });
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_EQ(1, missing) << msg;
+  EXPECT_NE(msg.find("rank 1 did not arrive"), std::string::npos) << msg;
+  EXPECT_LT(s, 5.0);
+}
+
+}  // namespace
+}  // namespace epmoe::test
