@@ -32,6 +32,8 @@ class NcclDispatcher final : public Dispatcher {
       : cfg_(cfg), comm_(as_nccl(c, "dispatcher \"nccl\"")), R_(cfg.num_ranks), me_(c.rank()) {
     check_gpu_a2a_config(cfg, c.size(), c.rank(), "dispatcher \"nccl\"");
     comm_.activate();
+    // Before any collective allocation: ranks built differently must fail here, not hang.
+    comm_.check_same(config_fingerprint(cfg), "dispatcher \"nccl\" configuration (config_fingerprint)");
     placement_ = std::make_unique<DevicePlacement>(cfg);
     const int C = cfg.capacity, H = cfg.hidden, K = cfg.top_k;
     const ActFormat f = cfg.dispatch_format, cf = cfg.combine_format;
@@ -62,7 +64,6 @@ class NcclDispatcher final : public Dispatcher {
     send_counts_.assign(R_, 0);
     recv_counts_.assign(R_, 0);
     EPMOE_CUDA_CHECK(cudaDeviceSynchronize());
-    comm_.check_same(config_fingerprint(cfg), "dispatcher \"nccl\" configuration (config_fingerprint)");
   }
 
   ~NcclDispatcher() override {
