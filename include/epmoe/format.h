@@ -1,6 +1,7 @@
 // Activation and weight formats (design.md 3.2 and 3.4) and their per-token sizes.
 #pragma once
 #include <cstddef>
+#include <cstdint>
 #include <optional>
 #include <string_view>
 
