@@ -25,6 +25,7 @@ WeightFormat family(ActFormat f) {
 void print_header() {
   std::printf("%-9s %-8s %-8s %7s %12s %12s %12s %10s\n", "dispatch", "weights", "combine", "tokens", "max_abs_err",
               "max_rel_err", "1-cosine", "time_ms");
+  std::fflush(stdout);  // before the progress lines on stderr
 }
 
 int run_rows(const RunSetup& s, const std::vector<Row>& rows) {

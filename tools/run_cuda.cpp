@@ -132,6 +132,7 @@ int run_cuda(const RunSetup& s) {
               s.cfg.dispatcher.c_str(), s.cfg.runner.c_str(), static_cast<long long>(s.tokens.at(0)));
   std::printf("%-9s %-8s %-8s %7s %12s %12s %12s %10s\n", "dispatch", "weights", "combine", "tokens", "max_abs_err",
               "max_rel_err", "1-cosine", "time_ms");
+  std::fflush(stdout);  // before the progress lines on stderr
   std::vector<std::pair<ActFormat, WeightFormat>> rows;
   if (s.dispatch_given) rows.push_back({s.cfg.dispatch_format, s.weights_given ? s.cfg.weight_format : family(s.cfg.dispatch_format)});
   else
