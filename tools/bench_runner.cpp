@@ -1,0 +1,311 @@
+// `epmoe bench runner`: the routed runner "cuda" on one GPU for each weight format and each M (rows
+// routed to this rank; tokens spread evenly over the local experts, top-k folded in: one expert per
+// slot), against two baselines measured in the same run: the HBM copy rate (cudaMemcpy D2D, bytes
+// read + written) and a cuBLAS per-expert loop of bf16 GEMMs doing the same two GEMMs.
+// Weights (>= 2.8 GB at DeepSeek-V3 shapes) are far larger than the 60 MB L2, so every timed run
+// streams them from HBM; activations are re-read per run, which matters only at large M where the
+// GEMMs are compute bound.
+#include "commands.h"
+
+#if defined(EPMOE_WITH_CUDA)
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "args.h"
+#include "core/cuda/check.h"
+#include "epmoe/error.h"
+#include "epmoe/presets.h"
+#include "epmoe/quant.h"
+#include "run/cuda/fill.h"
+#include "run/cuda/runner.h"
+
+namespace epmoe::cli {
+namespace {
+
+using cuda::DeviceBuffer;
+
+struct Timer {
+  cudaEvent_t a, b;
+  Timer() {
+    EPMOE_CUDA_CHECK(cudaEventCreate(&a));
+    EPMOE_CUDA_CHECK(cudaEventCreate(&b));
+  }
+  ~Timer() {
+    cudaEventDestroy(a);
+    cudaEventDestroy(b);
+  }
+  // Median over `reps` timed calls after `warm` untimed ones, in ms.
+  template <class F>
+  double median_ms(F&& f, int warm, int reps) {
+    for (int i = 0; i < warm; ++i) f();
+    std::vector<float> t(reps);
+    for (int i = 0; i < reps; ++i) {
+      EPMOE_CUDA_CHECK(cudaEventRecord(a));
+      f();
+      EPMOE_CUDA_CHECK(cudaEventRecord(b));
+      EPMOE_CUDA_CHECK(cudaEventSynchronize(b));
+      EPMOE_CUDA_CHECK(cudaEventElapsedTime(&t[i], a, b));
+    }
+    std::sort(t.begin(), t.end());
+    return t[reps / 2];
+  }
+};
+
+void check_cublas(cublasStatus_t s, const char* what) {
+  if (s != CUBLAS_STATUS_SUCCESS) throw BackendError(std::string("cuBLAS ") + what + " failed with status " + std::to_string(int(s)));
+}
+
+struct DeviceWeights {
+  DeviceBuffer d13, s13, g13, d2, s2, g2;
+  ExpertWeights w;
+};
+
+// Random weights of format f, generated on the device.
+void make_weights(DeviceWeights& dw, WeightFormat f, int E, int H, int I, uint64_t seed) {
+  auto mat = [&](DeviceBuffer& d, DeviceBuffer& s, DeviceBuffer& g, int rows, int cols) {
+    MatrixView v;
+    v.format = f;
+    v.experts = E;
+    v.rows = rows;
+    v.cols = cols;
+    v.device = DeviceKind::cuda;
+    d.reserve(v.data_bytes());
+    if (f == WeightFormat::bf16) {
+      cuda::fill_random_bf16(d.get<bf16_raw>(), size_t(E) * rows * cols, 1.f / 64, seed++, nullptr);
+    } else if (f == WeightFormat::fp8) {
+      cuda::fill_random_e4m3(d.get<uint8_t>(), v.data_bytes(), 1, 14, seed++, nullptr);
+      s.reserve(v.scale_bytes());
+      cuda::fill_f32(s.get<float>(), v.scale_bytes() / 4, 1.f / 4096, nullptr);
+      v.scales = s.get();
+    } else {
+      cuda::fill_random_u8(d.get<uint8_t>(), v.data_bytes(), seed++, nullptr);
+      s.reserve(v.scale_bytes());
+      cuda::fill_random_e4m3(s.get<uint8_t>(), v.scale_bytes(), 5, 9, seed++, nullptr);
+      g.reserve(size_t(E) * 4);
+      cuda::fill_f32(g.get<float>(), E, 448.f * 6.f / 0.05f, nullptr);
+      v.global_scale = g.get<float>();
+      v.scales = s.get();
+    }
+    v.data = d.get();
+    return v;
+  };
+  dw.w.num_local_experts = E;
+  dw.w.hidden = H;
+  dw.w.intermediate = I;
+  dw.w.w13 = mat(dw.d13, dw.s13, dw.g13, 2 * I, H);
+  dw.w.w2 = mat(dw.d2, dw.s2, dw.g2, H, I);
+}
+
+int bench_runner(const std::vector<std::string>& args) {
+  Flags flags("bench runner");
+  flags.add("preset", "NAME", "model shape (default deepseek-v3)");
+  flags.add("local-experts", "N", "experts on this GPU (default 128)");
+  flags.add("m", "LIST", "rows routed per rank (default 128,512,2048,8192,32768,131072)");
+  flags.add("formats", "LIST", "weight formats (default bf16,fp8,nvfp4)");
+  flags.add("quick", "", "M = 128,2048,32768 and fewer repetitions");
+  flags.add("reps", "N", "timed repetitions per point (median reported; default 7, quick 3)");
+  flags.add("no-cublas", "", "skip the cuBLAS baseline");
+  if (wants_help(args)) {
+    std::printf("usage: epmoe bench runner [flags]\n%s", flags.help().c_str());
+    return 0;
+  }
+  try {
+    flags.parse(args);
+  } catch (const UsageError& e) {
+    std::fprintf(stderr, "%s\n", e.what());
+    return 2;
+  }
+  std::string why;
+  if (cuda::device_count(&why) == 0) {
+    std::fprintf(stderr, "bench runner: no CUDA device (%s)\n", why.c_str());
+    return 1;
+  }
+  try {
+    const ModelPreset& pre = preset(flags.has("preset") ? flags.get("preset") : "deepseek-v3");
+    const int H = pre.config.hidden, I = pre.config.intermediate;
+    const int E = flags.get_int("local-experts", 128);
+    const bool quick = flags.get_bool("quick", false);
+    const int reps = flags.get_int("reps", quick ? 3 : 7);
+    std::vector<long long> Ms = quick ? std::vector<long long>{128, 2048, 32768}
+                                      : std::vector<long long>{128, 512, 2048, 8192, 32768, 131072};
+    if (flags.has("m")) Ms = parse_int_list(flags.get("m"), "--m");
+    std::vector<WeightFormat> fmts = {WeightFormat::bf16, WeightFormat::fp8, WeightFormat::nvfp4};
+    if (flags.has("formats")) {
+      fmts.clear();
+      std::string s = flags.get("formats");
+      size_t pos = 0;
+      while (pos <= s.size()) {
+        const size_t c = s.find(',', pos);
+        const std::string tok = s.substr(pos, c == std::string::npos ? std::string::npos : c - pos);
+        const auto f = parse_weight_format(tok);
+        if (!f) throw UsageError("--formats: unknown weight format '" + tok + "'; use bf16, fp8, nvfp4");
+        fmts.push_back(*f);
+        if (c == std::string::npos) break;
+        pos = c + 1;
+      }
+    }
+    const long long maxM = *std::max_element(Ms.begin(), Ms.end());
+    cudaDeviceProp prop{};
+    EPMOE_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
+    std::printf("# epmoe bench runner: %s, %s H=%d I=%d, %d local experts, median of %d\n", prop.name,
+                pre.name.c_str(), H, I, E, reps);
+
+    Timer timer;
+    // HBM ceiling: D2D copy of 2 GiB.
+    const size_t copy_bytes = size_t(2) << 30;
+    DeviceBuffer c0(copy_bytes), c1(copy_bytes);
+    EPMOE_CUDA_CHECK(cudaMemset(c0.get(), 1, copy_bytes));
+    const double copy_ms = timer.median_ms(
+        [&] { EPMOE_CUDA_CHECK(cudaMemcpyAsync(c1.get(), c0.get(), copy_bytes, cudaMemcpyDeviceToDevice)); }, 2, 5);
+    const double hbm_gbs = 2.0 * copy_bytes / (copy_ms * 1e6);
+    c0.release();
+    c1.release();
+    std::printf("# HBM copy (D2D, read+write): %.0f GB/s\n", hbm_gbs);
+
+    // Inputs: C = maxM slots, K = 1, slot j -> expert j % E, weight 1. Payload per format.
+    DeviceBuffer payload(size_t(maxM) * H * 2), scales(size_t(maxM) * (H / 16) * 4 + 16), ids(size_t(maxM) * 4),
+        wts(size_t(maxM) * 4), counts(4), y(size_t(maxM) * H * 2);
+    {
+      std::vector<int32_t> hid(maxM);
+      for (long long j = 0; j < maxM; ++j) hid[j] = int32_t(j % E);
+      EPMOE_CUDA_CHECK(cudaMemcpy(ids.get(), hid.data(), hid.size() * 4, cudaMemcpyHostToDevice));
+      cuda::fill_f32(wts.get<float>(), maxM, 1.f, nullptr);
+      cuda::fill_random_bf16(payload.get<bf16_raw>(), size_t(maxM) * H, 2.f, 99, nullptr);
+      cuda::fill_f32(scales.get<float>(), scales.size() / 4, 1.f / 64, nullptr);
+    }
+
+    struct Row {
+      long long M;
+      WeightFormat f;
+      double ms;
+    };
+    std::vector<Row> rows;
+    std::vector<double> cublas_ms(Ms.size(), 0.0);
+    for (WeightFormat f : fmts) {
+      DeviceWeights dw;
+      make_weights(dw, f, E, H, I, 1234 + int(f));
+      EPMOE_CUDA_CHECK(cudaDeviceSynchronize());
+      MoeConfig cfg = pre.config;
+      cfg.num_experts = E;
+      cfg.top_k = 1;
+      cfg.num_ranks = 1;
+      cfg.weight_format = f;
+      cfg.dispatch_format = f == WeightFormat::bf16 ? ActFormat::bf16 : ActFormat::fp8;
+      cfg.intermediate_quant = IntermediateQuant::none;
+      cuda::CudaRunner runner(cfg, 0);
+      for (long long M : Ms) {
+        cfg.capacity = int(M);
+        const int32_t m32 = int32_t(M);
+        EPMOE_CUDA_CHECK(cudaMemcpy(counts.get(), &m32, 4, cudaMemcpyHostToDevice));
+        DispatchOutput in;
+        in.num_ranks = 1;
+        in.capacity = int(M);
+        in.hidden = H;
+        in.top_k = 1;
+        in.num_local_experts = E;
+        in.format = cfg.dispatch_format;
+        in.quant = QuantParams{false, 448.f * 6.f / 8.f};
+        in.device = DeviceKind::cuda;
+        in.payload = payload.get<uint8_t>();
+        in.scales = scales.get<uint8_t>();
+        in.local_ids = ids.get<int32_t>();
+        in.weights = wts.get<float>();
+        in.counts = counts.get<int32_t>();
+        const int r = M >= 32768 ? std::max(3, reps / 2) : reps;
+        const double ms = timer.median_ms([&] { runner.run(in, dw.w, y.get<bf16_raw>(), nullptr); }, 2, r);
+        rows.push_back({M, f, ms});
+        std::fprintf(stderr, "  %s M=%lld: %.3f ms (bm %d)\n", format_name(f), M, ms, runner.last_block_m());
+      }
+    }
+
+    // Baseline: cuBLAS bf16, one GEMM pair per expert (same FLOPs, no SwiGLU, no permute).
+    if (!flags.get_bool("no-cublas", false)) {
+      DeviceWeights dw;
+      make_weights(dw, WeightFormat::bf16, E, H, I, 777);
+      DeviceBuffer a(size_t(maxM) * H * 2), h(size_t(maxM) * 2 * I * 2), o(size_t(maxM) * H * 2);
+      cuda::fill_random_bf16(a.get<bf16_raw>(), size_t(maxM) * H, 1.f, 5, nullptr);
+      cuda::fill_random_bf16(h.get<bf16_raw>(), size_t(maxM) * 2 * I, 1.f, 6, nullptr);
+      cublasHandle_t handle;
+      check_cublas(cublasCreate(&handle), "create");
+      const float one = 1.f, zero = 0.f;
+      for (size_t mi = 0; mi < Ms.size(); ++mi) {
+        const long long M = Ms[mi];
+        auto run = [&] {
+          long long row = 0;
+          for (int e = 0; e < E; ++e) {
+            const int me = int(M / E + (e < M % E ? 1 : 0));
+            if (me == 0) continue;
+            const auto* w13 = dw.w.w13.data ? static_cast<const bf16_raw*>(dw.w.w13.data) + size_t(e) * 2 * I * H : nullptr;
+            const auto* w2 = static_cast<const bf16_raw*>(dw.w.w2.data) + size_t(e) * H * I;
+            // C^T [2I][me] = W13 [2I][H] . A^T (column-major view of row-major data).
+            check_cublas(cublasGemmEx(handle, CUBLAS_OP_T, CUBLAS_OP_N, 2 * I, me, H, &one, w13, CUDA_R_16BF, H,
+                                      a.get<bf16_raw>() + row * H, CUDA_R_16BF, H, &zero,
+                                      h.get<bf16_raw>() + row * 2 * I, CUDA_R_16BF, 2 * I, CUBLAS_COMPUTE_32F,
+                                      CUBLAS_GEMM_DEFAULT),
+                         "gemm1");
+            check_cublas(cublasGemmEx(handle, CUBLAS_OP_T, CUBLAS_OP_N, H, me, I, &one, w2, CUDA_R_16BF, I,
+                                      h.get<bf16_raw>() + row * 2 * I, CUDA_R_16BF, 2 * I, &zero,
+                                      o.get<bf16_raw>() + row * H, CUDA_R_16BF, H, CUBLAS_COMPUTE_32F,
+                                      CUBLAS_GEMM_DEFAULT),
+                         "gemm2");
+            row += me;
+          }
+        };
+        cublas_ms[mi] = timer.median_ms(run, 1, M >= 32768 ? 3 : std::max(3, reps / 2));
+      }
+      cublasDestroy(handle);
+    }
+
+    // Table.
+    auto wbytes = [&](WeightFormat f) {
+      const double el = 3.0 * H * I;
+      return f == WeightFormat::bf16 ? el * 2 : f == WeightFormat::fp8 ? el + el / (128 * 128) * 4 : el / 2 + el / 16;
+    };
+    std::printf("\n| M | format | time ms | TFLOP/s | weight GB/s | weight GB/s / HBM copy | cuBLAS bf16 loop ms | "
+                "speedup vs cuBLAS | vs bf16 time | vs fp8 time |\n|---|---|---|---|---|---|---|---|---|---|\n");
+    for (size_t mi = 0; mi < Ms.size(); ++mi) {
+      const long long M = Ms[mi];
+      double t_bf16 = 0, t_fp8 = 0;
+      for (const Row& r : rows) {
+        if (r.M == M && r.f == WeightFormat::bf16) t_bf16 = r.ms;
+        if (r.M == M && r.f == WeightFormat::fp8) t_fp8 = r.ms;
+      }
+      for (const Row& r : rows) {
+        if (r.M != M) continue;
+        const double flops = 2.0 * double(M) * 3.0 * H * I;
+        const double touched = double(std::min<long long>(M, E));
+        const double gbs = touched * wbytes(r.f) / (r.ms * 1e6);
+        char vs_bf16[32] = "-", vs_fp8[32] = "-", cub[32] = "-", spd[32] = "-";
+        if (r.f != WeightFormat::bf16 && t_bf16 > 0) std::snprintf(vs_bf16, sizeof vs_bf16, "%.2fx", r.ms / t_bf16);
+        if (r.f == WeightFormat::nvfp4 && t_fp8 > 0) std::snprintf(vs_fp8, sizeof vs_fp8, "%.2fx", r.ms / t_fp8);
+        if (cublas_ms[mi] > 0) {
+          std::snprintf(cub, sizeof cub, "%.3f", cublas_ms[mi]);
+          std::snprintf(spd, sizeof spd, "%.2fx", cublas_ms[mi] / r.ms);
+        }
+        std::printf("| %lld | %s | %.3f | %.0f | %.0f | %.2f | %s | %s | %s | %s |\n", M, format_name(r.f), r.ms,
+                    flops / (r.ms * 1e9), gbs, gbs / hbm_gbs, cub, spd, vs_bf16, vs_fp8);
+      }
+    }
+    std::printf("\nHBM copy %.0f GB/s. TFLOP/s counts 2*M*3*H*I; weight GB/s counts the weights (and scales) of "
+                "min(M, E) experts once.\n", hbm_gbs);
+    return 0;
+  } catch (const UsageError& e) {
+    std::fprintf(stderr, "bench runner: %s\n", e.what());
+    return 2;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "bench runner: %s\n", e.what());
+    return 1;
+  }
+}
+
+const BenchRegistrar reg{{"runner", "routed runner cuda per weight format and M, vs HBM copy and a cuBLAS loop",
+                          bench_runner}};
+
+}  // namespace
+}  // namespace epmoe::cli
+#endif  // EPMOE_WITH_CUDA
