@@ -255,25 +255,6 @@ int bench_a2a(const std::vector<std::string>& args) {
               logical += counts[s] * row;
               if (s != r) link += counts[s] * row;
             }
-            // NCCL all-to-all of the same link bytes (equal split over peers).
-            const size_t per_peer = R > 1 ? size_t(link / (R - 1)) : 0;
-            ncclComm_t nc = nccl_handle(comm);
-            std::vector<double> tn;
-            for (int i = 0; i < reps + 3; ++i) {
-              EPMOE_CUDA_CHECK(cudaEventRecord(d.ev[0], d.st));
-              ncclGroupStart();
-              for (int p = 0; p < R; ++p) {
-                if (p == r) continue;
-                ncclSend(static_cast<uint8_t*>(d.a2a_send) + p * per_peer, per_peer, ncclUint8, p, nc, d.st);
-                ncclRecv(static_cast<uint8_t*>(d.a2a_recv) + p * per_peer, per_peer, ncclUint8, p, nc, d.st);
-              }
-              ncclGroupEnd();
-              EPMOE_CUDA_CHECK(cudaEventRecord(d.ev[1], d.st));
-              EPMOE_CUDA_CHECK(cudaEventSynchronize(d.ev[1]));
-              float a = 0;
-              EPMOE_CUDA_CHECK(cudaEventElapsedTime(&a, d.ev[0], d.ev[1]));
-              if (i >= 3) tn.push_back(a * 1e3);
-            }
             // Copy-engine peer copy of the same link bytes (rank 0 -> 1 only).
             std::vector<double> tce;
             if (r == 0) {
@@ -291,11 +272,36 @@ int bench_a2a(const std::vector<std::string>& args) {
             if (r == 0) {
               pt.dispatch_us = median(td);
               pt.combine_us = median(tc);
-              pt.nccl_us = median(tn);
               pt.ce_us = median(tce);
               pt.link_bytes = link;
               pt.logical_bytes = logical;
             }
+          });
+          // NCCL all-to-all of rank 0's link bytes, the same size on every rank (p2p sizes must match).
+          const size_t per_peer = R > 1 ? size_t(pt.link_bytes / (R - 1)) : 0;
+          run_ranks(comms, [&](Communicator& comm) {
+            const int r = comm.rank();
+            EPMOE_CUDA_CHECK(cudaSetDevice(comm.device_index()));
+            RankData& d = rd[r];
+            ncclComm_t nc = nccl_handle(comm);
+            std::vector<double> tn;
+            for (int i = 0; i < reps + 3; ++i) {
+              EPMOE_CUDA_CHECK(cudaEventRecord(d.ev[0], d.st));
+              ncclGroupStart();
+              for (int p = 0; p < R; ++p) {
+                if (p == r) continue;
+                ncclSend(static_cast<uint8_t*>(d.a2a_send) + p * per_peer, per_peer, ncclUint8, p, nc, d.st);
+                ncclRecv(static_cast<uint8_t*>(d.a2a_recv) + p * per_peer, per_peer, ncclUint8, p, nc, d.st);
+              }
+              ncclGroupEnd();
+              EPMOE_CUDA_CHECK(cudaEventRecord(d.ev[1], d.st));
+              EPMOE_CUDA_CHECK(cudaEventSynchronize(d.ev[1]));
+              float a = 0;
+              EPMOE_CUDA_CHECK(cudaEventElapsedTime(&a, d.ev[0], d.ev[1]));
+              if (i >= 3) tn.push_back(a * 1e3);
+            }
+            std::lock_guard<std::mutex> lk(mu);
+            if (r == 0) pt.nccl_us = median(tn);
           });
           std::printf("%-7s %-6s %6lld | %9.1f %9.1f | %9.2f %9.2f %7.2f | %9.1f %9.1f | %6.2f %6.2f\n", dname.c_str(),
                       format_name(f), T, pt.dispatch_us, pt.combine_us, pt.link_bytes / 1e6, pt.logical_bytes / 1e6,

@@ -110,6 +110,7 @@ struct RoundTrip {
 
 RoundTrip cpu_round_trip(MoeConfig cfg, const std::vector<RankInput>& in) {
   cfg.dispatcher = "cpu";
+  cfg.runner = "reference";  // the legal pair for the fabric; the runner is not used here
   RoundTrip rt;
   rt.recv.resize(cfg.num_ranks);
   rt.out.resize(cfg.num_ranks);
