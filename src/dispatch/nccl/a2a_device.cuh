@@ -112,19 +112,36 @@ __device__ inline void slot_chunk(const DevPlacement& p, const int32_t* ids, int
   }
 }
 
+// Elements [e0, e1) of part `part` of `parts` of a row of H: whole 512-element pieces.
+__device__ __forceinline__ void part_range(int H, int part, int parts, int& e0, int& e1) {
+  const int n = (H + 511) / 512;
+  e0 = (part * n / parts) * 512;
+  e1 = min(H, ((part + 1) * n / parts) * 512);
+}
+
+// Warps per row so that `rows` rows keep about `warps` warps busy (a power of two, at most 16).
+__device__ __forceinline__ int parts_for(int64_t rows, int64_t warps) {
+  int p = 1;
+  while (p < 16 && rows * p * 2 <= warps) p *= 2;
+  return p;
+}
+
 __device__ __forceinline__ float bf16f(uint32_t bits16) { return num::bf16_to_f32(static_cast<uint16_t>(bits16)); }
 
 // One warp: quantizes row `x` (H bf16) once per chunk and stores it to `ndst` destinations; lane i
 // (< ndst) holds destination i's payload and scale pointers for this token. Stores are 16 bytes
 // (bf16, fp8) or 8 bytes (nvfp4) wide; H % 128 == 0 for fp8, % 16 for nvfp4, % 8 for bf16.
+// Only elements [e0, e1) are handled (e0 a multiple of 512, e1 one too or H), so that several warps
+// can share one row when there are few tokens.
 __device__ inline void push_row(ActFormat f, const QuantParams& q, const bf16_raw* x, int H, int ndst, uint8_t* my_pp,
-                                uint8_t* my_sp) {
+                                uint8_t* my_sp, int e0 = 0, int e1 = -1) {
+  if (e1 < 0) e1 = H;
   const int lane = threadIdx.x & 31;
   if (f == ActFormat::bf16) {
-    const int nchunks = H / 8;
+    const int nchunks = e1 / 8;
     const uint4* src = reinterpret_cast<const uint4*>(x);
     // Whole-warp trip count: every lane takes part in every shuffle.
-    for (int c0 = 0; c0 < nchunks; c0 += 32) {
+    for (int c0 = e0 / 8; c0 < nchunks; c0 += 32) {
       const int c = c0 + lane;
       const bool active = c < nchunks;
       uint4 v = make_uint4(0, 0, 0, 0);
@@ -137,9 +154,9 @@ __device__ inline void push_row(ActFormat f, const QuantParams& q, const bf16_ra
     return;
   }
   if (f == ActFormat::fp8) {
-    const int nblk = H / 128;
+    const int nblk = e1 / 128;
     const int g = lane >> 3, sub = lane & 7;
-    for (int b0 = 0; b0 < nblk; b0 += 4) {
+    for (int b0 = e0 / 128; b0 < nblk; b0 += 4) {
       const int blk = b0 + g;
       const bool active = blk < nblk;
       float v[16];
@@ -177,8 +194,8 @@ __device__ inline void push_row(ActFormat f, const QuantParams& q, const bf16_ra
     return;
   }
   // nvfp4: one lane per block of 16.
-  const int nblk = H / 16;
-  for (int b0 = 0; b0 < nblk; b0 += 32) {
+  const int nblk = e1 / 16;
+  for (int b0 = e0 / 16; b0 < nblk; b0 += 32) {
     const int blk = b0 + lane;
     const bool active = blk < nblk;
     uint8_t packed[8];
@@ -215,7 +232,7 @@ __device__ inline void push_row(ActFormat f, const QuantParams& q, const bf16_ra
 // slot_map row. Stores payload, scales, the K translated local ids and the K weights.
 __device__ inline void push_token(ActFormat f, const QuantParams& q, const DevPlacement& p, int src, int64_t t,
                                   const bf16_raw* hidden, const int32_t* ids, const float* w, int H, int K,
-                                  const int32_t* slot_row, const DestRegion* dst) {
+                                  const int32_t* slot_row, const DestRegion* dst, int part = 0, int parts = 1) {
   const int lane = threadIdx.x & 31;
   const int R = p.num_ranks;
   const size_t ps = payload_bytes(f, H), ss = scale_bytes(f, H);
@@ -238,21 +255,25 @@ __device__ inline void push_token(ActFormat f, const QuantParams& q, const DevPl
       my_pp = dst[d].payload + size_t(j) * ps;
       my_sp = ss ? dst[d].scales + size_t(j) * ss : nullptr;
     }
-    if (lane < K) {
+    if (lane < K && part == 0) {
       dst[d].ids[size_t(j) * K + lane] = crank == d ? cslot : -1;
       dst[d].weights[size_t(j) * K + lane] = wk;
     }
     ++ndst;
   }
-  push_row(f, q, hidden + size_t(t) * H, H, ndst, my_pp, my_sp);
+  int e0, e1;
+  part_range(H, part, parts, e0, e1);
+  push_row(f, q, hidden + size_t(t) * H, H, ndst, my_pp, my_sp, e0, e1);
 }
 
 // One warp: out[H] = sum over d ascending of dequant(row_d) in fp32, as bf16. row pointers are in
 // lane i (< n) as in push_row; n = 0 writes zeros. Payload of the combine is bf16 or fp8.
-__device__ inline void reduce_row(ActFormat f, int H, int n, const uint8_t* my_pp, const uint8_t* my_sp, bf16_raw* out) {
+__device__ inline void reduce_row(ActFormat f, int H, int n, const uint8_t* my_pp, const uint8_t* my_sp, bf16_raw* out,
+                                  int e0 = 0, int e1 = -1) {
+  if (e1 < 0) e1 = H;
   const int lane = threadIdx.x & 31;
-  const int nchunks = H / 8;  // 8 elements per lane per step
-  for (int c0 = 0; c0 < nchunks; c0 += 32) {
+  const int nchunks = e1 / 8;  // 8 elements per lane per step
+  for (int c0 = e0 / 8; c0 < nchunks; c0 += 32) {
     const int c = c0 + lane;
     const bool active = c < nchunks;
     float acc[8];

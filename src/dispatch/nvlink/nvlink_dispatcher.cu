@@ -128,8 +128,13 @@ __global__ void __launch_bounds__(kThreads) dispatch_kernel(Args a) {
     a2a::slot_chunk(a.p, a.ids, a.K, me, t0, t1, sm_prefix, a.slot_map, sm_warp, sm_running);
     __syncthreads();
     const int warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
-    for (int64_t t = t0 + warp; t < t1; t += nwarps)
-      a2a::push_token(a.f, a.q, a.p, me, t, a.hidden, a.ids, a.w, a.H, a.K, a.slot_map + t * R, sm_dst);
+    // Few tokens: several warps share a row (latency of one token's loads is the cost at T=128).
+    const int parts = a2a::parts_for(t1 - t0, nwarps);
+    for (int64_t i = warp; i < (t1 - t0) * parts; i += nwarps) {
+      const int64_t t = t0 + i / parts;
+      a2a::push_token(a.f, a.q, a.p, me, t, a.hidden, a.ids, a.w, a.H, a.K, a.slot_map + t * R, sm_dst,
+                      static_cast<int>(i % parts), parts);
+    }
   }
 
   // 4. Arrive everywhere (also when nothing moved, so that the counters stay in step), then wait.
@@ -198,16 +203,23 @@ __global__ void __launch_bounds__(kThreads) combine_kernel(Args a) {
     for (int64_t t = gw; t < a.T; t += nw) a2a::reduce_row(a.cf, a.H, 0, nullptr, nullptr, a.out + t * a.H);
     return;
   }
-  // 1. Push every valid slot's y to its home rank, region [me], same slot.
+  // 1. Push every valid slot's y to its home rank, region [me], same slot; work items are
+  //    (valid slot, part of the row).
   {
-    for (int64_t slot = gw; slot < int64_t(R) * a.C; slot += nw) {
-      const int s = static_cast<int>(slot / a.C), j = static_cast<int>(slot % a.C);
-      if (j >= a.S->counts[s]) continue;  // warp-uniform
+    int64_t valid = 0;
+    for (int s = 0; s < R; ++s) valid += a.S->counts[s];
+    const int parts = a2a::parts_for(valid, nw);
+    for (int64_t i = gw; i < valid * parts; i += nw) {
+      int64_t j = i / parts;
+      int s = 0;
+      while (j >= a.S->counts[s]) j -= a.S->counts[s++];
+      int e0, e1;
+      a2a::part_range(a.H, static_cast<int>(i % parts), parts, e0, e1);
       uint8_t* home = a.peer_base[s];
       const size_t dst_slot = size_t(me) * a.C + j;
       uint8_t* pp = lane == 0 ? home + a.L.cpayload + dst_slot * ps : nullptr;
       uint8_t* sp = lane == 0 && ss ? home + a.L.cscales + dst_slot * ss : nullptr;
-      a2a::push_row(a.cf, a.q, a.y + slot * a.H, a.H, 1, pp, sp);
+      a2a::push_row(a.cf, a.q, a.y + (size_t(s) * a.C + j) * a.H, a.H, 1, pp, sp, e0, e1);
     }
   }
   __syncthreads();
@@ -222,8 +234,12 @@ __global__ void __launch_bounds__(kThreads) combine_kernel(Args a) {
     sm_ok = 0;
   __syncthreads();
 
-  // 2. Sum at home.
-  for (int64_t t = gw; t < a.T; t += nw) {
+  // 2. Sum at home: work items are (token, part of the row).
+  const int rparts = a2a::parts_for(a.T, nw);
+  for (int64_t i = gw; i < a.T * rparts; i += nw) {
+    const int64_t t = i / rparts;
+    int e0, e1;
+    a2a::part_range(a.H, static_cast<int>(i % rparts), rparts, e0, e1);
     const uint8_t* my_pp = nullptr;
     const uint8_t* my_sp = nullptr;
     int n = 0;
@@ -238,7 +254,7 @@ __global__ void __launch_bounds__(kThreads) combine_kernel(Args a) {
         ++n;
       }
     }
-    a2a::reduce_row(a.cf, a.H, n, my_pp, my_sp, a.out + t * a.H);
+    a2a::reduce_row(a.cf, a.H, n, my_pp, my_sp, a.out + t * a.H, e0, e1);
   }
 }
 
