@@ -2,9 +2,10 @@
 // pipeline). Weights stay in their storage format in shared memory and are widened to bf16 while
 // the B fragments are built:
 //   bf16  : ldmatrix straight from a swizzled tile;
-//   fp8   : e4m3 -> fp32, times the 128x128 tile scale, rounded to bf16 (one rounding per weight);
-//   nvfp4 : e2m1 * e4m3 block scale, exact in bf16; the per-expert global scale divides the fp32
-//           accumulator in the epilogue.
+//   fp8   : e4m3 -> bf16 exactly, times bf16(128x128 tile scale) with one bf16x2 multiply (one
+//           rounding per weight, and the scale rounded to bf16);
+//   nvfp4 : e2m1 (shared-memory table) * e4m3 block scale, exact in bf16; the per-expert global
+//           scale divides the fp32 accumulator in the epilogue.
 // One kernel template per weight format is instantiated in gemm_<format>.cu (parallel builds).
 #pragma once
 #include <cuda_bf16.h>
@@ -25,11 +26,11 @@ template <int BM>
 struct Shape;
 template <>
 struct Shape<128> {
-  static constexpr int WARPS_M = 2, WARPS_N = 4, STAGES = 3;
+  static constexpr int WARPS_M = 2, WARPS_N = 4;
 };
 template <>
 struct Shape<32> {
-  static constexpr int WARPS_M = 1, WARPS_N = 8, STAGES = 4;
+  static constexpr int WARPS_M = 1, WARPS_N = 8;
 };
 
 // Bytes of one B row in shared memory (16-byte padding breaks bank conflicts for the byte formats;
@@ -37,13 +38,21 @@ struct Shape<32> {
 template <WeightFormat WF>
 constexpr int b_row_bytes() { return WF == WeightFormat::bf16 ? kBK * 2 : WF == WeightFormat::fp8 ? kBK + 16 : kBK / 2 + 16; }
 
+// Pipeline depth: the byte formats carry fewer bytes per stage, so they need more stages to keep
+// as many weight bytes in flight (decode streams weights; about 80-100 KB of smem per CTA).
+template <int BM, WeightFormat WF>
+constexpr int stages() {
+  if (BM == 32) return WF == WeightFormat::bf16 ? 4 : WF == WeightFormat::fp8 ? 6 : 8;
+  return WF == WeightFormat::bf16 ? 3 : 4;
+}
+
 template <int BM, WeightFormat WF>
 struct Smem {
   static constexpr int A_BYTES = BM * kBK * 2;
   static constexpr int B_BYTES = kBN * b_row_bytes<WF>();
   static constexpr int S_BYTES = WF == WeightFormat::nvfp4 ? kBN * 4 : 0;  // 4 e4m3 scales / row / stage
   static constexpr int STAGE = A_BYTES + B_BYTES + S_BYTES;
-  static constexpr int TOTAL = STAGE * Shape<BM>::STAGES;
+  static constexpr int TOTAL = STAGE * stages<BM, WF>();
 };
 
 __device__ __forceinline__ uint32_t smem_u32(const void* p) {
@@ -80,30 +89,39 @@ __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
   return *reinterpret_cast<const uint32_t*>(&v);
 }
 
-// Two e4m3 codes (low byte = lower k) to bf16x2 of code * scale.
-__device__ __forceinline__ uint32_t fp8x2_scaled(uint16_t two, float scale) {
+// Two e4m3 codes (low byte = lower k) to bf16x2, exactly: the hardware cvt gives f16x2 (every
+// e4m3 value is a normal f16 or zero), then the f16 fields are re-biased into bf16 (3 mantissa
+// bits used, so the shift loses nothing and no bit leaks between the halves).
+__device__ __forceinline__ uint32_t e4m3x2_to_bf16x2(uint16_t two) {
   const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(two), __NV_E4M3);
-  const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&h));
-  return pack_bf16(f.x * scale, f.y * scale);
+  const uint32_t x = uint32_t(h.x) | (uint32_t(h.y) << 16);
+  const uint32_t m3 = (x & 0x7fff7fffu) >> 3;
+  return (x & 0x80008000u) | (m3 + (0x38003800u & __vcmpne2(m3, 0u)));
+}
+__device__ __forceinline__ uint32_t bf16x2_mul(uint32_t a, uint32_t b) {
+  const __nv_bfloat162 r = __hmul2(*reinterpret_cast<const __nv_bfloat162*>(&a), *reinterpret_cast<const __nv_bfloat162*>(&b));
+  return *reinterpret_cast<const uint32_t*>(&r);
 }
 
-// e2m1 code -> fp32 bits (sign in bit 3).
-__device__ __forceinline__ float e2m1_f32(uint32_t c) {
+// e2m1 code -> bf16 bits (sign in bit 3).
+__device__ __forceinline__ uint32_t e2m1_bf16(uint32_t c) {
   const uint32_t e = (c >> 1) & 3u, m = c & 1u;
-  const uint32_t mag = e ? ((126u + e) << 23) | (m << 22) : (m ? 0x3f000000u : 0u);
-  return __uint_as_float(mag | ((c & 8u) << 28));
-}
-// Byte of two e2m1 codes (low nibble = lower k) times the block scale, as bf16x2 (exact).
-__device__ __forceinline__ uint32_t fp4x2_scaled(uint32_t byte, float s) {
-  return pack_bf16(e2m1_f32(byte & 0xfu) * s, e2m1_f32(byte >> 4) * s);
+  const uint32_t mag = e ? ((126u + e) << 7) | (m << 6) : (m ? 0x3f00u : 0u);
+  return mag | ((c & 8u) << 12);
 }
 
 template <int BM, WeightFormat WF>
 __global__ void __launch_bounds__(kThreads) grouped_gemm_kernel(GemmArgs p) {
   using S = Shape<BM>;
   constexpr int WM = BM / S::WARPS_M, WN = kBN / S::WARPS_N, MI = WM / 16, NI = WN / 8;
-  constexpr int STAGES = S::STAGES;
+  constexpr int STAGES = stages<BM, WF>();
   extern __shared__ __align__(128) uint8_t smem[];
+  // nvfp4: byte of two e2m1 codes -> bf16x2 (low nibble in the low half).
+  __shared__ uint32_t lut4[WF == WeightFormat::nvfp4 ? 256 : 1];
+  if constexpr (WF == WeightFormat::nvfp4) {
+    lut4[threadIdx.x] = e2m1_bf16(threadIdx.x & 0xfu) | (e2m1_bf16(threadIdx.x >> 4) << 16);
+    __syncthreads();
+  }
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int wm = warp / S::WARPS_N, wn = warp % S::WARPS_N;
@@ -197,6 +215,7 @@ __global__ void __launch_bounds__(kThreads) grouped_gemm_kernel(GemmArgs p) {
       const uint8_t* sb = st + Smem<BM, WF>::A_BYTES;
       // fp8: one 128x128 scale per (row block, k block); a warp's rows sit in one block per half.
       float sc_lo = 1.f, sc_hi = 1.f;
+      uint32_t s2_lo = 0, s2_hi = 0;
       if constexpr (WF == WeightFormat::fp8) {
         const float* Sc = static_cast<const float*>(p.W.scales);
         const int rb = (rows_w + 127) / 128, cb = (cols_w + 127) / 128;
@@ -204,6 +223,8 @@ __global__ void __launch_bounds__(kThreads) grouped_gemm_kernel(GemmArgs p) {
         const int r_lo = w_row(wn * WN), r_hi = w_row(wn * WN + WN - 1);
         sc_lo = Sc[(int64_t(e) * rb + min(r_lo, rows_w - 1) / 128) * cb + kb];
         sc_hi = Sc[(int64_t(e) * rb + min(r_hi, rows_w - 1) / 128) * cb + kb];
+        s2_lo = pack_bf16(sc_lo, sc_lo);
+        s2_hi = pack_bf16(sc_hi, sc_hi);
       }
 #pragma unroll
       for (int kk = 0; kk < kBK / 16; ++kk) {
@@ -230,9 +251,9 @@ __global__ void __launch_bounds__(kThreads) grouped_gemm_kernel(GemmArgs p) {
           for (int ni = 0; ni < NI; ++ni) {
             const int r = wn * WN + ni * 8 + (lane >> 2);
             const uint8_t* row = sb + r * b_row_bytes<WF>() + kk * 16 + 2 * (lane & 3);
-            const float s = ni < NI / 2 ? sc_lo : sc_hi;  // fused: gate / up half; else lo == hi
-            b[ni][0] = fp8x2_scaled(*reinterpret_cast<const uint16_t*>(row), s);
-            b[ni][1] = fp8x2_scaled(*reinterpret_cast<const uint16_t*>(row + 8), s);
+            const uint32_t s2 = ni < NI / 2 ? s2_lo : s2_hi;  // fused: gate / up half; else lo == hi
+            b[ni][0] = bf16x2_mul(e4m3x2_to_bf16x2(*reinterpret_cast<const uint16_t*>(row)), s2);
+            b[ni][1] = bf16x2_mul(e4m3x2_to_bf16x2(*reinterpret_cast<const uint16_t*>(row + 8)), s2);
           }
         } else {
           const uint8_t* ss = sb + Smem<BM, WF>::B_BYTES;
@@ -240,10 +261,10 @@ __global__ void __launch_bounds__(kThreads) grouped_gemm_kernel(GemmArgs p) {
           for (int ni = 0; ni < NI; ++ni) {
             const int r = wn * WN + ni * 8 + (lane >> 2);
             const uint8_t* row = sb + r * b_row_bytes<WF>() + kk * 8 + (lane & 3);
-            const float s = __half2float(__ushort_as_half(
-                __nv_cvt_fp8_to_halfraw(static_cast<__nv_fp8_storage_t>(ss[r * 4 + kk]), __NV_E4M3).x));
-            b[ni][0] = fp4x2_scaled(row[0], s);
-            b[ni][1] = fp4x2_scaled(row[4], s);
+            const uint32_t sc = ss[r * 4 + kk];
+            const uint32_t s2 = e4m3x2_to_bf16x2(static_cast<uint16_t>(sc | (sc << 8)));
+            b[ni][0] = bf16x2_mul(lut4[row[0]], s2);  // e2m1 * e4m3 is exact in bf16
+            b[ni][1] = bf16x2_mul(lut4[row[4]], s2);
           }
         }
 #pragma unroll

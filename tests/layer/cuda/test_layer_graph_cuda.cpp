@@ -126,7 +126,9 @@ void run_graph_case(const Setup& s, int64_t T, std::mt19937& rng) {
   std::printf("[layer graph] T=%lld w %s: GPU vs CPU layer max|a-b|/max|ref| %.3e 1-cos %.3e\n", (long long)T,
               format_name(cfg.weight_format), d.rel(), d.one_minus_cos);
   EXPECT_EQ(d.nonfinite, 0u);
-  EXPECT_LE(d.rel(), 3e-2);
+  // The runner bound (3e-2); an fp8 combine can turn a small runner difference into one e4m3 step
+  // of the block (at most 32/448 of the block's largest value), hence 1e-1 there.
+  EXPECT_LE(d.rel(), cfg.combine_format == ActFormat::fp8 ? 1e-1 : 3e-2);
   EXPECT_LE(d.one_minus_cos, 1e-3);
 
   EPMOE_CUDA_CHECK(cudaGraphExecDestroy(exec));

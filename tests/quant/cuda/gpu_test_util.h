@@ -9,6 +9,7 @@
 #include <cstring>
 #include <random>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "core/cuda/check.h"
@@ -95,12 +96,18 @@ inline std::vector<float> widen(const std::vector<bf16_raw>& v) {
   return f;
 }
 
-// Index of the first differing byte, or -1.
+// Index of the first element whose bytes differ, or -1. Floats: any NaN equals any NaN, since
+// the NaN a CPU produces (x86 keeps an operand's payload or makes -nan, other CPUs +nan) is not
+// part of any format; every non-NaN value must match bit for bit.
 template <class T>
 int64_t first_diff(const std::vector<T>& a, const std::vector<T>& b) {
   if (a.size() != b.size()) return 0;
-  for (size_t i = 0; i < a.size(); ++i)
+  for (size_t i = 0; i < a.size(); ++i) {
+    if constexpr (std::is_same_v<T, float>) {
+      if (std::isnan(a[i]) && std::isnan(b[i])) continue;
+    }
     if (std::memcmp(&a[i], &b[i], sizeof(T)) != 0) return int64_t(i);
+  }
   return -1;
 }
 
