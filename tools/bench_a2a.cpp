@@ -149,9 +149,11 @@ int bench_a2a(const std::vector<std::string>& args) {
           EPMOE_CUDA_CHECK(cudaMemcpy(static_cast<uint8_t*>(d.y) + size_t(s) * maxT * H * 2, h.data(), h.size() * 2,
                                       cudaMemcpyHostToDevice));
         EPMOE_CUDA_CHECK(cudaMalloc(&d.out, size_t(maxT) * H * 2));
-        EPMOE_CUDA_CHECK(cudaMalloc(&d.a2a_send, size_t(maxT) * H * 2 * R));
-        EPMOE_CUDA_CHECK(cudaMalloc(&d.a2a_recv, size_t(maxT) * H * 2 * R));
-        EPMOE_CUDA_CHECK(cudaMalloc(&d.peer_buf, size_t(maxT) * H * 2));
+        // Baseline buffers: one bf16 row plus ids/weights per token and peer.
+        const size_t row_max = size_t(H) * 2 + size_t(K) * 8;
+        EPMOE_CUDA_CHECK(cudaMalloc(&d.a2a_send, size_t(maxT) * row_max * R));
+        EPMOE_CUDA_CHECK(cudaMalloc(&d.a2a_recv, size_t(maxT) * row_max * R));
+        EPMOE_CUDA_CHECK(cudaMalloc(&d.peer_buf, size_t(maxT) * row_max));
       }
       for (int r = 0; r < R; ++r) {
         EPMOE_CUDA_CHECK(cudaSetDevice(r));

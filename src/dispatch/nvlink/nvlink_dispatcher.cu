@@ -83,7 +83,7 @@ __global__ void __launch_bounds__(kThreads) dispatch_kernel(Args a) {
     Status* st = reinterpret_cast<Status*>(a.peer_base[d] + a.L.status + size_t(me) * kStatusBytes);
     st->count = code == kOk ? total : 0;
     st->code = code;
-    st->T = static_cast<int32_t>(a.T);
+    st->T = static_cast<int32_t>(a.T_in);
     st->bad_t = bt;
     st->bad_k = bk;
     st->bad_id = bid;
@@ -365,6 +365,7 @@ class NvlinkDispatcher final : public Dispatcher {
     const int64_t T = in.num_tokens;
     Args a = args(in.stream);
     a.T = T;
+    a.T_in = T;
     a.local_code = T < 0 ? kNegative : T > C ? kCapacity : (T > 0 && (!in.hidden || !in.topk_ids || !in.topk_weights)) ? kNullInput : kOk;
     if (a.local_code != kOk) a.T = 0;  // the kernel reads nothing of a rejected input
     a.hidden = in.hidden;

@@ -63,6 +63,7 @@ struct Args {
   a2a::DevPlacement p;
   int R, me, C, H, K, E, E_loc;
   int64_t T;
+  int64_t T_in;  // T as the caller passed it (reported in errors; T is 0 for a rejected input)
   int32_t local_code;
   int64_t timeout_ns;
   const bf16_raw* hidden;
