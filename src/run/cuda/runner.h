@@ -9,7 +9,7 @@
 //   4. GEMM2 with W2 -> o [rows][H] bf16;
 //   5. per slot: y = bf16(sum over k ascending of w_k * o[row(slot, k)]), fp32, one pass.
 // Numerics (documented in docs/RUNNER.md): activations and the intermediate are rounded to bf16;
-// fp8 weights become bf16(e4m3 * bf16(tile scale)); nvfp4 weights are exact in bf16 up to the global
+// fp8 weights become bf16(e4m3 * tile scale); nvfp4 weights are exact in bf16 up to the global
 // scale, which divides the fp32 accumulator.
 #pragma once
 #include <cuda_runtime.h>
