@@ -62,6 +62,7 @@ int run_rows(const RunSetup& s, const std::vector<Row>& rows) {
 int run_main(const std::vector<std::string>& args) {
   Flags flags("run");
   add_config_flags(flags);
+  flags.add("check-tokens", "N", "several GPUs: tokens per rank compared with float64 (default 64; 0 = none)");
   if (wants_help(args)) {
     std::printf(
         "usage: epmoe run [flags]\n\n"
@@ -69,13 +70,24 @@ int run_main(const std::vector<std::string>& args) {
         "dispatch/weight format, the error of the final hidden state against a float64 computation\n"
         "with unquantized weights (which reuses the quantized path's routing decisions), and the time\n"
         "of the forward passes. Without a GPU it runs the tiny preset on 4 simulated ranks with\n"
-        "37,0,64,0 tokens, once per dispatch format, then once per weight format.\n\nflags:\n%s",
+        "37,0,64,0 tokens, once per dispatch format, then once per weight format. With one GPU it runs\n"
+        "on that GPU (dispatcher local, runner cuda); with several GPUs (or under mpirun -np N, one\n"
+        "process per GPU) it runs qwen3-30b-a3b, 3 layers, across all of them (dispatcher nvlink, or\n"
+        "--dispatcher nccl; runner cuda) and also reports tokens/s per GPU.\n\nflags:\n%s",
         flags.help().c_str());
     return 0;
   }
   flags.parse(args);
   const RunSetup s = build_setup(flags);
   if (s.device == DeviceKind::cuda) {
+    const MultiGpuRunHook& mh = multi_gpu_run_hook();
+    if (s.cfg.num_ranks > 1 || (mh.under_mpi && mh.under_mpi())) {
+      if (!mh.run)
+        throw UsageError("--ranks=" + std::to_string(s.cfg.num_ranks) +
+                         ": the multi-GPU driver of `epmoe run` is not built into this binary (it needs NCCL); use "
+                         "--ranks 1 or --device cpu");
+      return mh.run(s);
+    }
     if (!cuda_run_hook().run)
       throw UsageError("--device cuda: the GPU driver of `epmoe run` is not built into this binary; use --device cpu");
     return cuda_run_hook().run(s);

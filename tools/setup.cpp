@@ -12,21 +12,26 @@ CudaRunHook& cuda_run_hook() {
   return hook;
 }
 
+MultiGpuRunHook& multi_gpu_run_hook() {
+  static MultiGpuRunHook hook;
+  return hook;
+}
+
 DeviceKind default_device() {
   const CudaRunHook& h = cuda_run_hook();
   return (h.run && h.available && h.available()) ? DeviceKind::cuda : DeviceKind::cpu;
 }
 
 void add_config_flags(Flags& f) {
-  f.add("preset", "NAME", "model shape: tiny (default), deepseek-v3, qwen3-235b-a22b, qwen3-30b-a3b, mixtral-8x7b, gpt-oss-120b");
+  f.add("preset", "NAME", "model shape: tiny (default; qwen3-30b-a3b on several GPUs), deepseek-v3, qwen3-235b-a22b, qwen3-30b-a3b, mixtral-8x7b, gpt-oss-120b");
   f.add("hidden", "H", "hidden size");
   f.add("intermediate", "I", "intermediate size of one expert");
   f.add("experts", "E", "number of experts");
   f.add("topk", "K", "experts per token");
-  f.add("ranks", "R", "expert-parallel ranks (cpu: simulated as threads; default 4 on cpu, 1 on cuda)");
+  f.add("ranks", "R", "expert-parallel ranks (cpu: simulated as threads, default 4; cuda: default every visible GPU, or the mpirun world)");
   f.add("capacity", "C", "most tokens one rank may dispatch (default: the largest --tokens value)");
-  f.add("tokens", "T[,T...]", "tokens per rank, one value per rank or one for all (cpu default: 37,0,64,0 pattern)");
-  f.add("layers", "L", "MoE layers stacked with residuals (default: the preset's)");
+  f.add("tokens", "T[,T...]", "tokens per rank, one value per rank or one for all (cpu default: 37,0,64,0 pattern; several GPUs: 2048, last rank 512)");
+  f.add("layers", "L", "MoE layers stacked with residuals (default: the preset's; at most 3 on several GPUs)");
   f.add("dispatch", "FMT", "dispatch format bf16|fp8|nvfp4 (run: default all three)");
   f.add("weights", "FMT", "weight format bf16|fp8|nvfp4 (run: default the dispatch format's family)");
   f.add("combine", "FMT", "combine format bf16|fp8");
@@ -58,12 +63,6 @@ ActFormat act_flag(const Flags& f, const std::string& name) {
 
 RunSetup build_setup(const Flags& f) {
   RunSetup s;
-  s.preset = f.has("preset") ? f.get("preset") : "tiny";
-  const ModelPreset& p = preset(s.preset);
-  s.cfg = p.config;
-  s.layers = f.get_int("layers", p.num_layers);
-  s.seed = uint64_t(f.get_int("seed", 1));
-
   if (f.has("device")) {
     const std::string d = f.get("device");
     if (d == "cpu") s.device = DeviceKind::cpu;
@@ -72,13 +71,31 @@ RunSetup build_setup(const Flags& f) {
   } else {
     s.device = default_device();
   }
+  // On cuda the default is every GPU of the job (all visible ones, or the mpirun world), and a job
+  // of several GPUs defaults to a real model shape with a few layers: the tiny preset would time
+  // nothing but launch overheads there.
+  int default_ranks = 4;
+  if (s.device == DeviceKind::cuda) {
+    const MultiGpuRunHook& mh = multi_gpu_run_hook();
+    default_ranks = mh.ranks ? std::max(1, mh.ranks()) : 1;
+  }
+  const int ranks = f.get_int("ranks", default_ranks);
+  const bool multi_gpu = s.device == DeviceKind::cuda && ranks > 1;
+  s.preset = f.has("preset") ? f.get("preset") : (multi_gpu ? "qwen3-30b-a3b" : "tiny");
+  const ModelPreset& p = preset(s.preset);
+  s.cfg = p.config;
+  s.layers = f.get_int("layers", multi_gpu ? std::min(3, p.num_layers) : p.num_layers);
+  s.seed = uint64_t(f.get_int("seed", 1));
+  s.check_tokens = f.get_int("check-tokens", s.check_tokens);
+  if (s.check_tokens < 0)
+    throw UsageError("--check-tokens=" + std::to_string(s.check_tokens) + " must be 0 (no comparison) or more");
 
   MoeConfig& c = s.cfg;
   c.hidden = f.get_int("hidden", c.hidden);
   c.intermediate = f.get_int("intermediate", c.intermediate);
   c.num_experts = f.get_int("experts", c.num_experts);
   c.top_k = f.get_int("topk", c.top_k);
-  c.num_ranks = f.get_int("ranks", s.device == DeviceKind::cpu ? 4 : 1);
+  c.num_ranks = ranks;
   c.timeout_ms = f.get_int("timeout-ms", c.timeout_ms);
   if (c.num_ranks < 1) throw UsageError("--ranks=" + std::to_string(c.num_ranks) + " must be at least 1");
 
@@ -93,6 +110,10 @@ RunSetup build_setup(const Flags& f) {
     // Uneven, with ranks that have no tokens at all: the cases a real batch produces.
     const int64_t pattern[4] = {37, 0, 64, 0};
     for (int r = 0; r < c.num_ranks; ++r) s.tokens.push_back(c.num_ranks == 1 ? 37 : pattern[r % 4]);
+  } else if (multi_gpu) {
+    // About 2k tokens per rank, the last rank with a quarter of that: ranks see uneven batches.
+    s.tokens.assign(c.num_ranks, 2048);
+    s.tokens.back() = 512;
   } else {
     s.tokens.assign(c.num_ranks, 256);
   }

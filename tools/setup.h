@@ -20,6 +20,7 @@ struct RunSetup {
   uint64_t seed = 1;
   DeviceKind device = DeviceKind::cpu;
   bool dispatch_given = false, weights_given = false;  // else `run` sweeps the formats
+  int check_tokens = 64;  // GPU runs on several ranks: tokens per rank compared with float64
 };
 
 // Declares every configuration flag on `flags`.
@@ -41,5 +42,18 @@ struct CudaRunRegistrar {
   explicit CudaRunRegistrar(CudaRunHook h) { cuda_run_hook() = std::move(h); }
 };
 DeviceKind default_device();
+
+// The multi-GPU driver of `epmoe run` (tools/run_multi_gpu.cpp): cuda with more than one rank, or
+// any cuda run under mpirun. `ranks` gives the default rank count on cuda (the mpirun world size,
+// else the visible GPUs); `under_mpi` says whether this process is one rank of an mpirun job.
+struct MultiGpuRunHook {
+  std::function<int()> ranks;
+  std::function<bool()> under_mpi;
+  std::function<int(const RunSetup&)> run;
+};
+MultiGpuRunHook& multi_gpu_run_hook();
+struct MultiGpuRunRegistrar {
+  explicit MultiGpuRunRegistrar(MultiGpuRunHook h) { multi_gpu_run_hook() = std::move(h); }
+};
 
 }  // namespace epmoe::cli
