@@ -1,0 +1,529 @@
+// `epmoe bench layer`: the whole MoE layer (route + quantize + dispatch + run + combine, i.e.
+// MoeLayer::forward) on every GPU of the job, per dispatch format (weights of the same family) and
+// tokens per rank, with in the same run:
+//   - the runner alone on the same dispatched input (its own dispatcher of the same configuration
+//     dispatches once, then only Runner::run is timed), so layer/runner shows what routing and
+//     communication add;
+//   - accuracy against float64 on a token subset (the first --check-tokens tokens of every rank),
+//     computed with the stored weights dequantized and the activations unquantized, so the number
+//     is the error of activation quantization, the runner's arithmetic and the bf16 outputs.
+// Times are medians of CUDA-event-timed repetitions queued back to back, each a CUDA graph replay
+// when the dispatcher is capturable ("nvlink", "local"), else eager calls ("nccl").
+// --decode: L stacked layers (one weight set shared by all layers: at these shapes each layer's
+// weights exceed L2 many times over, so sharing does not change the bytes read) with N sequences per
+// rank; one step = L forwards, captured as one graph; prints the step latency and output tokens/s
+// per GPU (MoE layers only).
+// Ranks: one process with a thread per visible GPU, or one process per GPU under mpirun; rank 0
+// prints.
+#include "commands.h"
+
+#if defined(EPMOE_WITH_CUDA)
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "args.h"
+#include "bench_util.h"
+#include "core/cuda/check.h"
+#include "epmoe/epmoe.h"
+#include "route/cuda/route.h"
+#include "run/cuda/fill.h"
+#include "run/oracle.h"
+#if defined(EPMOE_WITH_NCCL)
+#include "dispatch/nccl/a2a_host.h"
+#include "epmoe/nccl_comm.h"
+#endif
+
+namespace epmoe::cli {
+namespace {
+
+using cuda::DeviceBuffer;
+
+// Activations are uniform in [-sqrt(3), sqrt(3)] (unit variance), so this nvfp4 global scale
+// (448*6/amax) never saturates a block scale.
+constexpr float kActAmax = 1.7320508f;
+
+struct Opts {
+  MoeConfig base;  // preset + ranks, dispatcher, runner, comm_sms
+  std::string preset;
+  std::vector<long long> tokens;
+  std::vector<ActFormat> formats;
+  int reps = 20;
+  int check = 64;
+  bool graph = true;  // when the dispatcher allows it
+  bool decode = false;
+  int layers = 8, seqs = 64;
+  uint64_t seed = 1;
+};
+
+bool rank0_process() {
+  const char* r = std::getenv("OMPI_COMM_WORLD_RANK");
+  return !under_mpirun() || (r && std::atoi(r) == 0);
+}
+
+bool capturable(const std::string& dispatcher) { return dispatcher == "nvlink" || dispatcher == "local"; }
+
+// ---- weights ------------------------------------------------------------------------------------
+// Random weights generated on the device in their storage format, with a standard deviation of
+// about 1/sqrt(cols) per matrix (so activations keep their scale through the FFN).
+struct DeviceWeights {
+  DeviceBuffer d13, s13, g13, d2, s2, g2;
+  ExpertWeights w;
+};
+
+MatrixView make_matrix(DeviceBuffer& d, DeviceBuffer& s, DeviceBuffer& g, WeightFormat f, int E, int rows, int cols,
+                       uint64_t seed, cudaStream_t st) {
+  MatrixView v;
+  v.format = f;
+  v.experts = E;
+  v.rows = rows;
+  v.cols = cols;
+  v.device = DeviceKind::cuda;
+  d.reserve(std::max<size_t>(v.data_bytes(), 1));
+  const float inv = float(1.0 / std::sqrt(double(cols)));
+  if (f == WeightFormat::bf16) {
+    cuda::fill_random_bf16(d.get<bf16_raw>(), size_t(E) * rows * cols, std::sqrt(3.f) * inv, seed, st);
+  } else if (f == WeightFormat::fp8) {
+    // e4m3 codes of magnitude 2^-2..2^2 (rms about 2.9), one scale per 128x128 tile.
+    cuda::fill_random_e4m3(d.get<uint8_t>(), v.data_bytes(), 5, 9, seed, st);
+    s.reserve(std::max<size_t>(v.scale_bytes(), 4));
+    cuda::fill_f32(s.get<float>(), v.scale_bytes() / 4, inv / 2.9f, st);
+    v.scales = s.get();
+  } else {
+    // e2m1 pairs (rms 2.93) times e4m3 block scales of 2^-1..2^1 (rms about 1.9), over gs.
+    cuda::fill_random_u8(d.get<uint8_t>(), v.data_bytes(), seed, st);
+    s.reserve(std::max<size_t>(v.scale_bytes(), 1));
+    cuda::fill_random_e4m3(s.get<uint8_t>(), v.scale_bytes(), 6, 8, seed + 1, st);
+    g.reserve(size_t(E) * 4 + 4);
+    cuda::fill_f32(g.get<float>(), E, 5.5f / inv, st);
+    v.scales = s.get();
+    v.global_scale = g.get<float>();
+  }
+  v.data = d.get();
+  return v;
+}
+
+void make_weights(DeviceWeights& dw, WeightFormat f, int E, int H, int I, uint64_t seed, cudaStream_t st) {
+  dw.w.num_local_experts = E;
+  dw.w.hidden = H;
+  dw.w.intermediate = I;
+  dw.w.w13 = make_matrix(dw.d13, dw.s13, dw.g13, f, E, 2 * I, H, seed, st);
+  dw.w.w2 = make_matrix(dw.d2, dw.s2, dw.g2, f, E, H, I, seed + 7, st);
+  EPMOE_CUDA_CHECK(cudaStreamSynchronize(st));
+}
+
+// Expert e of a device matrix, copied to the host (experts = 1).
+HostMatrix download_expert(const MatrixView& m, int e) {
+  HostMatrix h;
+  h.format = m.format;
+  h.experts = 1;
+  h.rows = m.rows;
+  h.cols = m.cols;
+  const size_t db = m.data_bytes() / m.experts, sb = m.scale_bytes() / m.experts;
+  h.data.resize(db);
+  EPMOE_CUDA_CHECK(cudaMemcpy(h.data.data(), static_cast<const uint8_t*>(m.data) + db * e, db, cudaMemcpyDeviceToHost));
+  if (sb) {
+    h.scales.resize(sb);
+    EPMOE_CUDA_CHECK(
+        cudaMemcpy(h.scales.data(), static_cast<const uint8_t*>(m.scales) + sb * e, sb, cudaMemcpyDeviceToHost));
+  }
+  if (m.global_scale) {
+    h.global_scale.resize(1);
+    EPMOE_CUDA_CHECK(cudaMemcpy(h.global_scale.data(), m.global_scale + e, 4, cudaMemcpyDeviceToHost));
+  }
+  return h;
+}
+
+std::vector<float> dequantize_all(const HostMatrix& h) {
+  std::vector<float> out(size_t(h.rows) * h.cols);
+  dequantize_matrix_rows(h.view(), 0, 0, h.rows, out.data());
+  return out;
+}
+
+// ---- float64 reference on the token subset --------------------------------------------------------
+// xs [R*S][H] and logits [R*S][E] (bf16 values widened) are every rank's subset, in rank order. Each
+// rank adds the contributions of its own experts; the sums over ranks give out[R*S][H]. Collective.
+std::vector<double> reference(Communicator& comm, const MoeConfig& cfg, const ExpertWeights& w,
+                              const std::vector<double>& xs, const std::vector<double>& lg, int64_t S, int threads) {
+  const int R = comm.size(), r = comm.rank(), H = cfg.hidden, I = cfg.intermediate, E = cfg.num_experts, K = cfg.top_k;
+  const int El = cfg.experts_per_rank(), dev = comm.device_index();
+  const int64_t NT = int64_t(R) * S;
+  // route_cpu gives the ids the CUDA router computes (bitwise, by design).
+  std::vector<bf16_raw> lg16(lg.size());
+  for (size_t i = 0; i < lg.size(); ++i) lg16[i] = num::f32_to_bf16(float(lg[i]));
+  std::vector<int32_t> ids(size_t(NT) * K);
+  std::vector<float> wts(size_t(NT) * K);
+  route_cpu(cfg.router, TensorView::of(lg16.data(), DType::bf16, {NT, E}), nullptr, K, ids.data(), wts.data());
+  std::vector<std::vector<int64_t>> pairs(El);
+  for (int64_t p = 0; p < NT * K; ++p)
+    if (ids[p] >= 0 && ids[p] / El == r) pairs[ids[p] % El].push_back(p);
+  std::vector<int> used;
+  for (int s = 0; s < El; ++s)
+    if (!pairs[s].empty()) used.push_back(s);
+  std::vector<double> contrib(size_t(NT) * K * H, 0.0);
+  parallel_for(int64_t(used.size()), threads, [&](int64_t i) {
+    EPMOE_CUDA_CHECK(cudaSetDevice(dev));
+    const int s = used[i];
+    const std::vector<float> w13 = dequantize_all(download_expert(w.w13, s));
+    const std::vector<float> w2 = dequantize_all(download_expert(w.w2, s));
+    const oracle::DenseExperts dense = oracle::DenseExperts::from_fp32(w13.data(), w2.data(), 1, H, I);
+    const auto& ps = pairs[s];
+    const int64_t n = int64_t(ps.size());
+    std::vector<double> xg(size_t(n) * H), og(size_t(n) * H);
+    std::vector<int32_t> id0(n, 0);
+    std::vector<float> wg(n);
+    for (int64_t j = 0; j < n; ++j) {
+      std::copy_n(xs.data() + size_t(ps[j] / K) * H, H, xg.data() + size_t(j) * H);
+      wg[j] = wts[ps[j]];
+    }
+    oracle::moe_forward(dense, xg.data(), n, id0.data(), wg.data(), 1, og.data());
+    for (int64_t j = 0; j < n; ++j) std::copy_n(og.data() + size_t(j) * H, H, contrib.data() + size_t(ps[j]) * H);
+  });
+  std::vector<double> partial(size_t(NT) * H, 0.0);
+  for (int64_t t = 0; t < NT; ++t)
+    for (int k = 0; k < K; ++k)
+      for (int i = 0; i < H; ++i) partial[size_t(t) * H + i] += contrib[(size_t(t) * K + k) * H + i];
+  const std::vector<double> all = allgather(comm, partial);
+  std::vector<double> ref(partial.size(), 0.0);
+  for (int q = 0; q < R; ++q)
+    for (size_t i = 0; i < ref.size(); ++i) ref[i] += all[size_t(q) * ref.size() + i];
+  return ref;
+}
+
+// ---- timing -------------------------------------------------------------------------------------
+// Median microseconds of `reps` calls of fn on `st`, queued back to back, each between its own
+// events: replays of one captured graph when `graph`, else eager calls. fn must already have run
+// eagerly (workspaces grown) before a capture.
+double time_us(cudaStream_t st, bool graph, int reps, const std::function<void()>& fn) {
+  cudaGraph_t g = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  if (graph) {
+    EPMOE_CUDA_CHECK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
+    fn();
+    EPMOE_CUDA_CHECK(cudaStreamEndCapture(st, &g));
+    EPMOE_CUDA_CHECK(cudaGraphInstantiate(&exec, g, 0));
+    for (int i = 0; i < 2; ++i) EPMOE_CUDA_CHECK(cudaGraphLaunch(exec, st));
+  }
+  std::vector<cudaEvent_t> ev(size_t(2) * reps);
+  for (auto& e : ev) EPMOE_CUDA_CHECK(cudaEventCreate(&e));
+  for (int i = 0; i < reps; ++i) {
+    EPMOE_CUDA_CHECK(cudaEventRecord(ev[2 * i], st));
+    if (graph) EPMOE_CUDA_CHECK(cudaGraphLaunch(exec, st));
+    else fn();
+    EPMOE_CUDA_CHECK(cudaEventRecord(ev[2 * i + 1], st));
+  }
+  EPMOE_CUDA_CHECK(cudaStreamSynchronize(st));
+  std::vector<double> t(reps);
+  for (int i = 0; i < reps; ++i) {
+    float ms = 0;
+    EPMOE_CUDA_CHECK(cudaEventElapsedTime(&ms, ev[2 * i], ev[2 * i + 1]));
+    t[i] = ms * 1e3;
+  }
+  for (auto& e : ev) cudaEventDestroy(e);
+  if (exec) cudaGraphExecDestroy(exec);
+  if (g) cudaGraphDestroy(g);
+  return median(t);
+}
+
+// Waits for this rank's last dispatcher call and raises what its kernels recorded.
+void dispatcher_sync(Dispatcher& d, cudaStream_t st) {
+#if defined(EPMOE_WITH_NCCL)
+  detail::gpu_dispatcher_sync(d, st);
+#else
+  (void)d;
+#endif
+  EPMOE_CUDA_CHECK(cudaStreamSynchronize(st));
+}
+
+struct OwnedStream {
+  cudaStream_t st = nullptr;
+  OwnedStream() { EPMOE_CUDA_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking)); }
+  ~OwnedStream() { cudaStreamDestroy(st); }
+};
+
+MoeConfig format_config(const Opts& o, ActFormat f, int64_t capacity) {
+  MoeConfig c = o.base;
+  c.dispatch_format = f;
+  c.weight_format = weight_family(f);
+  c.capacity = int(std::max<int64_t>(capacity, 1));
+  c.nvfp4_global_scale = 448.f * 6.f / kActAmax;
+  return c;
+}
+
+// ---- layer mode -----------------------------------------------------------------------------------
+void layer_rank(Communicator& comm, const Opts& o) {
+  const int R = comm.size(), r = comm.rank(), dev = comm.device_index();
+  const MoeConfig& b = o.base;
+  const int H = b.hidden, I = b.intermediate, E = b.num_experts, K = b.top_k, El = b.experts_per_rank();
+  const int64_t maxT = *std::max_element(o.tokens.begin(), o.tokens.end());
+  const int64_t minT = *std::min_element(o.tokens.begin(), o.tokens.end());
+  const int64_t S = std::min<int64_t>(o.check, minT);
+  const int threads = host_threads_per_rank(ranks_in_this_process(R));
+  const bool talk = r == 0 && rank0_process();
+  const bool graph = o.graph && capturable(b.dispatcher);
+  OwnedStream stream;
+  cudaStream_t st = stream.st;
+
+  // Inputs of maxT tokens; each T uses a prefix, so the subset (the first S tokens) is the same at
+  // every T and its reference is computed once per format.
+  DeviceBuffer hidden(size_t(maxT) * H * 2 + 2), logits(size_t(maxT) * E * 2 + 2), out(size_t(maxT) * H * 2 + 2);
+  DeviceBuffer ids(size_t(maxT) * K * 4 + 4), wts(size_t(maxT) * K * 4 + 4), y(size_t(R) * maxT * H * 2 + 2);
+  cuda::fill_random_bf16(hidden.get<bf16_raw>(), size_t(maxT) * H, kActAmax, o.seed * 1000 + r, st);
+  cuda::fill_random_bf16(logits.get<bf16_raw>(), size_t(maxT) * E, 4.f, o.seed * 1000 + 500 + r, st);
+  EPMOE_CUDA_CHECK(cudaStreamSynchronize(st));
+
+  std::vector<double> xs, lg;  // every rank's subset, widened
+  if (S > 0) {
+    std::vector<bf16_raw> hx(size_t(S) * H), hl(size_t(S) * E);
+    EPMOE_CUDA_CHECK(cudaMemcpy(hx.data(), hidden.get(), hx.size() * 2, cudaMemcpyDeviceToHost));
+    EPMOE_CUDA_CHECK(cudaMemcpy(hl.data(), logits.get(), hl.size() * 2, cudaMemcpyDeviceToHost));
+    xs = allgather(comm, oracle::widen_bf16(hx.data(), hx.size()));
+    lg = allgather(comm, oracle::widen_bf16(hl.data(), hl.size()));
+  }
+
+  for (ActFormat f : o.formats) {
+    DeviceWeights dw;
+    make_weights(dw, weight_family(f), El, H, I, o.seed * 7919 + uint64_t(r) * 64 + uint64_t(f) * 8, st);
+    std::vector<double> ref;
+    if (S > 0) {
+      if (talk) std::fprintf(stderr, "[bench layer] %s: float64 reference of %lld tokens\n", format_name(f),
+                             static_cast<long long>(S * R));
+      ref = reference(comm, format_config(o, f, maxT), dw.w, xs, lg, S, threads);
+    }
+    for (long long T : o.tokens) {
+      const MoeConfig cfg = format_config(o, f, T);
+      const auto tv = [&](void* p, DType t, int64_t a, int64_t c) {
+        return TensorView::of(p, t, {a, c}, DeviceKind::cuda, dev);
+      };
+      const TensorView hv = tv(hidden.get(), DType::bf16, T, H), lv = tv(logits.get(), DType::bf16, T, E),
+                       ov = tv(out.get(), DType::bf16, T, H);
+      double layer_us = 0, runner_us = 0;
+      std::vector<double> got(1 + size_t(S) * H, 0.0);
+      {
+        MoeLayer layer(cfg, comm, dw.w, nullptr);
+        for (int i = 0; i < 3; ++i) layer.forward(hv, lv, ov, st);
+        EPMOE_CUDA_CHECK(cudaStreamSynchronize(st));
+        layer_us = time_us(st, graph, o.reps, [&] { layer.forward(hv, lv, ov, st); });
+        std::vector<bf16_raw> ho(size_t(S) * H);
+        if (S) EPMOE_CUDA_CHECK(cudaMemcpy(ho.data(), out.get(), ho.size() * 2, cudaMemcpyDeviceToHost));
+        for (size_t i = 0; i < ho.size(); ++i) got[1 + i] = num::bf16_to_f32(ho[i]);
+        comm.check_same(uint64_t(T), "bench layer: forward finished on every rank");
+      }
+      {
+        // The runner alone, on the input a dispatcher of the same configuration delivers.
+        const Registry::Pair pair = Registry::global().resolve(cfg);
+        std::unique_ptr<Dispatcher> disp = pair.dispatcher->create(cfg, comm);
+        std::unique_ptr<Runner> runner = pair.runner->create(cfg, dev);
+        cuda::route(cfg.router, lv, nullptr, K, ids.get<int32_t>(), wts.get<float>(), st);
+        DispatchInput in;
+        in.num_tokens = T;
+        in.hidden = hidden.get<bf16_raw>();
+        in.topk_ids = ids.get<int32_t>();
+        in.topk_weights = wts.get<float>();
+        in.stream = st;
+        const DispatchOutput d = disp->dispatch(in);
+        for (int i = 0; i < 2; ++i) runner->run(d, dw.w, y.get<bf16_raw>(), st);
+        EPMOE_CUDA_CHECK(cudaStreamSynchronize(st));
+        runner_us = time_us(st, graph, o.reps, [&] { runner->run(d, dw.w, y.get<bf16_raw>(), st); });
+        CombineInput ci;
+        ci.y = y.get<bf16_raw>();
+        ci.stream = st;
+        disp->combine(ci, out.get<bf16_raw>());
+        dispatcher_sync(*disp, st);
+        comm.check_same(uint64_t(T), "bench layer: runner timing finished on every rank");
+      }
+      const std::vector<double> times = allgather(comm, {layer_us, runner_us});
+      const std::vector<double> outs = S > 0 ? allgather(comm, got) : std::vector<double>{};
+      if (!talk) continue;
+      double lay = 0, run = 0;
+      for (int q = 0; q < R; ++q) {
+        lay = std::max(lay, times[2 * q]);
+        run = std::max(run, times[2 * q + 1]);
+      }
+      char acc[64] = "- | -";
+      if (S > 0) {
+        std::vector<double> g;
+        for (int q = 0; q < R; ++q)
+          g.insert(g.end(), outs.begin() + size_t(q) * got.size() + 1, outs.begin() + size_t(q + 1) * got.size());
+        const oracle::ErrorStats e = oracle::compare(g.data(), ref.data(), g.size());
+        std::snprintf(acc, sizeof acc, "%.2e | %.2e%s", e.max_rel, e.one_minus_cos, e.nonfinite ? " (non-finite!)" : "");
+      }
+      std::printf("| %s | %s | %lld | %.1f | %.0f | %.1f | %.2fx | %s |\n", b.dispatcher.c_str(), format_name(f), T, lay,
+                  lay > 0 ? double(T) / (lay * 1e-6) : 0.0, run, run > 0 ? lay / run : 0.0, acc);
+      std::fflush(stdout);
+    }
+  }
+}
+
+// ---- decode mode ----------------------------------------------------------------------------------
+void decode_rank(Communicator& comm, const Opts& o) {
+  const int R = comm.size(), r = comm.rank(), dev = comm.device_index();
+  const MoeConfig& b = o.base;
+  const int H = b.hidden, I = b.intermediate, E = b.num_experts, El = b.experts_per_rank();
+  const int64_t N = o.seqs;
+  const int L = o.layers;
+  const bool talk = r == 0 && rank0_process();
+  const bool graph = o.graph && capturable(b.dispatcher);
+  OwnedStream stream;
+  cudaStream_t st = stream.st;
+  DeviceBuffer h0(size_t(N) * H * 2 + 2), h1(size_t(N) * H * 2 + 2), logits(size_t(L) * N * E * 2 + 2);
+  cuda::fill_random_bf16(h0.get<bf16_raw>(), size_t(N) * H, kActAmax, o.seed * 1000 + r, st);
+  cuda::fill_random_bf16(logits.get<bf16_raw>(), size_t(L) * N * E, 4.f, o.seed * 1000 + 500 + r, st);
+  for (ActFormat f : o.formats) {
+    DeviceWeights dw;
+    make_weights(dw, weight_family(f), El, H, I, o.seed * 7919 + uint64_t(r) * 64 + uint64_t(f) * 8, st);
+    const MoeConfig cfg = format_config(o, f, N);
+    std::vector<std::unique_ptr<MoeLayer>> layers;
+    for (int l = 0; l < L; ++l) layers.push_back(std::make_unique<MoeLayer>(cfg, comm, dw.w, nullptr));
+    // Layer l reads one buffer and writes the other; routing comes from per-layer logits.
+    const auto step = [&] {
+      for (int l = 0; l < L; ++l) {
+        bf16_raw* in = (l % 2 ? h1 : h0).get<bf16_raw>();
+        bf16_raw* outp = (l % 2 ? h0 : h1).get<bf16_raw>();
+        layers[l]->forward(TensorView::of(in, DType::bf16, {N, H}, DeviceKind::cuda, dev),
+                           TensorView::of(logits.get<bf16_raw>() + size_t(l) * N * E, DType::bf16, {N, E},
+                                          DeviceKind::cuda, dev),
+                           TensorView::of(outp, DType::bf16, {N, H}, DeviceKind::cuda, dev), st);
+      }
+    };
+    for (int i = 0; i < 2; ++i) step();
+    EPMOE_CUDA_CHECK(cudaStreamSynchronize(st));
+    const double us = time_us(st, graph, o.reps, step);
+    comm.check_same(uint64_t(f), "bench layer --decode: steps finished on every rank");
+    layers.clear();
+    const std::vector<double> times = allgather(comm, {us});
+    if (!talk) continue;
+    double step_us = 0;
+    for (double t : times) step_us = std::max(step_us, t);
+    std::printf("| %s | %s | %d | %lld | %.1f | %.1f | %.0f |\n", b.dispatcher.c_str(), format_name(f), L,
+                static_cast<long long>(N), step_us / 1e3, step_us / L, step_us > 0 ? double(N) / (step_us * 1e-6) : 0.0);
+    std::fflush(stdout);
+  }
+}
+
+int bench_layer(const std::vector<std::string>& args) {
+  Flags flags("bench layer");
+  flags.add("preset", "NAME", "model shape (default deepseek-v3)");
+  flags.add("tokens", "LIST", "tokens per rank (default 128,512,4096,16384; quick 128,4096)");
+  flags.add("formats", "LIST", "dispatch formats, weights of the same family (default bf16,fp8,nvfp4)");
+  flags.add("dispatcher", "NAME", "nvlink (default on several GPUs), nccl, or local (one GPU)");
+  flags.add("ranks", "R", "GPUs (default: every visible GPU, or the mpirun world)");
+  flags.add("reps", "N", "timed repetitions, median reported (default 20, quick 10)");
+  flags.add("check-tokens", "N", "tokens per rank compared with float64 (default 64; 0 = none)");
+  flags.add("no-graph", "", "time eager calls even where a CUDA graph is possible");
+  flags.add("comm-sms", "N", "SMs for the nvlink kernels (default 24)");
+  flags.add("combine", "FMT", "combine format bf16|fp8 (default bf16)");
+  flags.add("quick", "", "tokens 128,4096 and fewer repetitions");
+  flags.add("decode", "", "decode mode: --layers stacked layers, --seqs sequences per rank per step");
+  flags.add("layers", "L", "decode: stacked layers (default 8)");
+  flags.add("seqs", "N", "decode: concurrent sequences per rank (default 64)");
+  flags.add("seed", "N", "random seed (default 1)");
+  if (wants_help(args)) {
+    std::printf("usage: epmoe bench layer [flags]\n\nThe full MoE layer (route, quantize, dispatch, run, combine) on "
+                "every GPU (one process, or one per GPU under mpirun),\nnext to the runner alone on the same "
+                "dispatched input, with accuracy vs float64 on a token subset.\n\nflags:\n%s",
+                flags.help().c_str());
+    return 0;
+  }
+  try {
+    flags.parse(args);
+    Opts o;
+    const bool quick = flags.get_bool("quick", false);
+    o.decode = flags.get_bool("decode", false);
+    o.reps = flags.get_int("reps", quick ? 10 : 20);
+    o.check = flags.get_int("check-tokens", 64);
+    o.graph = !flags.get_bool("no-graph", false);
+    o.layers = flags.get_int("layers", 8);
+    o.seqs = flags.get_int("seqs", 64);
+    o.seed = uint64_t(flags.get_int("seed", 1));
+    if (o.reps < 1) throw UsageError("--reps=" + std::to_string(o.reps) + " must be at least 1");
+    if (o.check < 0) throw UsageError("--check-tokens=" + std::to_string(o.check) + " must be 0 or more");
+    if (o.layers < 1) throw UsageError("--layers=" + std::to_string(o.layers) + " must be at least 1");
+    if (o.seqs < 1) throw UsageError("--seqs=" + std::to_string(o.seqs) + " must be at least 1");
+    o.tokens = quick ? std::vector<long long>{128, 4096} : std::vector<long long>{128, 512, 4096, 16384};
+    if (flags.has("tokens")) o.tokens = parse_int_list(flags.get("tokens"), "tokens");
+    for (long long t : o.tokens)
+      if (t < 0 || t > (1 << 30)) throw UsageError("--tokens: " + std::to_string(t) + " is not a token count");
+    o.formats = parse_act_formats(flags.has("formats") ? flags.get("formats") : "bf16,fp8,nvfp4", "formats");
+    o.preset = flags.has("preset") ? flags.get("preset") : "deepseek-v3";
+
+    const int R = flags.get_int("ranks", default_gpu_ranks());
+    if (R < 1) {
+      std::fprintf(stderr, "bench layer: no CUDA device visible\n");
+      return 1;
+    }
+    MoeConfig& b = o.base;
+    b = preset(o.preset).config;
+    b.num_ranks = R;
+    b.placement.reset();
+    b.dispatcher = flags.has("dispatcher") ? flags.get("dispatcher") : (R == 1 ? "local" : "nvlink");
+    b.runner = "cuda";
+    b.comm_sms = flags.get_int("comm-sms", b.comm_sms);
+    if (flags.has("combine")) {
+      const auto c = parse_act_format(flags.get("combine"));
+      if (!c) throw UsageError("--combine=" + flags.get("combine") + " is not a format; use bf16 or fp8");
+      b.combine_format = *c;
+    }
+    // Every configuration is checked here, the same way on every rank, before any collective.
+    const int64_t maxT = o.decode ? o.seqs : *std::max_element(o.tokens.begin(), o.tokens.end());
+    for (ActFormat f : o.formats) {
+      const MoeConfig c = format_config(o, f, maxT);
+      validate_or_throw(c);
+      Registry::global().resolve(c);
+    }
+
+    if (rank0_process()) {
+      cudaDeviceProp prop{};
+      EPMOE_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
+      std::string nccl;
+#if defined(EPMOE_WITH_NCCL)
+      if (R > 1) nccl = ", NCCL " + nccl_runtime_version();
+#endif
+      std::printf("# epmoe bench layer%s: %d x %s (%s), %s H=%d I=%d E=%d K=%d, dispatcher %s + runner cuda, "
+                  "combine %s%s, median of %d%s\n",
+                  o.decode ? " --decode" : "", R, prop.name,
+                  under_mpirun() ? "one process per GPU" : (R > 1 ? "one process, a thread per GPU" : "one process"),
+                  o.preset.c_str(), b.hidden, b.intermediate, b.num_experts, b.top_k, b.dispatcher.c_str(),
+                  format_name(b.combine_format), nccl.c_str(), o.reps,
+                  o.graph && capturable(b.dispatcher) ? " (CUDA graph replays)" : " (eager calls)");
+      if (o.decode) {
+        std::printf("# %d stacked layers sharing one weight set per format, %d sequences per rank per step; tok/s/GPU "
+                    "counts the MoE layers only\n\n| disp | format | layers | seqs/rank | step ms | per layer us | "
+                    "out tok/s/GPU |\n|---|---|---|---|---|---|---|\n",
+                    o.layers, o.seqs);
+      } else {
+        std::printf("# layer: MoeLayer::forward (route+quantize+dispatch+run+combine), slowest rank; runner: Runner::run "
+                    "alone on the same dispatched input, slowest rank; errors: first %lld tokens of every rank vs "
+                    "float64 (stored weights dequantized, activations unquantized)\n\n| disp | format | T/rank | layer "
+                    "us | tok/s/GPU | runner us | layer/runner | max rel err | 1-cos |\n|---|---|---|---|---|---|---|---"
+                    "|---|\n",
+                    static_cast<long long>(std::min<long long>(o.check, *std::min_element(o.tokens.begin(), o.tokens.end()))));
+      }
+      std::fflush(stdout);
+    }
+    launch_gpu_ranks(R, 120000, [&](Communicator& comm) { o.decode ? decode_rank(comm, o) : layer_rank(comm, o); });
+    if (rank0_process() && !o.decode)
+      std::printf("\nTarget: layer/runner <= 1.25x at fp8, 4096 tokens per rank. Weights: random, generated on the "
+                  "device in their storage format (bf16/fp8/nvfp4 of the dispatch format's family).\n");
+    return 0;
+  } catch (const UsageError& e) {
+    std::fprintf(stderr, "bench layer: %s\n", e.what());
+    return 2;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "bench layer: %s\n", e.what());
+    return 1;
+  }
+}
+
+const BenchRegistrar reg{{"layer", "the full MoE layer on every GPU vs the runner alone, with accuracy (and --decode)",
+                          bench_layer}};
+
+}  // namespace
+}  // namespace epmoe::cli
+#endif  // EPMOE_WITH_CUDA
