@@ -28,12 +28,25 @@ struct GemmArgs {
   const MTile* tiles = nullptr;
   const int32_t* num_tiles = nullptr;  // device scalar
   int max_tiles = 0;                   // upper bound of *num_tiles (sizes the grid)
+  // fp8 activations for the wgmma fp8 engine: e4m3 [rows][K] and fp32 scales per 128-block of K,
+  // stored transposed, a_scales[kb * a_scales_ld + row], so one stage reads its tokens' scales
+  // from one contiguous run.
+  const uint8_t* A8 = nullptr;
+  const float* a_scales = nullptr;
+  int64_t a_scales_ld = 0;
 };
 
 // BM = rows per m-tile: 32 (decode: few rows per expert) or 128.
 void launch_grouped_gemm_bf16(const GemmArgs& a, int bm, cudaStream_t stream);
 void launch_grouped_gemm_fp8(const GemmArgs& a, int bm, cudaStream_t stream);
 void launch_grouped_gemm_nvfp4(const GemmArgs& a, int bm, cudaStream_t stream);
+
+// Decode engine (m-tiles of 32 rows only): Hopper wgmma with the weights as the M operand.
+// bf16: W bf16 x A bf16. fp8: W fp8 (128x128 tile scales) x A8 e4m3 (per-128 scales), promoted
+// in fp32 per 128-K block. See gemm_wgmma.cuh.
+void launch_grouped_gemm_wgmma_bf16(const GemmArgs& a, cudaStream_t stream);
+void launch_grouped_gemm_wgmma_fp8(const GemmArgs& a, cudaStream_t stream);
+constexpr int kWgmmaBlockM = 32;
 
 inline void launch_grouped_gemm(const GemmArgs& a, int bm, cudaStream_t stream) {
   switch (a.W.format) {

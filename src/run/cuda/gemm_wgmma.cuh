@@ -1,0 +1,301 @@
+// Decode-regime grouped GEMM on Hopper warpgroup MMA (wgmma, sm_90a), operands swapped: the weight
+// tile is the wgmma "A" (M = 64 weight rows per instruction, two instructions = 128 rows per CTA)
+// and the tokens of one m-tile are the wgmma "N" (32 tokens). With 1-16 rows per expert the token
+// side is tiny, so putting the weights on M wastes nothing and the whole CTA streams weight bytes.
+//
+// Why wgmma and not mma.sync here: on sm_90 `mma.sync ... e4m3` is emulated (the operands are
+// converted to f16 first), so the only fp8 tensor-core path is wgmma (QGMMA); and for bf16 a
+// single warpgroup issuing 8 wgmmas per 16 KB stage leaves the SM free to keep loads in flight.
+//
+//   bf16 : W bf16 [rows][K], A bf16 [rows][K]; m64n32k16, fp32 accumulation straight in the
+//          accumulators.
+//   fp8  : W e4m3 with one fp32 scale per 128x128 tile, A e4m3 with one fp32 scale per token and
+//          128-block of K (the dispatch's fp8 format, or the fp8 intermediate). One stage is one
+//          128-K block: four m64n32k32 wgmmas build a partial sum from zero, which is then folded
+//          into the fp32 accumulator as acc += partial * (w_scale * a_scale[token]) ("promotion"),
+//          so neither operand is ever widened or rounded.
+//
+// Shared memory per stage: W [128 rows][128 B] and A [32 rows][128 B], both in the 128-byte swizzle
+// (16-byte chunk c of row r at c ^ (r & 7), 1024-byte aligned), which is the canonical K-major
+// SW128 layout the wgmma descriptors describe; plus the stage's scales. Loads are 16-byte cp.async,
+// 4 stages deep, two CTAs per SM; the grid is persistent over (m-tile, n-tile) pairs read from the
+// device tile table (so launches never need the host to know the counts), and the pipeline runs on
+// across tile boundaries.
+#pragma once
+#include "epmoe/numeric.h"
+#include "run/cuda/gemm_kernel.cuh"
+
+namespace epmoe::cuda::wg {
+
+using gemm::cp_async16;
+using gemm::cp_async4;
+using gemm::cp_commit;
+using gemm::cp_wait;
+using gemm::pack_bf16;
+using gemm::smem_u32;
+using gemm::swz;
+
+constexpr int kBT = 32;         // tokens per m-tile (wgmma N)
+constexpr int kRowsW = 128;     // weight rows per CTA tile (two m64 halves)
+constexpr int kRowBytes = 128;  // bytes of K per row and stage (fp8: 128 values, bf16: 64)
+constexpr int kThreads = 128;   // one warpgroup
+constexpr int kStages = 4;
+
+struct Layout {
+  static constexpr int W = 0;                      // [128][128 B]
+  static constexpr int A = kRowsW * kRowBytes;     // [32][128 B]
+  static constexpr int SA = A + kBT * kRowBytes;   // fp8: 32 activation scales (fp32)
+  static constexpr int SW = SA + kBT * 4;          // fp8: 2 weight scales (fp32), one per half
+  static constexpr int STAGE = 21 * 1024;
+  static constexpr int TOTAL = STAGE * kStages + 1024;  // + slack to align the base to 1024
+};
+static_assert(Layout::SW + 16 <= Layout::STAGE, "stage layout overflows");
+static_assert(Layout::A % 1024 == 0 && Layout::STAGE % 1024 == 0, "SW128 tiles need 1024-byte alignment");
+
+// Shared-memory matrix descriptor, K-major, 128-byte swizzle: start address, LBO (unused for
+// swizzled K-major, 16 B), SBO = 1024 B between 8-row groups, layout type 1 (SW128) in bits 62-63.
+__device__ __forceinline__ uint64_t desc_sw128(uint32_t addr) {
+  return uint64_t((addr & 0x3FFFFu) >> 4) | (uint64_t(1) << 16) | (uint64_t(1024 >> 4) << 32) | (uint64_t(1) << 62);
+}
+
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_wait0() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
+// cp.async writes are generic-proxy writes; wgmma reads shared memory through the async proxy.
+__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+// Ties accumulator registers to the surrounding asm order so that no use moves across a wait.
+__device__ __forceinline__ void reg_fence(float (&d)[16]) {
+#pragma unroll
+  for (int i = 0; i < 16; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+
+#define EPMOE_WG_D16 \
+  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}"
+#define EPMOE_WG_OUT16(d)                                                                                  \
+  "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),          \
+      "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+
+// d[64 x 32] (+)= A[64 x k] . B[32 x k]^T; scale_d = 0 starts from zero.
+__device__ __forceinline__ void wgmma_fp8(float (&d)[16], uint64_t da, uint64_t db, int scale_d) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n32k32.f32.e4m3.e4m3 " EPMOE_WG_D16 ", %16, %17, p, 1, 1;\n}\n"
+      : EPMOE_WG_OUT16(d)
+      : "l"(da), "l"(db), "r"(scale_d));
+}
+__device__ __forceinline__ void wgmma_bf16(float (&d)[16], uint64_t da, uint64_t db, int scale_d) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 " EPMOE_WG_D16 ", %16, %17, p, 1, 1, 0, 0;\n}\n"
+      : EPMOE_WG_OUT16(d)
+      : "l"(da), "l"(db), "r"(scale_d));
+}
+#undef EPMOE_WG_D16
+#undef EPMOE_WG_OUT16
+
+// Accumulator fragment of m64n32 (f32): register i of thread (warp w, lane l) holds weight row
+// 16w + l/4 + 8*((i >> 1) & 1) and token 8*(i >> 2) + 2*(l % 4) + (i & 1).
+template <bool FP8>
+__global__ void __launch_bounds__(kThreads) wgmma_gemm_kernel(GemmArgs p) {
+  extern __shared__ uint8_t smem_raw[];
+  const uint32_t raw = smem_u32(smem_raw);
+  const uint32_t base = (raw + 1023u) & ~1023u;
+  const uint8_t* sbase = smem_raw + (base - raw);
+
+  constexpr int EB = FP8 ? 1 : 2;            // bytes per element
+  constexpr int KPS = kRowBytes / EB;        // K values per stage
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int K = p.K, KT = K / KPS;
+  const int rows_w = p.W.rows, cols_w = p.W.cols;
+  const int n_per_tile = p.fused ? kRowsW / 2 : kRowsW;
+  const int NT = (p.N + n_per_tile - 1) / n_per_tile;
+  const int total = *p.num_tiles * NT;
+  const uint8_t* Abytes = FP8 ? p.A8 : reinterpret_cast<const uint8_t*>(p.A);
+  const int64_t a_row_bytes = int64_t(K) * EB, w_row_bytes = int64_t(cols_w) * EB;
+  const int rb = (rows_w + 127) / 128, cb = (cols_w + 127) / 128;  // fp8 weight-scale grid
+
+  // The CTA's work is one flat stream of (tile, k-stage) steps, so the pipeline runs on across
+  // tile boundaries: the next tile's first stages load while the current one finishes (GEMM2 tiles
+  // are only 16 stages long; refilling the pipeline per tile would idle the loads every time).
+  const int my_tiles = int(blockIdx.x) < total ? (total - 1 - int(blockIdx.x)) / int(gridDim.x) + 1 : 0;
+  const int64_t steps = int64_t(my_tiles) * KT;
+  struct Cur {
+    MTile mt;
+    int n0;
+  };
+  auto tile_of = [&](int local) {
+    const int tile = int(blockIdx.x) + local * int(gridDim.x);
+    return Cur{p.tiles[tile / NT], (tile % NT) * n_per_tile};
+  };
+  // Tile row r -> weight row. Fused (GEMM1): rows 0-63 gate n0.., rows 64-127 up I+n0.. (N = I, a
+  // multiple of 64, so every row exists); so each thread holds gate and up of the same (column,
+  // token) and SwiGLU needs no exchange. A 64-row half never straddles a 128-row scale block
+  // because n0 and I are multiples of 64.
+  auto w_row = [&](int n0, int r) { return p.fused ? (r < 64 ? n0 + r : p.N + n0 + r - 64) : n0 + r; };
+  auto w_ok = [&](int n0, int r) { return p.fused || n0 + r < p.N; };
+
+  auto load_step = [&](int64_t s) {
+    const Cur c = tile_of(int(s / KT));
+    const int kt = int(s % KT);
+    const int e = c.mt.expert;
+    const uint8_t* W = static_cast<const uint8_t*>(p.W.data) + int64_t(e) * rows_w * w_row_bytes;
+    const uint32_t st = base + uint32_t(s % kStages) * Layout::STAGE;
+    const int64_t k0 = int64_t(kt) * kRowBytes;
+#pragma unroll 4
+    for (int i = tid; i < kRowsW * 8; i += kThreads) {
+      const int r = i >> 3, ch = i & 7;
+      const bool ok = w_ok(c.n0, r);
+      cp_async16(st + Layout::W + swz(r, ch), W + int64_t(ok ? w_row(c.n0, r) : 0) * w_row_bytes + k0 + ch * 16, ok);
+    }
+#pragma unroll
+    for (int i = tid; i < kBT * 8; i += kThreads) {
+      const int r = i >> 3, ch = i & 7;
+      const bool ok = r < c.mt.rows;
+      cp_async16(st + Layout::A + swz(r, ch), Abytes + int64_t(c.mt.row0 + (ok ? r : 0)) * a_row_bytes + k0 + ch * 16,
+                 ok);
+    }
+    if constexpr (FP8) {
+      if (tid < kBT) {
+        const bool ok = tid < c.mt.rows;
+        cp_async4(st + Layout::SA + tid * 4, p.a_scales + int64_t(kt) * p.a_scales_ld + c.mt.row0 + (ok ? tid : 0), ok);
+      } else if (tid < kBT + 2) {
+        const int h = tid - kBT;
+        const int wr = min(w_row(c.n0, h * 64), rows_w - 1);
+        const float* Sc = static_cast<const float*>(p.W.scales);
+        cp_async4(st + Layout::SW + h * 4, Sc + (int64_t(e) * rb + wr / 128) * cb + kt, true);
+      }
+    }
+  };
+
+  float acc[2][16], part[2][16];
+#pragma unroll
+  for (int h = 0; h < 2; ++h)
+#pragma unroll
+    for (int i = 0; i < 16; ++i) acc[h][i] = 0.f;
+
+#pragma unroll
+  for (int s = 0; s < kStages - 1; ++s) {
+    if (s < steps) load_step(s);
+    cp_commit();
+  }
+
+  Cur cur = my_tiles > 0 ? tile_of(0) : Cur{};
+  for (int64_t s = 0; s < steps; ++s) {
+    const int kt = int(s % KT);
+    cp_wait<kStages - 2>();
+    fence_proxy_async();
+    __syncthreads();  // stage s is visible to all; stage s-1 (overwritten next) is no longer read
+    {
+      const int64_t ns = s + kStages - 1;
+      if (ns < steps) load_step(ns);
+      cp_commit();
+    }
+    const int slot = int(s % kStages);
+    const uint32_t st = base + uint32_t(slot) * Layout::STAGE;
+    wgmma_fence();
+#pragma unroll
+    for (int ks = 0; ks < 4; ++ks) {  // 4 x 32 bytes of K per 128-byte row
+      const uint64_t db = desc_sw128(st + Layout::A + ks * 32);
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const uint64_t da = desc_sw128(st + Layout::W + h * 64 * kRowBytes + ks * 32);
+        if constexpr (FP8)
+          wgmma_fp8(part[h], da, db, ks);
+        else
+          wgmma_bf16(acc[h], da, db, 1);
+      }
+    }
+    wgmma_commit();
+    wgmma_wait0();
+    if constexpr (FP8) {
+      reg_fence(part[0]);
+      reg_fence(part[1]);
+      const float* sa = reinterpret_cast<const float*>(sbase + slot * Layout::STAGE + Layout::SA);
+      const float* sw = reinterpret_cast<const float*>(sbase + slot * Layout::STAGE + Layout::SW);
+#pragma unroll
+      for (int j = 0; j < 4; ++j)
+#pragma unroll
+        for (int q = 0; q < 2; ++q) {
+          const float a_s = sa[8 * j + 2 * (lane & 3) + q];
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            const float sc = sw[h] * a_s;
+            acc[h][4 * j + q] = fmaf(part[h][4 * j + q], sc, acc[h][4 * j + q]);
+            acc[h][4 * j + 2 + q] = fmaf(part[h][4 * j + 2 + q], sc, acc[h][4 * j + 2 + q]);
+          }
+        }
+    } else {
+      reg_fence(acc[0]);
+      reg_fence(acc[1]);
+    }
+    if (kt != KT - 1) continue;
+
+    // Epilogue of the tile: bf16 out[row0 + token][n]. The volume is tokens x N (small in
+    // decode), so plain 2-byte stores are fine; it touches no shared memory, so the loads of the
+    // next tile's stages keep running.
+    const int g = lane >> 2;
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+#pragma unroll
+      for (int q = 0; q < 2; ++q) {
+        const int tok = 8 * j + 2 * (lane & 3) + q;
+        if (tok >= cur.mt.rows) continue;
+        bf16_raw* orow = p.out + int64_t(cur.mt.row0 + tok) * p.N;
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh) {
+          const int r = 16 * warp + g + 8 * hh, i = 4 * j + 2 * hh + q;
+          if (p.fused) {
+            const float gt = acc[0][i], up = acc[1][i];
+            orow[cur.n0 + r] = num::f32_to_bf16((gt / (1.0f + __expf(-gt))) * up);
+          } else {
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+              const int n = cur.n0 + h * 64 + r;
+              if (n < p.N) orow[n] = num::f32_to_bf16(acc[h][i]);
+            }
+          }
+        }
+      }
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+#pragma unroll
+      for (int i = 0; i < 16; ++i) acc[h][i] = 0.f;
+    if (s + 1 < steps) cur = tile_of(int((s + 1) / KT));
+  }
+  cp_wait<0>();
+}
+
+template <bool FP8>
+void launch(const GemmArgs& a, cudaStream_t stream) {
+  const char* what = FP8 ? "cuda runner (wgmma fp8)" : "cuda runner (wgmma bf16)";
+  const int kps = FP8 ? 128 : 64;
+  if (a.K % kps != 0)
+    throw UsageError(std::string(what) + ": GEMM K=" + std::to_string(a.K) + " is not a multiple of " +
+                     std::to_string(kps) + "; use the mma.sync engine for this shape");
+  if (a.fused && a.N % 64 != 0)
+    throw UsageError(std::string(what) + ": intermediate=" + std::to_string(a.N) + " is not a multiple of 64");
+  if (a.W.format != (FP8 ? WeightFormat::fp8 : WeightFormat::bf16))
+    throw UsageError(std::string(what) + ": weights are " + format_name(a.W.format) + "; this engine takes " +
+                     (FP8 ? "fp8" : "bf16"));
+  if (FP8 ? (!a.A8 || !a.a_scales || a.a_scales_ld <= 0 || !a.W.scales) : !a.A)
+    throw UsageError(std::string(what) + ": missing operand (fp8 needs A8, a_scales with a_scales_ld > 0 and "
+                     "weight scales; bf16 needs A)");
+  constexpr int smem = Layout::TOTAL;
+  static int sms = 0, per_sm = 0;  // per process; the runner pins one device per process anyway
+  if (sms == 0) {
+    int dev = 0;
+    EPMOE_CUDA_CHECK(cudaGetDevice(&dev));
+    EPMOE_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+    EPMOE_CUDA_CHECK(cudaFuncSetAttribute(wgmma_gemm_kernel<FP8>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    EPMOE_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, wgmma_gemm_kernel<FP8>, kThreads, smem));
+    per_sm = std::max(per_sm, 1);
+  }
+  const int n_per_tile = a.fused ? kRowsW / 2 : kRowsW;
+  const int64_t work = int64_t(a.max_tiles) * ((a.N + n_per_tile - 1) / n_per_tile);
+  const int grid = static_cast<int>(std::min<int64_t>(work, int64_t(sms) * per_sm));
+  if (grid <= 0) return;
+  wgmma_gemm_kernel<FP8><<<grid, kThreads, smem, stream>>>(a);
+  EPMOE_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace epmoe::cuda::wg
