@@ -97,6 +97,72 @@ __global__ void permute_kernel(ActFormat f, QuantParams p, const uint8_t* __rest
   }
 }
 
+// fp8 dispatch into the wgmma fp8 engine: the slot's e4m3 codes are copied as they are (16-byte
+// moves when the payload is aligned) and its block scales go to the transposed scale matrix
+// as_t[kb * ld + row].
+__global__ void permute_fp8_kernel(const uint8_t* __restrict__ payload, const uint8_t* __restrict__ scales,
+                                   const int32_t* __restrict__ ids, const int32_t* __restrict__ counts, int C, int K,
+                                   int E, int H, bool aligned16, const int32_t* __restrict__ offsets,
+                                   int32_t* __restrict__ fill, int32_t* __restrict__ pair_pos,
+                                   uint8_t* __restrict__ A8, float* __restrict__ as_t, int64_t ld) {
+  __shared__ int32_t pos[32];
+  const int64_t i = blockIdx.x;
+  if (!slot_valid(i, C, counts)) return;
+  if (threadIdx.x < K) {
+    const int e = ids[i * K + threadIdx.x];
+    const int32_t q = (e >= 0 && e < E) ? offsets[e] + atomicAdd(&fill[e], 1) : -1;
+    pos[threadIdx.x] = q;
+    pair_pos[i * K + threadIdx.x] = q;
+  }
+  __syncthreads();
+  const uint8_t* row = payload + i * int64_t(H);
+  if (aligned16) {
+    for (int c = threadIdx.x; c < H / 16; c += blockDim.x) {
+      const uint4 v = reinterpret_cast<const uint4*>(row)[c];
+      for (int k = 0; k < K; ++k)
+        if (pos[k] >= 0) reinterpret_cast<uint4*>(A8 + int64_t(pos[k]) * H)[c] = v;
+    }
+  } else {
+    for (int h = threadIdx.x; h < H; h += blockDim.x) {
+      const uint8_t v = row[h];
+      for (int k = 0; k < K; ++k)
+        if (pos[k] >= 0) A8[int64_t(pos[k]) * H + h] = v;
+    }
+  }
+  const float* sc = reinterpret_cast<const float*>(scales + i * int64_t(H / 128) * 4);
+  for (int b = threadIdx.x; b < H / 128; b += blockDim.x) {
+    const float s = sc[b];
+    for (int k = 0; k < K; ++k)
+      if (pos[k] >= 0) as_t[b * ld + pos[k]] = s;
+  }
+}
+
+// h rows (bf16) to e4m3 codes + block-128 scales (intermediate_quant = fp8) for the wgmma fp8
+// GEMM2: the same codes and scales as the round trip below, kept as codes. One warp per block.
+__global__ void intermediate_to_fp8_kernel(const bf16_raw* __restrict__ h, const int32_t* __restrict__ offsets,
+                                           const int32_t* __restrict__ cnt, int E, int I, bool ue8m0,
+                                           uint8_t* __restrict__ h8, float* __restrict__ hs_t, int64_t ld) {
+  const int64_t r = blockIdx.x;
+  const int64_t rows = offsets[E - 1] + cnt[E - 1];
+  if (r >= rows) return;
+  const bf16_raw* row = h + r * I;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+  for (int b = warp; b < I / 128; b += warps) {
+    float v[4], amax = 0.f;
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      v[q] = num::bf16_to_f32(row[b * 128 + lane * 4 + q]);
+      amax = fmaxf(amax, fabsf(v[q]));
+    }
+    const dev::Fp8Block bp = dev::fp8_block_params(dev::warp_max(amax), ue8m0);
+    uint32_t packed = 0;
+#pragma unroll
+    for (int q = 0; q < 4; ++q) packed |= uint32_t(dev::fp8_code(v[q], bp)) << (8 * q);
+    *reinterpret_cast<uint32_t*>(h8 + r * I + b * 128 + lane * 4) = packed;
+    if (lane == 0) hs_t[b * ld + r] = bp.scale;
+  }
+}
+
 // h rows take the fp8 block-128 round trip (intermediate_quant = fp8); one warp per block.
 __global__ void intermediate_fp8_kernel(bf16_raw* __restrict__ h, const int32_t* __restrict__ offsets,
                                         const int32_t* __restrict__ cnt, int E, int I, bool ue8m0) {
@@ -215,15 +281,44 @@ void CudaRunner::run(const DispatchOutput& in, const ExpertWeights& w, bf16_raw*
   h_.reserve(size_t(max_rows) * I * 2);
   o_.reserve(size_t(max_rows) * H * 2);
 
+  // Decode engines (m-tile 32): wgmma for bf16 weights; for fp8 weights, fp8 x fp8 wgmma where
+  // the operand arrives as fp8 (an fp8 dispatch for GEMM1, intermediate_quant = fp8 for GEMM2),
+  // otherwise the mma.sync engine with widened weights.
+  const WeightFormat wf = w.w13.format;
+  const bool decode = wgmma_decode_ && bm == kWgmmaBlockM;
+  const bool wg_bf16 = decode && wf == WeightFormat::bf16;
+  const bool wg_fp8_1 = decode && wf == WeightFormat::fp8 && in.format == ActFormat::fp8;
+  const bool wg_fp8_2 = decode && wf == WeightFormat::fp8 && cfg_.intermediate_quant == IntermediateQuant::fp8;
+  static const char* const kEngines[2][2][2] = {
+      {{"mma/mma", "mma/wgmma-fp8"}, {"wgmma-fp8/mma", "wgmma-fp8/wgmma-fp8"}},
+      {{"wgmma-bf16/wgmma-bf16", "wgmma-bf16/wgmma-bf16"}, {"wgmma-bf16/wgmma-bf16", "wgmma-bf16/wgmma-bf16"}}};
+  last_engines_ = kEngines[wg_bf16][wg_fp8_1][wg_fp8_2];
+  if (wg_fp8_1) {
+    a8_.reserve(size_t(max_rows) * H);
+    as_.reserve(size_t(max_rows) * (H / 128) * 4);
+  }
+  if (wg_fp8_2) {
+    h8_.reserve(size_t(max_rows) * I);
+    hs_.reserve(size_t(max_rows) * (I / 128) * 4);
+  }
+
   EPMOE_CUDA_CHECK(cudaMemsetAsync(cnt_.get(), 0, size_t(E) * 4, st));
   count_kernel<<<unsigned((S + 255) / 256), 256, 0, st>>>(in.local_ids, in.counts, S, C, K, E, cnt_.get<int32_t>());
   EPMOE_CUDA_CHECK_LAUNCH();
   offsets_kernel<<<1, kScanThreads, 0, st>>>(cnt_.get<int32_t>(), E, bm, offsets_.get<int32_t>(), fill_.get<int32_t>(),
                                              tiles_.get<MTile>(), num_tiles_.get<int32_t>());
   EPMOE_CUDA_CHECK_LAUNCH();
-  permute_kernel<<<unsigned(S), 256, 0, st>>>(in.format, in.quant, in.payload, in.scales, in.local_ids, in.counts, C, K,
-                                              E, H, offsets_.get<int32_t>(), fill_.get<int32_t>(),
-                                              pair_pos_.get<int32_t>(), a_.get<bf16_raw>());
+  if (wg_fp8_1) {
+    const bool aligned16 = reinterpret_cast<uintptr_t>(in.payload) % 16 == 0;
+    permute_fp8_kernel<<<unsigned(S), 256, 0, st>>>(in.payload, in.scales, in.local_ids, in.counts, C, K, E, H, aligned16,
+                                                    offsets_.get<int32_t>(), fill_.get<int32_t>(),
+                                                    pair_pos_.get<int32_t>(), a8_.get<uint8_t>(), as_.get<float>(),
+                                                    max_rows);
+  } else {
+    permute_kernel<<<unsigned(S), 256, 0, st>>>(in.format, in.quant, in.payload, in.scales, in.local_ids, in.counts, C,
+                                                K, E, H, offsets_.get<int32_t>(), fill_.get<int32_t>(),
+                                                pair_pos_.get<int32_t>(), a_.get<bf16_raw>());
+  }
   EPMOE_CUDA_CHECK_LAUNCH();
 
   GemmArgs g1;
@@ -236,9 +331,23 @@ void CudaRunner::run(const DispatchOutput& in, const ExpertWeights& w, bf16_raw*
   g1.tiles = tiles_.get<MTile>();
   g1.num_tiles = num_tiles_.get<int32_t>();
   g1.max_tiles = static_cast<int>(max_tiles);
-  launch_grouped_gemm(g1, bm, st);
+  if (wg_fp8_1) {
+    g1.A8 = a8_.get<uint8_t>();
+    g1.a_scales = as_.get<float>();
+    g1.a_scales_ld = max_rows;
+    launch_grouped_gemm_wgmma_fp8(g1, st);
+  } else if (wg_bf16) {
+    launch_grouped_gemm_wgmma_bf16(g1, st);
+  } else {
+    launch_grouped_gemm(g1, bm, st);
+  }
 
-  if (cfg_.intermediate_quant == IntermediateQuant::fp8) {
+  if (wg_fp8_2) {
+    intermediate_to_fp8_kernel<<<unsigned(max_rows), 256, 0, st>>>(h_.get<bf16_raw>(), offsets_.get<int32_t>(),
+                                                                    cnt_.get<int32_t>(), E, I, in.quant.ue8m0,
+                                                                    h8_.get<uint8_t>(), hs_.get<float>(), max_rows);
+    EPMOE_CUDA_CHECK_LAUNCH();
+  } else if (cfg_.intermediate_quant == IntermediateQuant::fp8) {
     intermediate_fp8_kernel<<<unsigned(max_rows), 256, 0, st>>>(h_.get<bf16_raw>(), offsets_.get<int32_t>(),
                                                                 cnt_.get<int32_t>(), E, I, in.quant.ue8m0);
     EPMOE_CUDA_CHECK_LAUNCH();
@@ -251,7 +360,19 @@ void CudaRunner::run(const DispatchOutput& in, const ExpertWeights& w, bf16_raw*
   g2.fused = false;
   g2.N = H;
   g2.out = o_.get<bf16_raw>();
-  launch_grouped_gemm(g2, bm, st);
+  g2.A8 = nullptr;
+  g2.a_scales = nullptr;
+  g2.a_scales_ld = 0;
+  if (wg_fp8_2) {
+    g2.A8 = h8_.get<uint8_t>();
+    g2.a_scales = hs_.get<float>();
+    g2.a_scales_ld = max_rows;
+    launch_grouped_gemm_wgmma_fp8(g2, st);
+  } else if (wg_bf16) {
+    launch_grouped_gemm_wgmma_bf16(g2, st);
+  } else {
+    launch_grouped_gemm(g2, bm, st);
+  }
 
   reduce_kernel<<<unsigned(S), 256, 0, st>>>(o_.get<bf16_raw>(), pair_pos_.get<int32_t>(), in.weights, in.counts, C, K,
                                              H, y);

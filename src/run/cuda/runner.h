@@ -10,7 +10,10 @@
 //   5. per slot: y = bf16(sum over k ascending of w_k * o[row(slot, k)]), fp32, one pass.
 // Numerics (documented in docs/RUNNER.md): activations and the intermediate are rounded to bf16;
 // fp8 weights become bf16(e4m3 * tile scale); nvfp4 weights are exact in bf16 up to the global
-// scale, which divides the fp32 accumulator.
+// scale, which divides the fp32 accumulator. Exception, the decode fp8 path (m-tile 32, fp8
+// weights): with an fp8 dispatch the activations stay e4m3 and GEMM1 runs on fp8 wgmma with both
+// scales applied in fp32 per 128-K block; with intermediate_quant = fp8 the intermediate becomes
+// e4m3 codes + block scales and GEMM2 does the same.
 #pragma once
 #include <cuda_runtime.h>
 
@@ -30,6 +33,11 @@ class CudaRunner final : public Runner {
   int last_block_m() const { return last_bm_; }
   // Force the m-tile (0 = automatic from the average rows per expert).
   void set_block_m(int bm) { force_bm_ = bm; }
+  // Decode (m-tile 32) GEMMs on the Hopper wgmma engine (default) or on the mma.sync one (false),
+  // for tests and benchmarks that compare the two.
+  void set_wgmma_decode(bool on) { wgmma_decode_ = on; }
+  // Engines of the last run's two GEMMs, e.g. "wgmma-fp8/mma-fp8".
+  const char* last_engines() const { return last_engines_; }
 
  private:
   void check(const DispatchOutput& in, const ExpertWeights& w, const bf16_raw* y) const;
@@ -37,7 +45,10 @@ class CudaRunner final : public Runner {
   MoeConfig cfg_;
   int device_ = 0;
   int last_bm_ = 0, force_bm_ = 0;
+  bool wgmma_decode_ = true;
+  const char* last_engines_ = "";
   DeviceBuffer cnt_, offsets_, fill_, tiles_, num_tiles_, pair_pos_, a_, h_, o_;
+  DeviceBuffer a8_, as_, h8_, hs_;  // fp8 operands of the wgmma fp8 engine (codes, transposed scales)
 };
 
 }  // namespace epmoe::cuda
