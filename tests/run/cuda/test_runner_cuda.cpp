@@ -47,6 +47,7 @@ struct Problem {
   int64_t T = -1;      // tokens (-1 = C)
   bool skew = false;   // all pairs on expert 0
   const char* name = "";
+  bool wgmma = true;   // decode (m-tile 32) GEMMs on the wgmma engine; false: mma.sync
 };
 
 MoeConfig make_cfg(const Problem& p) {
@@ -134,14 +135,16 @@ void run_problem(const Problem& p, uint32_t seed) {
   y.poison();
   cuda::CudaRunner runner(cfg, 0);
   runner.set_block_m(p.bm);
+  runner.set_wgmma_decode(p.wgmma);
   runner.run(dout, dw, y.get(), nullptr);
   EPMOE_CUDA_CHECK(cudaDeviceSynchronize());
   const auto yg = y.download();
 
   std::vector<bf16_raw> a(yg.begin(), yg.begin() + size_t(n) * H), r(y_ref.begin(), y_ref.begin() + size_t(n) * H);
   const Diff d = compare(widen(a), widen(r));
-  std::printf("[runner] %-22s act %-5s w %-5s bm %3d  n=%d  max|a-b|/max|ref| %.3e  1-cos %.3e\n", p.name,
-              format_name(p.act), format_name(p.wf), runner.last_block_m(), n, d.rel(), d.one_minus_cos);
+  std::printf("[runner] %-22s act %-5s w %-5s bm %3d %-22s n=%d  max|a-b|/max|ref| %.3e  1-cos %.3e\n", p.name,
+              format_name(p.act), format_name(p.wf), runner.last_block_m(), runner.last_engines(), n, d.rel(),
+              d.one_minus_cos);
   EXPECT_EQ(d.nonfinite, 0u);
   EXPECT_LE(d.rel(), kMaxRel);
   EXPECT_LE(d.one_minus_cos, kMaxOneMinusCos);
@@ -188,6 +191,34 @@ TEST(CudaRunner, SkewedLoadsAndTinyBatches) {
       {2880, 2880, 4, 4, 10, A::bf16, W::fp8, IntermediateQuant::none, 0, -1, false, "gpt-oss (H%128!=0)"},
   };
   for (const Problem& p : problems) run_problem(p, seed++);
+}
+
+// The decode engines (m-tile 32): wgmma bf16, fp8 x fp8 wgmma for GEMM1 (fp8 dispatch) and GEMM2
+// (intermediate_quant = fp8), and the mma.sync engine on the same problems. Shapes cover several
+// m-tiles per expert (up to 70 rows on one expert), a partial last n-tile of GEMM2 (H = 2880 is not
+// a multiple of 128, bf16 only), I = 768 (GEMM1 n-tiles of 64 whose up rows start mid 128-block),
+// and 64 experts with top-1.
+TEST(CudaRunner, DecodeEnginesMatchReference) {
+  EPMOE_REQUIRE_GPU();
+  uint32_t seed = std::random_device{}();
+  using A = ActFormat;
+  using W = WeightFormat;
+  using IQ = IntermediateQuant;
+  for (bool wg : {true, false}) {
+    const std::vector<Problem> problems = {
+        {7168, 2048, 4, 2, 12, A::fp8, W::fp8, IQ::fp8, 32, -1, false, "dsv3 fp8 iq=fp8", wg},
+        {7168, 2048, 4, 2, 12, A::fp8, W::fp8, IQ::none, 32, -1, false, "dsv3 fp8", wg},
+        {7168, 2048, 4, 2, 12, A::bf16, W::bf16, IQ::none, 32, -1, false, "dsv3 bf16", wg},
+        {2048, 768, 16, 8, 40, A::fp8, W::fp8, IQ::fp8, 32, -1, false, "qwen3 fp8 iq=fp8", wg},
+        {2048, 768, 16, 8, 40, A::bf16, W::fp8, IQ::fp8, 32, -1, false, "qwen3 bf16-act iq=fp8", wg},
+        {2048, 768, 16, 8, 40, A::nvfp4, W::bf16, IQ::none, 32, -1, false, "qwen3 nvfp4-act", wg},
+        {2048, 768, 16, 4, 70, A::fp8, W::fp8, IQ::fp8, 32, -1, true, "skew fp8 iq=fp8", wg},
+        {2048, 768, 16, 4, 70, A::bf16, W::bf16, IQ::none, 32, -1, true, "skew bf16", wg},
+        {2880, 2880, 4, 4, 10, A::bf16, W::bf16, IQ::none, 32, -1, false, "gpt-oss bf16", wg},
+        {1024, 512, 64, 1, 64, A::fp8, W::fp8, IQ::fp8, 32, -1, false, "E=64 K=1", wg},
+    };
+    for (const Problem& p : problems) run_problem(p, seed++);
+  }
 }
 
 TEST(CudaRunner, RejectsMismatchedWeights) {
