@@ -289,6 +289,9 @@ void run_row_rank(Communicator& comm, const RunSetup& s, const Row& row) {
         ck(cudaMemcpy(h_dev, h.data(), h.size() * 2, cudaMemcpyHostToDevice), "upload hidden");
         ck(cudaMemcpy(logits_dev, logits.data(), logits.size() * 4, cudaMemcpyHostToDevice), "upload logits");
       }
+      // A pageable cudaMemcpy may return before its DMA lands, and our stream does not wait for the
+      // legacy stream: make weights and inputs resident before the forward reads them.
+      ck(cudaDeviceSynchronize(), "uploads");
       const TensorView hv = dv(h_dev, DType::bf16, T, H), lv = dv(logits_dev, DType::f32, T, E),
                        ov = dv(out_dev, DType::bf16, T, H);
       layer.forward(hv, lv, ov, st);  // warm-up: workspaces grow, kernels load

@@ -167,6 +167,8 @@ void run_case(const std::string& dispatcher, const Case& k, uint32_t seed) {
       };
       auto run_once = [&](std::vector<bf16_raw>& dst) {
         dout.poison();
+        // Uploads and the poison fill run on the legacy stream, which `st` does not wait for.
+        EPMOE_CUDA_CHECK(cudaDeviceSynchronize());
         layer.forward(tv(dx.get(), DType::bf16, T, H), tv(dl.get(), DType::f32, T, E), tv(dout.get(), DType::bf16, T, H),
                       st);
         EPMOE_CUDA_CHECK(cudaStreamSynchronize(st));
