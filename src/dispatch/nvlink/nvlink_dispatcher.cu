@@ -2,18 +2,22 @@
 // pointers into windows registered with NCCL_WIN_DEFAULT; no multicast anywhere).
 //
 // One dispatch is one kernel of cfg.comm_sms CTAs (call epoch e, kept in device memory):
-//   1. each CTA validates and counts its chunk of tokens per destination; grid barrier;
-//   2. CTA 0 writes a Status {count, input problem} into every peer's window and releases it with
-//      epoch e; every CTA acquires all peers' statuses. A peer's status for e doubles as its ack that
-//      it finished with call e-1's receive buffers. Any problem anywhere: nothing moves, every rank
-//      records the same UsageError;
-//   3. slots by prefix sums (chunk counts + warp ballots), then one warp per token quantizes the row
-//      once (fp8/nvfp4 fused) and stores it into each destination's region [me][slot];
-//   4. every CTA adds 1 (release, system scope) to each peer's arrival counter for this source; CTA s
-//      waits (acquire) for G arrivals from source s, then resets ids of slots that became invalid;
-//      grid barrier; expert counts.
-// Combine is the mirror: push y rows (bf16 or fp8-encoded) to the home rank's region [me][slot],
-// arrive, wait, then one warp per token sums its rows in ascending rank order.
+//   1. each CTA validates and counts its chunk of tokens per destination; grid barrier (the only one);
+//   2. CTA 0 writes a Status {count, input problem, grid size} into every peer's window and releases
+//      it with epoch e. A peer's status for e doubles as its ack that it finished with call e-1's
+//      receive buffers. Any problem anywhere: nothing moves, every rank records the same UsageError;
+//   3. before the statuses are in: slots by prefix sums (chunk counts + warp ballots, no atomics)
+//      and the loads of each warp's first unit, so that the status round trip hides them;
+//   4. every CTA acquires all statuses; then warps take units (token, 1024 elements), quantize each
+//      once (hardware e4m3 conversion; e2m1 branch-free) and store it with 16-byte stores into every
+//      destination's region [me][slot], the next unit's loads in flight meanwhile;
+//   5. every CTA adds 1 (release, system scope) to each peer's arrival counter for this source and
+//      waits (acquire) until every source's counter reached the sum of the grid sizes it announced;
+//      then each CTA resets a share of the ids that became invalid and counts a share of experts.
+// Combine: in every CTA, kPushWarps warps push valid y rows (bf16, or fp8-encoded) to the home
+// rank's region [me][slot] and release a per-row flag with the combine epoch; the other warps sum
+// tokens as soon as the flags of their rows are set (ascending rank, fp32, no fma), so the sum
+// overlaps the transfer. bf16: a rank's own rows are read from y in place, never copied.
 // No host synchronisation; CUDA-graph capturable (epochs and counters live in device memory).
 // Waits are bounded: a peer that never arrives leaves an error record naming it, and the host
 // raises TimeoutError at its next call (or at gpu_dispatcher_sync).
@@ -41,13 +45,45 @@ __global__ void peer_bases_kernel(ncclWindow_t win, int R, int me, uint8_t* loca
   if (d < R) out[d] = d == me ? local : static_cast<uint8_t*>(ncclGetLsaPointer(win, 0, d));
 }
 
-__global__ void __launch_bounds__(kThreads) dispatch_kernel(Args a) {
+// Phase 1 of the id reset and expert counts of a dispatch: region s slots [n, prev) get ids -1
+// (runners read ids past counts[s] as -1) and expert_counts gets the (slot, k) pairs of the valid
+// slots. Each CTA takes a share of every region (global thread stride).
+__device__ inline void finish_regions(const Args& a, uint8_t* mine, const int* sm_n, int prev_parity, int* sm_hist) {
+  const int R = a.R, K = a.K;
+  const int64_t gt = int64_t(blockIdx.x) * blockDim.x + threadIdx.x, gs = int64_t(gridDim.x) * blockDim.x;
+  int32_t* ids = reinterpret_cast<int32_t*>(mine + a.L.ids);
+  const bool hist = a.E_loc <= kHist;
+  for (int i = threadIdx.x; hist && i < a.E_loc; i += blockDim.x) sm_hist[i] = 0;
+  __syncthreads();
+  for (int s = 0; s < R; ++s) {
+    const int n = sm_n[s], prev = a.S->prev_n[prev_parity][s];
+    int32_t* reg = ids + size_t(s) * a.C * K;
+    for (int64_t i = int64_t(n) * K + gt; i < int64_t(prev) * K; i += gs) reg[i] = -1;
+    for (int64_t i = gt; i < int64_t(n) * K; i += gs) {
+      const int id = reg[i];
+      if (id >= 0 && id < a.E_loc) {
+        if (hist) atomicAdd(&sm_hist[id], 1);
+        else atomicAdd(&a.expert_counts[id], 1);
+      }
+    }
+  }
+  __syncthreads();
+  for (int i = threadIdx.x; hist && i < a.E_loc; i += blockDim.x)
+    if (sm_hist[i]) atomicAdd(&a.expert_counts[i], sm_hist[i]);
+}
+
+template <ActFormat F>
+__global__ void __launch_bounds__(kThreads, 1) dispatch_kernel(Args a) {
   __shared__ int sm_counts[a2a::kMaxRanks], sm_prefix[a2a::kMaxRanks], sm_running[a2a::kMaxRanks];
   __shared__ int sm_warp[(kThreads / 32) * a2a::kMaxRanks];
   __shared__ a2a::DestRegion sm_dst[a2a::kMaxRanks];
-  __shared__ int sm_bad_any;
+  __shared__ int sm_n[a2a::kMaxRanks];
+  __shared__ uint64_t sm_target[a2a::kMaxRanks];
+  __shared__ int sm_hist[kHist];
+  __shared__ int sm_bad_any, sm_my_bad;
   __shared__ uint64_t sm_epoch;
   const int R = a.R, me = a.me, G = gridDim.x, b = blockIdx.x;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
   if (threadIdx.x == 0) {
     sm_epoch = *reinterpret_cast<volatile uint64_t*>(&a.S->epoch);
     sm_bad_any = 0;
@@ -57,7 +93,7 @@ __global__ void __launch_bounds__(kThreads) dispatch_kernel(Args a) {
   const int64_t chunk = a.T > 0 ? (a.T + G - 1) / G : 0;
   const int64_t t0 = min(a.T, b * chunk), t1 = min(a.T, t0 + chunk);
 
-  // 1. Count (and validate) this CTA's chunk.
+  // 1. Count (and validate) this CTA's chunk; the grid barrier publishes chunk counts and a.S->bad.
   if (a.local_code == kOk) {
     a2a::count_chunk(a.p, a.ids, a.K, me, t0, t1, a.chunk_counts + size_t(b) * R, &a.S->bad, sm_counts);
   } else if (threadIdx.x < R) {
@@ -65,9 +101,11 @@ __global__ void __launch_bounds__(kThreads) dispatch_kernel(Args a) {
   }
   if (b == 0)
     for (int i = threadIdx.x; i < a.E_loc; i += blockDim.x) a.expert_counts[i] = 0;
-  grid_sync(a, (2 * e - 1) * G);
+  grid_sync(a, e * G);  // one barrier per dispatch: target e*G
 
-  // 2. Statuses: ours to every peer, then everyone's.
+  // 2. Our status to every peer (CTA 0).
+  if (threadIdx.x == 0)
+    sm_my_bad = a.local_code != kOk || *reinterpret_cast<volatile int32_t*>(&a.S->bad) != INT_MAX;
   if (b == 0 && threadIdx.x < R) {
     const int d = threadIdx.x;
     int32_t total = 0;
@@ -87,14 +125,52 @@ __global__ void __launch_bounds__(kThreads) dispatch_kernel(Args a) {
     st->bad_t = bt;
     st->bad_k = bk;
     st->bad_id = bid;
+    st->grid = G;
     st_release_sys(&st->epoch, e);
   }
+  __syncthreads();
+  const bool my_bad = sm_my_bad != 0;
+
+  // 3. Before the statuses arrive: slots of this chunk (local work only) and the first unit's loads,
+  //    so that the status round trip hides them.
+  const int P = a2a::units_per_row(a.H);
+  const int64_t nunits = my_bad ? 0 : (t1 - t0) * P;
+  const size_t ps = payload_bytes(F, a.H), ss = scale_bytes(F, a.H);
+  if (!my_bad && t1 > t0) {
+    for (int d = threadIdx.x; d < R; d += blockDim.x) {
+      int s = 0;
+      for (int c = 0; c < b; ++c) s += a.chunk_counts[size_t(c) * R + d];
+      sm_prefix[d] = s;
+      const size_t base = size_t(me) * a.C;
+      uint8_t* w = a.peer_base[d];
+      sm_dst[d] = a2a::DestRegion{w + a.L.payload + base * ps, ss ? w + a.L.scales + base * ss : nullptr,
+                                  reinterpret_cast<int32_t*>(w + a.L.ids) + base * a.K,
+                                  reinterpret_cast<float*>(w + a.L.weights) + base * a.K};
+    }
+    __syncthreads();
+    a2a::slot_chunk(a.p, a.ids, a.K, me, t0, t1, sm_prefix, a.slot_map, sm_warp, sm_running);
+    __syncthreads();  // slot_map of this chunk was written by other threads of the CTA
+  }
+  int64_t u = warp;
+  a2a::UnitRaw cur;
+  int cur_j = -1;
+  if (u < nunits) {
+    const int64_t t = t0 + u / P;
+    a2a::unit_load<F>(a.hidden + size_t(t) * a.H, a.H, int(u % P) * a2a::kUnitElems, cur);
+    cur_j = lane < R ? a.slot_map[t * R + lane] : -1;
+  }
+
+  // 4. Everyone's status (thread s < R watches source s).
   uint8_t* mine = a.peer_base[me];
   if (threadIdx.x < R) {
     const int s = threadIdx.x;
     const Status* st = reinterpret_cast<const Status*>(mine + a.L.status + size_t(s) * kStatusBytes);
+    sm_n[s] = 0;
+    sm_target[s] = 0;
     if (wait_sys(a, &st->epoch, e, s, kAtStatus)) {
       const int32_t code = *reinterpret_cast<const volatile int32_t*>(&st->code);
+      sm_n[s] = *reinterpret_cast<const volatile int32_t*>(&st->count);
+      sm_target[s] = a.S->arrivals[s] + uint64_t(*reinterpret_cast<const volatile int32_t*>(&st->grid));
       if (code != kOk) atomicOr(&sm_bad_any, 1);
       if (b == 0 && code != kOk) {  // only problems cross PCIe into the host-mapped record
         volatile int32_t* rec = a.err->bad[s];
@@ -111,151 +187,247 @@ __global__ void __launch_bounds__(kThreads) dispatch_kernel(Args a) {
   __syncthreads();
   const int bad_any = sm_bad_any;
 
-  // 3. Slots and copies.
-  if (bad_any == 0 && t1 > t0) {
-    for (int d = threadIdx.x; d < R; d += blockDim.x) {
-      int s = 0;
-      for (int c = 0; c < b; ++c) s += a.chunk_counts[size_t(c) * R + d];
-      sm_prefix[d] = s;
-      const size_t base = size_t(me) * a.C;
-      uint8_t* w = a.peer_base[d];
-      const size_t ps = payload_bytes(a.f, a.H), ss = scale_bytes(a.f, a.H);
-      sm_dst[d] = a2a::DestRegion{w + a.L.payload + base * ps, ss ? w + a.L.scales + base * ss : nullptr,
-                                  reinterpret_cast<int32_t*>(w + a.L.ids) + base * a.K,
-                                  reinterpret_cast<float*>(w + a.L.weights) + base * a.K};
-    }
-    __syncthreads();
-    a2a::slot_chunk(a.p, a.ids, a.K, me, t0, t1, sm_prefix, a.slot_map, sm_warp, sm_running);
-    __syncthreads();
-    const int warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
-    // Few tokens: several warps share a row (latency of one token's loads is the cost at T=128).
-    const int parts = a2a::parts_for(t1 - t0, nwarps);
-    for (int64_t i = warp; i < (t1 - t0) * parts; i += nwarps) {
-      const int64_t t = t0 + i / parts;
-      a2a::push_token(a.f, a.q, a.p, me, t, a.hidden, a.ids, a.w, a.H, a.K, a.slot_map + t * R, sm_dst,
-                      static_cast<int>(i % parts), parts);
+  // 5. Push: a warp takes units (token, 1024 elements), quantizes each once and stores it to every
+  //    destination of the token; the next unit's loads are in flight meanwhile.
+  if (bad_any == 0) {
+    for (; u < nunits; u += nwarps) {
+      const int64_t un = u + nwarps;
+      a2a::UnitRaw nxt;
+      int nxt_j = -1;
+      if (un < nunits) {
+        const int64_t tn = t0 + un / P;
+        a2a::unit_load<F>(a.hidden + size_t(tn) * a.H, a.H, int(un % P) * a2a::kUnitElems, nxt);
+        nxt_j = lane < R ? a.slot_map[tn * R + lane] : -1;
+      }
+      const int64_t t = t0 + u / P;
+      const int piece = int(u % P), e0 = piece * a2a::kUnitElems;
+      a2a::UnitEnc enc;
+      a2a::unit_encode<F>(cur, a.q, enc);
+      uint32_t dmask = __ballot_sync(0xffffffffu, cur_j >= 0);
+      while (dmask) {
+        const int d = __ffs(dmask) - 1;
+        dmask &= dmask - 1;
+        const int j = __shfl_sync(0xffffffffu, cur_j, d);
+        const a2a::DestRegion& dr = sm_dst[d];
+        a2a::unit_store<F>(cur, enc, a.H, e0, dr.payload + size_t(j) * ps, ss ? dr.scales + size_t(j) * ss : nullptr);
+      }
+      if (piece == 0 && lane < a.K) {  // the routing row, translated for each destination
+        const int eid = a.ids[t * a.K + lane];
+        const float wk = a.w[t * a.K + lane];
+        int crank = -1, cslot = -1;
+        if (eid >= 0) a2a::choose_copy(a.p, eid, me, t, crank, cslot);
+        for (int d = 0; d < R; ++d) {
+          const int j = a.slot_map[t * R + d];
+          if (j < 0) continue;
+          sm_dst[d].ids[size_t(j) * a.K + lane] = crank == d ? cslot : -1;
+          sm_dst[d].weights[size_t(j) * a.K + lane] = wk;
+        }
+      }
+      cur = nxt;
+      cur_j = nxt_j;
     }
   }
 
-  // 4. Arrive everywhere (also when nothing moved, so that the counters stay in step), then wait.
+  // 6. Arrive everywhere (also when nothing moved, so that the counters stay in step), then every
+  //    CTA waits for every source: no second grid barrier.
   __syncthreads();
   if (threadIdx.x < R)
     red_release_sys(reinterpret_cast<uint64_t*>(a.peer_base[threadIdx.x] + a.L.arrive_d) + me, 1);
-  for (int s = b; s < R; s += G) {  // CTA b watches sources b, b+G, ...
-    __shared__ int sm_ok;
-    if (threadIdx.x == 0)
-      sm_ok = wait_sys(a, reinterpret_cast<const uint64_t*>(mine + a.L.arrive_d) + s, e * G, s, kAtDispatchData);
-    __syncthreads();
-    const int n = (bad_any == 0 && sm_ok)
-                      ? *reinterpret_cast<const volatile int32_t*>(
-                            &reinterpret_cast<const Status*>(mine + a.L.status + size_t(s) * kStatusBytes)->count)
-                      : 0;
-    const int prev = a.S->prev_n[s];
-    int32_t* ids = reinterpret_cast<int32_t*>(mine + a.L.ids) + size_t(s) * a.C * a.K;
-    for (int64_t i = int64_t(n) * a.K + threadIdx.x; i < int64_t(prev) * a.K; i += blockDim.x) ids[i] = -1;
-    __syncthreads();
-    if (threadIdx.x == 0) {
-      a.S->counts[s] = n;
-      a.S->prev_n[s] = n;
-    }
+  if (threadIdx.x < R && sm_target[threadIdx.x] != 0) {
+    const int s = threadIdx.x;
+    if (!wait_sys(a, reinterpret_cast<const uint64_t*>(mine + a.L.arrive_d) + s, sm_target[s], s, kAtDispatchData))
+      atomicOr(&sm_bad_any, 2);
   }
-  grid_sync(a, 2 * e * G);
+  __syncthreads();
+  if (threadIdx.x < R && sm_bad_any != 0) sm_n[threadIdx.x] = 0;
+  __syncthreads();
 
-  // 5. Expert counts over the valid slots.
-  if (bad_any == 0) {
-    const int32_t* ids = reinterpret_cast<const int32_t*>(mine + a.L.ids);
-    const int64_t total = int64_t(R) * a.C * a.K;
-    for (int64_t i = b * int64_t(blockDim.x) + threadIdx.x; i < total; i += int64_t(G) * blockDim.x) {
-      const int64_t slot = i / a.K;
-      const int s = static_cast<int>(slot / a.C), j = static_cast<int>(slot % a.C);
-      if (j >= a.S->counts[s]) continue;
-      const int id = ids[i];
-      if (id >= 0 && id < a.E_loc) atomicAdd(&a.expert_counts[id], 1);
+  // 7. Ids of slots that became invalid, expert counts (every CTA a share).
+  finish_regions(a, mine, sm_n, int((e - 1) & 1), sm_hist);
+  if (b == 0) {
+    if (threadIdx.x < R) {
+      const int s = threadIdx.x;
+      a.S->counts[s] = sm_n[s];
+      a.S->prev_n[e & 1][s] = sm_n[s];
+      a.S->arrivals[s] = sm_target[s];
     }
-  }
-  if (b == 0 && threadIdx.x == 0) {
-    a.S->bad = INT_MAX;
-    a.S->failed = bad_any != 0;
-    if (bad_any == 0) a.S->combines += 1;
-    if (bad_any & 1) {
-      volatile ErrorRecord* er = a.err;
-      __threadfence_system();
-      if (er->code == kErrNone) er->code = kErrUsage;
-      __threadfence_system();
+    if (threadIdx.x == 0) {
+      const int bad_final = sm_bad_any;
+      a.S->bad = INT_MAX;
+      a.S->failed = bad_final != 0;
+      if (bad_final == 0) a.S->combines += 1;
+      if (bad_final & 1) {
+        volatile ErrorRecord* er = a.err;
+        __threadfence_system();
+        if (er->code == kErrNone) er->code = kErrUsage;
+        __threadfence_system();
+      }
+      a.S->epoch = e + 1;
     }
-    a.S->epoch = e + 1;
   }
 }
 
-__global__ void __launch_bounds__(kThreads) combine_kernel(Args a) {
-  const int R = a.R, me = a.me, G = gridDim.x;
-  // Target: one arrival per CTA per data-moving combine so far (a rejected dispatch has a combine
-  // that moves nothing, on every rank alike).
-  const uint64_t e = *reinterpret_cast<volatile uint64_t*>(&a.S->combines);
-  const bool failed = *reinterpret_cast<volatile int32_t*>(&a.S->failed) != 0;
+// Combine, bf16 rows: the row (H bf16) copied with 16-byte loads 8 deep per lane and 16-byte stores
+// contiguous across the warp.
+__device__ __forceinline__ void copy_row_bf16(const bf16_raw* src, uint8_t* dst, int H) {
   const int lane = threadIdx.x & 31;
-  const int64_t gw = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) >> 5;
-  const int64_t nw = (int64_t(G) * blockDim.x) >> 5;
-  const size_t ps = payload_bytes(a.cf, a.H), ss = scale_bytes(a.cf, a.H);
-  uint8_t* mine = a.peer_base[me];
-
-  if (failed) {  // nothing was dispatched: zeros, no traffic
-    for (int64_t t = gw; t < a.T; t += nw) a2a::reduce_row(a.cf, a.H, 0, nullptr, nullptr, a.out + t * a.H);
-    return;
+  const int nch = H >> 3;
+  const uint4* s = reinterpret_cast<const uint4*>(src);
+  uint4* d = reinterpret_cast<uint4*>(dst);
+  constexpr int kDepth = 8;
+  uint4 cur[kDepth];
+#pragma unroll
+  for (int i = 0; i < kDepth; ++i) {
+    const int c = 32 * i + lane;
+    cur[i] = c < nch ? __ldg(s + c) : a2a::zero4();
   }
-  // 1. Push every valid slot's y to its home rank, region [me], same slot; work items are
-  //    (valid slot, part of the row).
-  {
-    int64_t valid = 0;
-    for (int s = 0; s < R; ++s) valid += a.S->counts[s];
-    const int parts = a2a::parts_for(valid, nw);
-    for (int64_t i = gw; i < valid * parts; i += nw) {
-      int64_t j = i / parts;
-      int s = 0;
-      while (j >= a.S->counts[s]) j -= a.S->counts[s++];
-      int e0, e1;
-      a2a::part_range(a.H, static_cast<int>(i % parts), parts, e0, e1);
-      uint8_t* home = a.peer_base[s];
-      const size_t dst_slot = size_t(me) * a.C + j;
-      uint8_t* pp = lane == 0 ? home + a.L.cpayload + dst_slot * ps : nullptr;
-      uint8_t* sp = lane == 0 && ss ? home + a.L.cscales + dst_slot * ss : nullptr;
-      a2a::push_row(a.cf, a.q, a.y + (size_t(s) * a.C + j) * a.H, a.H, 1, pp, sp, e0, e1);
+  for (int base = 0; base < nch; base += 32 * kDepth) {
+    uint4 nxt[kDepth];
+#pragma unroll
+    for (int i = 0; i < kDepth; ++i) {
+      const int c = base + 32 * (kDepth + i) + lane;
+      nxt[i] = c < nch ? __ldg(s + c) : a2a::zero4();
     }
+#pragma unroll
+    for (int i = 0; i < kDepth; ++i) {
+      const int c = base + 32 * i + lane;
+      if (c < nch) d[c] = cur[i];
+    }
+#pragma unroll
+    for (int i = 0; i < kDepth; ++i) cur[i] = nxt[i];
   }
-  __syncthreads();
-  if (threadIdx.x < R)
-    red_release_sys(reinterpret_cast<uint64_t*>(a.peer_base[threadIdx.x] + a.L.arrive_c) + me, 1);
-  __shared__ int sm_ok;
-  if (threadIdx.x == 0) sm_ok = 1;
-  __syncthreads();
-  if (threadIdx.x < R &&
-      !wait_sys(a, reinterpret_cast<const uint64_t*>(mine + a.L.arrive_c) + threadIdx.x, e * G, threadIdx.x,
-                kAtCombineData))
-    sm_ok = 0;
-  __syncthreads();
+}
 
-  // 2. Sum at home: work items are (token, part of the row).
-  const int rparts = a2a::parts_for(a.T, nw);
-  for (int64_t i = gw; i < a.T * rparts; i += nw) {
-    const int64_t t = i / rparts;
-    int e0, e1;
-    a2a::part_range(a.H, static_cast<int>(i % rparts), rparts, e0, e1);
-    const uint8_t* my_pp = nullptr;
-    const uint8_t* my_sp = nullptr;
-    int n = 0;
-    if (sm_ok) {
-      for (int d = 0; d < R; ++d) {
-        const int j = a.slot_map[t * R + d];
-        if (j < 0) continue;
-        if (lane == n) {
-          my_pp = mine + a.L.cpayload + (size_t(d) * a.C + j) * ps;
-          my_sp = ss ? mine + a.L.cscales + (size_t(d) * a.C + j) * ss : nullptr;
-        }
-        ++n;
+// Combine push (warps [0, kPushWarps) of every CTA): one warp per valid slot row; the row goes to
+// its home rank's region [me] at the same slot, then the warp releases the row's flag with the
+// combine epoch. bf16: rows of this rank's own tokens stay where they are (the sum reads y).
+template <ActFormat CF>
+__device__ void combine_push(const Args& a, uint64_t e) {
+  const int R = a.R, me = a.me, lane = threadIdx.x & 31;
+  const int64_t gw = int64_t(blockIdx.x) * kPushWarps + (threadIdx.x >> 5);
+  const int64_t nw = int64_t(gridDim.x) * kPushWarps;
+  const size_t ps = payload_bytes(CF, a.H), ss = scale_bytes(CF, a.H);
+  // Regions in the order me+1, me+2, ... so that different senders feed different homes first.
+  int64_t total = 0;
+  for (int k = 0; k < R; ++k) {
+    const int s = (me + 1 + k) % R;
+    if (CF == ActFormat::bf16 && s == me) continue;
+    total += a.S->counts[s];
+  }
+  for (int64_t i = gw; i < total; i += nw) {
+    int64_t j = i;
+    int s = 0;
+    for (int k = 0; k < R; ++k) {
+      s = (me + 1 + k) % R;
+      if (CF == ActFormat::bf16 && s == me) continue;
+      const int n = a.S->counts[s];
+      if (j < n) break;
+      j -= n;
+    }
+    const bf16_raw* src = a.y + (size_t(s) * a.C + j) * a.H;
+    uint8_t* home = a.peer_base[s];
+    const size_t row = size_t(me) * a.C + j;
+    if constexpr (CF == ActFormat::bf16) {
+      copy_row_bf16(src, home + a.L.cpayload + row * ps, a.H);
+    } else {
+      uint8_t* prow = home + a.L.cpayload + row * ps;
+      uint8_t* srow = home + a.L.cscales + row * ss;
+      const int P = a2a::units_per_row(a.H);
+      a2a::UnitRaw cur;
+      a2a::unit_load<CF>(src, a.H, 0, cur);
+      for (int p = 0; p < P; ++p) {
+        a2a::UnitRaw nxt;
+        if (p + 1 < P) a2a::unit_load<CF>(src, a.H, (p + 1) * a2a::kUnitElems, nxt);
+        a2a::UnitEnc enc;
+        a2a::unit_encode<CF>(cur, a.q, enc);
+        a2a::unit_store<CF>(cur, enc, a.H, p * a2a::kUnitElems, prow, srow);
+        cur = nxt;
       }
     }
-    a2a::reduce_row(a.cf, a.H, n, my_pp, my_sp, a.out + t * a.H, e0, e1);
+    __syncwarp();  // the whole warp's stores are ordered before lane 0's release
+    if (lane == 0) st_release_sys(reinterpret_cast<uint64_t*>(home + a.L.cflag) + row, e);
   }
+}
+
+// Combine sum (the other warps): one warp per token (or per part of a token when tokens are fewer
+// than warps); partials in ascending rank, fp32 from +0, no fma; loads of the next 1024 elements are
+// in flight while the current ones are added.
+template <ActFormat CF>
+__device__ void combine_sum(const Args& a, uint64_t e) {
+  const int R = a.R, me = a.me, lane = threadIdx.x & 31;
+  const int nsw = kThreads / 32 - kPushWarps;
+  const int64_t gw = int64_t(blockIdx.x) * nsw + (threadIdx.x >> 5) - kPushWarps;
+  const int64_t nw = int64_t(gridDim.x) * nsw;
+  const size_t ps = payload_bytes(CF, a.H), ss = scale_bytes(CF, a.H);
+  const uint8_t* mine = a.peer_base[me];
+  const int P = a2a::units_per_row(a.H);
+  int parts = 1;  // few tokens: split rows so that more warps work
+  while (parts * 2 <= P && a.T * parts * 2 <= nw) parts *= 2;
+  for (int64_t w = gw; w < a.T * parts; w += nw) {
+    const int64_t t = w / parts;
+    const int part = int(w % parts);
+    const int u0 = part * P / parts, u1 = (part + 1) * P / parts;
+    const int j = lane < R ? a.slot_map[t * R + lane] : -1;
+    const uint8_t* prow = nullptr;
+    const uint8_t* srow = nullptr;
+    bool ok = true;
+    if (j >= 0) {
+      if (CF == ActFormat::bf16 && lane == me) {
+        prow = reinterpret_cast<const uint8_t*>(a.y + (size_t(me) * a.C + j) * a.H);
+      } else {
+        const size_t row = size_t(lane) * a.C + j;
+        prow = mine + a.L.cpayload + row * ps;
+        srow = ss ? mine + a.L.cscales + row * ss : nullptr;
+        ok = wait_flag(a, reinterpret_cast<const uint64_t*>(mine + a.L.cflag) + row, e, lane, kAtCombineData);
+      }
+    }
+    const uint32_t mask = __ballot_sync(0xffffffffu, j >= 0);
+    const bool all_ok = __all_sync(0xffffffffu, ok);
+    __syncwarp();  // orders the waiting lanes' acquires before every lane's reads
+    bf16_raw* orow = a.out + size_t(t) * a.H;
+    for (int uu = u0; uu < u1; ++uu) {
+      const int e0 = uu * a2a::kUnitElems;
+      float acc[4][8];
+#pragma unroll
+      for (int i = 0; i < 4; ++i)
+#pragma unroll
+        for (int k = 0; k < 8; ++k) acc[i][k] = 0.f;
+      uint32_t m = all_ok ? mask : 0u;
+      while (m) {  // two partials' loads in flight, added in ascending rank order
+        const int d0 = __ffs(m) - 1;
+        m &= m - 1;
+        const int d1 = m ? __ffs(m) - 1 : -1;
+        if (d1 >= 0) m &= m - 1;
+        const uint8_t* p0 = reinterpret_cast<const uint8_t*>(__shfl_sync(0xffffffffu, reinterpret_cast<uintptr_t>(prow), d0));
+        const uint8_t* s0 = reinterpret_cast<const uint8_t*>(__shfl_sync(0xffffffffu, reinterpret_cast<uintptr_t>(srow), d0));
+        const uint8_t* p1 = reinterpret_cast<const uint8_t*>(__shfl_sync(0xffffffffu, reinterpret_cast<uintptr_t>(prow), d1 < 0 ? 0 : d1));
+        const uint8_t* s1 = reinterpret_cast<const uint8_t*>(__shfl_sync(0xffffffffu, reinterpret_cast<uintptr_t>(srow), d1 < 0 ? 0 : d1));
+        uint4 v0[4], v1[4];
+        float c0[4], c1[4];
+        a2a::sum_load<CF>(p0, s0, a.H, e0, v0, c0);
+        if (d1 >= 0) a2a::sum_load<CF>(p1, s1, a.H, e0, v1, c1);
+        a2a::sum_add<CF>(acc, v0, c0);
+        if (d1 >= 0) a2a::sum_add<CF>(acc, v1, c1);
+      }
+      a2a::sum_store(acc, a.H, e0, orow);
+    }
+  }
+}
+
+template <ActFormat CF>
+__global__ void __launch_bounds__(kThreads, 1) combine_kernel(Args a) {
+  // The epoch of this combine's rows: dispatches that succeeded so far (a rejected dispatch has a
+  // combine that moves nothing, on every rank alike).
+  const uint64_t e = *reinterpret_cast<volatile uint64_t*>(&a.S->combines);
+  const bool failed = *reinterpret_cast<volatile int32_t*>(&a.S->failed) != 0;
+  if (failed) {  // nothing was dispatched: zeros, no traffic
+    const int64_t n = a.T * (a.H / 8);
+    for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+      reinterpret_cast<uint4*>(a.out)[i] = a2a::zero4();
+    return;
+  }
+  if ((threadIdx.x >> 5) < kPushWarps) combine_push<CF>(a, e);
+  else combine_sum<CF>(a, e);
 }
 
 size_t align_up(size_t x, size_t a) { return (x + a - 1) / a * a; }
@@ -272,13 +444,13 @@ Layout make_layout(const MoeConfig& cfg) {
   };
   L.status = take(R * kStatusBytes);
   L.arrive_d = take(R * 8);
-  L.arrive_c = take(R * 8);
   L.payload = take(slots * payload_bytes(cfg.dispatch_format, int(H)));
   L.scales = take(slots * scale_bytes(cfg.dispatch_format, int(H)));
   L.ids = take(slots * K * 4);
   L.weights = take(slots * K * 4);
   L.cpayload = take(slots * payload_bytes(cfg.combine_format, int(H)));
   L.cscales = take(slots * scale_bytes(cfg.combine_format, int(H)));
+  L.cflag = take(slots * 8);
   L.total = align_up(o, size_t(1) << 21);
   return L;
 }
@@ -371,7 +543,12 @@ class NvlinkDispatcher final : public Dispatcher {
     a.hidden = in.hidden;
     a.ids = in.topk_ids;
     a.w = in.topk_weights;
-    dispatch_kernel<<<G_, kThreads, 0, static_cast<cudaStream_t>(in.stream)>>>(a);
+    const cudaStream_t st = static_cast<cudaStream_t>(in.stream);
+    switch (cfg_.dispatch_format) {
+      case ActFormat::bf16: dispatch_kernel<ActFormat::bf16><<<G_, kThreads, 0, st>>>(a); break;
+      case ActFormat::fp8: dispatch_kernel<ActFormat::fp8><<<G_, kThreads, 0, st>>>(a); break;
+      case ActFormat::nvfp4: dispatch_kernel<ActFormat::nvfp4><<<G_, kThreads, 0, st>>>(a); break;
+    }
     EPMOE_CUDA_CHECK_LAUNCH();
     if (a.local_code != kOk) {
       // Our own input is bad: the kernel told every peer (nothing moves anywhere); raise now.
@@ -409,7 +586,9 @@ class NvlinkDispatcher final : public Dispatcher {
     a.T = T_;
     a.y = in.y;
     a.out = out;
-    combine_kernel<<<G_, kThreads, 0, static_cast<cudaStream_t>(in.stream)>>>(a);
+    const cudaStream_t st = static_cast<cudaStream_t>(in.stream);
+    if (cfg_.combine_format == ActFormat::fp8) combine_kernel<ActFormat::fp8><<<G_, kThreads, 0, st>>>(a);
+    else combine_kernel<ActFormat::bf16><<<G_, kThreads, 0, st>>>(a);
     EPMOE_CUDA_CHECK_LAUNCH();
   }
 

@@ -6,6 +6,7 @@
 #include <cstdint>
 
 #include "dispatch/nccl/a2a_device.cuh"
+#include "dispatch/nccl/a2a_units.cuh"
 
 namespace epmoe::nvl {
 
@@ -16,9 +17,9 @@ constexpr int kStatusBytes = 64;
 struct Layout {
   size_t status;    // [R] Status, written by source s into slot s
   size_t arrive_d;  // [R] u64: dispatch CTAs of source s that finished writing here (monotone)
-  size_t arrive_c;  // [R] u64: same for combine
   size_t payload, scales, ids, weights;  // dispatch receive [R][C]
   size_t cpayload, cscales;              // combine receive [R][C] (region = the rank that ran the slot)
+  size_t cflag;     // [R][C] u64: combine epoch of the row at [d][j], released by its writer d
   size_t total;
 };
 
@@ -28,6 +29,7 @@ struct Status {
   int32_t count;  // tokens coming to this destination
   int32_t code;   // 0 ok, else the source's input problem (kCapacity, ...)
   int32_t T, bad_t, bad_k, bad_id;
+  int32_t grid;   // CTAs of the source's dispatch kernel = arrivals it adds to every destination
 };
 static_assert(sizeof(Status) <= kStatusBytes, "status slot");
 
@@ -45,16 +47,19 @@ struct ErrorRecord {
 };
 
 // Local (non-window) device state; lives across calls so that CUDA-graph replays stay consistent.
+// Fields a dispatch kernel reads at its start are written only by its CTA 0 at its very end, after
+// it saw every CTA of the kernel arrive (so no CTA can read a value of the next call).
 struct State {
   uint64_t epoch;     // the epoch of the next dispatch (starts at 1)
-  uint64_t grid_bar;  // this rank's in-kernel grid barrier (monotone)
+  uint64_t grid_bar;  // this rank's in-kernel grid barrier (monotone, G per dispatch)
   int32_t bad;        // first bad (t*K + k) of this call, INT_MAX when none
   int32_t failed;     // the last dispatch was rejected (bad input somewhere): combine moves nothing
   int32_t abort;      // a wait timed out: every later wait gives up at once
   int32_t pad;
-  uint64_t combines;  // dispatches that succeeded = combines that move data (their arrival target)
-  int32_t counts[a2a::kMaxRanks];   // valid slots per source (DispatchOutput::counts)
-  int32_t prev_n[a2a::kMaxRanks];   // counts of the previous call (ids past them are already -1)
+  uint64_t combines;  // dispatches that succeeded = the epoch of the combine rows' flags
+  int32_t counts[a2a::kMaxRanks];      // valid slots per source (DispatchOutput::counts)
+  int32_t prev_n[2][a2a::kMaxRanks];   // counts of the call of epoch parity p (ids past them are -1)
+  uint64_t arrivals[a2a::kMaxRanks];   // dispatch arrivals expected so far from each source (sum of its G)
 };
 
 struct Args {
@@ -79,6 +84,10 @@ struct Args {
   int32_t* slot_map;      // [C][R]
   int32_t* expert_counts; // [E_loc]
 };
+
+constexpr int kHist = 1024;      // local experts counted in shared memory (more: global atomics)
+constexpr int kPushWarps = 8;    // combine: warps per CTA that push rows; the others sum
+
 
 __device__ __forceinline__ uint64_t ld_acquire_sys(const uint64_t* p) {
   uint64_t v;
@@ -123,6 +132,25 @@ __device__ inline bool wait_sys(const Args& a, const uint64_t* p, uint64_t targe
   uint32_t spins = 0;
   while (ld_acquire_sys(p) < target) {
     if ((++spins & 255u) == 0) {
+      if (*reinterpret_cast<volatile int32_t*>(&a.S->abort)) return false;
+      if (int64_t(now_ns() - t0) > a.timeout_ns) {
+        record_timeout(a, rank, where);
+        return false;
+      }
+    }
+  }
+  return true;
+}
+
+// wait_sys for one lane among many: polls with a short sleep so that spinning warps leave issue
+// slots to the warps that move data on the same SM.
+__device__ inline bool wait_flag(const Args& a, const uint64_t* p, uint64_t target, int rank, int where) {
+  if (ld_acquire_sys(p) >= target) return true;
+  const uint64_t t0 = now_ns();
+  uint32_t spins = 0;
+  while (ld_acquire_sys(p) < target) {
+    __nanosleep(64);
+    if ((++spins & 63u) == 0) {
       if (*reinterpret_cast<volatile int32_t*>(&a.S->abort)) return false;
       if (int64_t(now_ns() - t0) > a.timeout_ns) {
         record_timeout(a, rank, where);

@@ -463,6 +463,64 @@ TEST(NvlinkDispatch, CudaGraphReplay) {
   expect_same(cfg, in2, gpu_round_trip(cfg, comms, disps, in2), "nvlink after graph replays");
 }
 
+// nvlink: rows of DeepSeek-V3 width (7 units of 1024 elements per row, several units per token in
+// flight, more tokens than one CTA's slot pass) and widths that end inside a unit (H % 1024 != 0,
+// nvfp4 rows that are only 8-byte aligned, bf16 rows of an odd number of 16-byte chunks), each
+// with two steps on one dispatcher so that stale slots of the first step must read -1.
+TEST(NvlinkDispatch, WideAndOddRowsMatchCpuFabric) {
+  NEED_GPUS(2);
+  auto comms = group(2);
+  struct Shape {
+    int H;
+    ActFormat f, cf;
+    int sms;
+    std::vector<int64_t> T1, T2;
+  };
+  const std::vector<Shape> shapes = {
+      {7168, ActFormat::fp8, ActFormat::bf16, 24, {700, 513}, {64, 700}},
+      {7168, ActFormat::bf16, ActFormat::bf16, 24, {300, 0}, {17, 299}},
+      {7168, ActFormat::nvfp4, ActFormat::fp8, 24, {257, 300}, {300, 3}},
+      {1152, ActFormat::fp8, ActFormat::fp8, 5, {333, 700}, {700, 1}},
+      {1040, ActFormat::nvfp4, ActFormat::bf16, 7, {700, 650}, {20, 700}},
+      {1032, ActFormat::bf16, ActFormat::bf16, 3, {700, 699}, {1, 2}},
+  };
+  uint32_t seed = 900;
+  for (const Shape& sh : shapes) {
+    MoeConfig cfg = make_config(2, 32, 8, sh.H, 700, sh.f, sh.cf);
+    cfg.dispatcher = "nvlink";
+    cfg.runner = "cuda";
+    cfg.comm_sms = sh.sms;
+    auto disps = create_all(cfg, comms);
+    for (const auto& T : {sh.T1, sh.T2}) {
+      const auto in = random_inputs(cfg, T, seed++);
+      const std::string ctx = "nvlink H=" + std::to_string(sh.H) + " " + format_name(sh.f) + "/" + format_name(sh.cf) +
+                              " T={" + std::to_string(T[0]) + "," + std::to_string(T[1]) + "}";
+      expect_same(cfg, in, gpu_round_trip(cfg, comms, disps, in), ctx);
+      if (HasFatalFailure()) return;
+    }
+  }
+}
+
+// nvlink: comm_sms is local tuning (not part of the configuration fingerprint), so ranks may launch
+// different grids; arrivals are counted per source with the grid size each source announces.
+TEST(NvlinkDispatch, RanksWithDifferentCommSms) {
+  NEED_GPUS(2);
+  auto comms = group(2);
+  MoeConfig cfg = small_config("nvlink", ActFormat::fp8, ActFormat::bf16, 96);
+  std::vector<std::unique_ptr<Dispatcher>> disps(2);
+  run_ranks(comms, [&](Communicator& c) {
+    MoeConfig mine = cfg;
+    mine.comm_sms = c.rank() == 0 ? 11 : 2;
+    disps[c.rank()] = Registry::global().find_dispatcher("nvlink")->create(mine, c);
+  });
+  uint32_t seed = 4000;
+  for (const std::vector<int64_t>& T : {std::vector<int64_t>{96, 5}, {0, 96}, {40, 41}}) {
+    const auto in = random_inputs(cfg, T, seed++);
+    expect_same(cfg, in, gpu_round_trip(cfg, comms, disps, in), "nvlink comm_sms 11/2");
+    if (HasFatalFailure()) return;
+  }
+}
+
 // nvlink: a rank that never dispatches is named in a TimeoutError instead of a hang.
 TEST(NvlinkDispatch, MissingPeerIsNamedInTimeout) {
   NEED_GPUS(2);

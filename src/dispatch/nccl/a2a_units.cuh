@@ -1,0 +1,256 @@
+// Streaming pieces of the device-initiated all-to-all ("nvlink" dispatcher): a warp encodes a
+// "unit" of 1024 consecutive elements of one row (bf16 input) into the wire format and stores it
+// with 16-byte stores that are contiguous across the warp (512 bytes per store instruction), so
+// that NVLink carries full sectors. Loads are split from encode/store so that callers can keep the
+// next unit's loads in flight while encoding the current one.
+//
+// Element ownership inside a unit starting at element e0 (lane = 0..31):
+//   bf16  : 16-byte chunks e0/8 + 32*i + lane, i = 0..3 (8 elements each);
+//   fp8   : two groups of 16 elements, e0 + 512*g + 16*lane (g = 0, 1); 8 lanes share a 128-block;
+//   nvfp4 : 32 elements e0 + 32*lane = the 16-element blocks 2*lane and 2*lane+1 of the unit.
+// Rounding is exactly the CPU quantizers' (src/quant/cpu.cpp): fp32 amax that skips NaN, the
+// block parameters of quant_device.cuh, e4m3 through the hardware's satfinite RNE conversion (equal
+// to num::f32_to_e4m3 on every non-NaN input, and NaN -> 0x7f in both) and an e2m1 codec that is a
+// branch-free rewrite of num::f32_to_e2m1 (same thresholds, NaN -> +0).
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "epmoe/format.h"
+#include "epmoe/numeric.h"
+#include "quant/cuda/quant_device.cuh"
+
+namespace epmoe::a2a {
+
+constexpr int kUnitElems = 1024;  // elements of a row one warp handles per step
+
+// Raw bf16 bits of one unit for one lane (64 bytes).
+struct UnitRaw {
+  uint4 v[4];
+};
+
+// The wire form of one unit for one lane.
+struct UnitEnc {
+  uint4 p[2];      // payload: bf16 uses UnitRaw instead; fp8 two 16-byte groups; nvfp4 p[0]
+  float scale[2];  // fp8: scale of the block of group g
+  uint32_t s2;     // nvfp4: the two e4m3 block scales (low byte = block 2*lane)
+};
+
+__device__ __forceinline__ int units_per_row(int H) { return (H + kUnitElems - 1) / kUnitElems; }
+
+__device__ __forceinline__ uint4 ldg16(const void* p) { return __ldg(reinterpret_cast<const uint4*>(p)); }
+__device__ __forceinline__ uint4 zero4() { return make_uint4(0, 0, 0, 0); }
+
+// bf16 pair word -> two floats (exact).
+__device__ __forceinline__ float bf_lo(uint32_t w) { return __uint_as_float(w << 16); }
+__device__ __forceinline__ float bf_hi(uint32_t w) { return __uint_as_float(w & 0xffff0000u); }
+
+// Two floats -> two e4m3 codes (lo in the low byte), RNE, satfinite.
+__device__ __forceinline__ uint32_t e4m3x2(float lo, float hi) {
+  uint16_t r;
+  asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(r) : "f"(hi), "f"(lo));
+  return r;
+}
+
+// num::f32_to_e2m1 without branches: the code is the number of rounding thresholds |f| passes
+// (0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5 with ties to the even code), compared on the bits, which
+// orders non-negative floats like the values do. NaN -> +0; the sign of everything else is kept.
+__device__ __forceinline__ uint32_t e2m1_code(float f) {
+  const uint32_t u = __float_as_uint(f), a = u & 0x7fffffffu;
+  uint32_t c = (a > 0x3e800000u) + (a >= 0x3f400000u) + (a > 0x3fa00000u) + (a >= 0x3fe00000u) +
+               (a > 0x40200000u) + (a >= 0x40600000u) + (a > 0x40a00000u);
+  c |= (u >> 28) & 8u;
+  return a > 0x7f800000u ? 0u : c;
+}
+
+// ---- loads ---------------------------------------------------------------------------------------
+template <ActFormat F>
+__device__ __forceinline__ void unit_load(const bf16_raw* row, int H, int e0, UnitRaw& r) {
+  const int lane = threadIdx.x & 31;
+  if constexpr (F == ActFormat::bf16) {
+    const int nch = H >> 3;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int c = (e0 >> 3) + 32 * i + lane;
+      r.v[i] = c < nch ? ldg16(row + 8 * c) : zero4();
+    }
+  } else if constexpr (F == ActFormat::fp8) {
+#pragma unroll
+    for (int g = 0; g < 2; ++g) {
+      const int e = e0 + 512 * g + 16 * lane;
+      const bool on = e < H;  // H % 128 == 0: a whole block is on or off
+      r.v[2 * g] = on ? ldg16(row + e) : zero4();
+      r.v[2 * g + 1] = on ? ldg16(row + e + 8) : zero4();
+    }
+  } else {
+    const int e = e0 + 32 * lane;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) r.v[i] = e + 8 * i < H ? ldg16(row + e + 8 * i) : zero4();  // H % 16 == 0
+  }
+}
+
+// ---- encode --------------------------------------------------------------------------------------
+__device__ __forceinline__ void unpack16(const uint4& a, const uint4& b, float* f) {
+  const uint32_t w[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    f[2 * i] = bf_lo(w[i]);
+    f[2 * i + 1] = bf_hi(w[i]);
+  }
+}
+
+// fp8: every lane of the warp must call it (block amax by shuffles among 8 lanes).
+__device__ __forceinline__ void unit_encode_fp8(const UnitRaw& r, bool ue8m0, UnitEnc& o) {
+#pragma unroll
+  for (int g = 0; g < 2; ++g) {
+    float f[16];
+    unpack16(r.v[2 * g], r.v[2 * g + 1], f);
+    float m = 0.f;
+#pragma unroll
+    for (int i = 0; i < 16; ++i) m = fmaxf(m, fabsf(f[i]));
+    m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 4));
+    m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
+    m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
+    const cuda::dev::Fp8Block bp = cuda::dev::fp8_block_params(m, ue8m0);
+    uint32_t pr[8];
+    if (bp.divide) {  // ue8m0: x / scale, as the CPU quantizer does
+#pragma unroll
+      for (int i = 0; i < 8; ++i) pr[i] = e4m3x2(__fdiv_rn(f[2 * i], bp.mul), __fdiv_rn(f[2 * i + 1], bp.mul));
+    } else {
+#pragma unroll
+      for (int i = 0; i < 8; ++i) pr[i] = e4m3x2(__fmul_rn(f[2 * i], bp.mul), __fmul_rn(f[2 * i + 1], bp.mul));
+    }
+    o.p[g] = make_uint4(pr[0] | pr[1] << 16, pr[2] | pr[3] << 16, pr[4] | pr[5] << 16, pr[6] | pr[7] << 16);
+    o.scale[g] = bp.scale;
+  }
+}
+
+// nvfp4: one 16-element block; returns its e4m3 scale code, writes 8 packed bytes as two words.
+__device__ __forceinline__ uint32_t nvfp4_block16(const uint4& a, const uint4& b, float gs, uint32_t& w0, uint32_t& w1) {
+  float f[16];
+  unpack16(a, b, f);
+  float m = 0.f;
+#pragma unroll
+  for (int i = 0; i < 16; ++i) m = fmaxf(m, fabsf(f[i]));
+  const uint8_t s = num::f32_to_e4m3(__fdiv_rn(__fmul_rn(m, gs), 6.0f));
+  const float sf = num::e4m3_to_f32(s);
+  const bool zero = sf == 0.0f || sf != sf;  // no inverse: the block is all zeros
+  const float inv = zero ? 0.f : __fdiv_rn(gs, sf);
+  uint32_t w[2] = {0, 0};
+#pragma unroll
+  for (int i = 0; i < 16; ++i) w[i / 8] |= e2m1_code(__fmul_rn(f[i], inv)) << (4 * (i % 8));
+  w0 = zero ? 0u : w[0];
+  w1 = zero ? 0u : w[1];
+  return s;
+}
+
+__device__ __forceinline__ void unit_encode_nvfp4(const UnitRaw& r, float gs, UnitEnc& o) {
+  uint32_t w0, w1, w2, w3;
+  const uint32_t s0 = nvfp4_block16(r.v[0], r.v[1], gs, w0, w1);
+  const uint32_t s1 = nvfp4_block16(r.v[2], r.v[3], gs, w2, w3);
+  o.p[0] = make_uint4(w0, w1, w2, w3);
+  o.s2 = s0 | (s1 << 8);
+}
+
+template <ActFormat F>
+__device__ __forceinline__ void unit_encode(const UnitRaw& r, const QuantParams& q, UnitEnc& o) {
+  if constexpr (F == ActFormat::fp8) unit_encode_fp8(r, q.ue8m0, o);
+  else if constexpr (F == ActFormat::nvfp4) unit_encode_nvfp4(r, q.nvfp4_global_scale, o);
+}
+
+// ---- stores ----------------------------------------------------------------------------------------
+// prow/srow: the destination row's payload and scales (row starts are 16-byte aligned for bf16 and
+// fp8; nvfp4 rows are 8-byte aligned unless H % 32 == 0).
+template <ActFormat F>
+__device__ __forceinline__ void unit_store(const UnitRaw& r, const UnitEnc& o, int H, int e0, uint8_t* prow, uint8_t* srow) {
+  const int lane = threadIdx.x & 31;
+  if constexpr (F == ActFormat::bf16) {
+    const int nch = H >> 3;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int c = (e0 >> 3) + 32 * i + lane;
+      if (c < nch) reinterpret_cast<uint4*>(prow)[c] = r.v[i];
+    }
+  } else if constexpr (F == ActFormat::fp8) {
+#pragma unroll
+    for (int g = 0; g < 2; ++g) {
+      const int e = e0 + 512 * g + 16 * lane;
+      if (e < H) {
+        *reinterpret_cast<uint4*>(prow + e) = o.p[g];
+        if ((lane & 7) == 0) reinterpret_cast<float*>(srow)[e >> 7] = o.scale[g];
+      }
+    }
+  } else {
+    const int e = e0 + 32 * lane;
+    if (e < H) {
+      uint8_t* p = prow + (e >> 1);
+      const bool both = e + 16 < H;
+      if (both && (H & 31) == 0) {
+        *reinterpret_cast<uint4*>(p) = o.p[0];
+      } else {
+        *reinterpret_cast<uint2*>(p) = make_uint2(o.p[0].x, o.p[0].y);
+        if (both) *reinterpret_cast<uint2*>(p + 8) = make_uint2(o.p[0].z, o.p[0].w);
+      }
+      srow[e >> 4] = static_cast<uint8_t>(o.s2);
+      if (both) srow[(e >> 4) + 1] = static_cast<uint8_t>(o.s2 >> 8);
+    }
+  }
+}
+
+// ---- combine sum -----------------------------------------------------------------------------------
+// acc[i][0..7] += the 8 elements of chunk i (e0/8 + 32*i + lane) of one partial row, in fp32 with
+// no fma (reduce.h). bf16 rows: 16 bytes per chunk; fp8 rows: 8 bytes and the block's fp32 scale.
+template <ActFormat CF>
+__device__ __forceinline__ void sum_load(const uint8_t* prow, const uint8_t* srow, int H, int e0, uint4* v, float* sc) {
+  const int lane = threadIdx.x & 31;
+  const int nch = H >> 3;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int c = (e0 >> 3) + 32 * i + lane;
+    if constexpr (CF == ActFormat::bf16) {
+      v[i] = c < nch ? *reinterpret_cast<const uint4*>(prow + 16 * size_t(c)) : zero4();
+    } else {
+      const uint2 w = c < nch ? *reinterpret_cast<const uint2*>(prow + 8 * size_t(c)) : make_uint2(0, 0);
+      v[i] = make_uint4(w.x, w.y, 0, 0);
+      sc[i] = c < nch ? reinterpret_cast<const float*>(srow)[c >> 4] : 0.f;
+    }
+  }
+}
+
+template <ActFormat CF>
+__device__ __forceinline__ void sum_add(float (*acc)[8], const uint4* v, const float* sc) {
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    if constexpr (CF == ActFormat::bf16) {
+      const uint32_t w[4] = {v[i].x, v[i].y, v[i].z, v[i].w};
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        acc[i][2 * k] = __fadd_rn(acc[i][2 * k], bf_lo(w[k]));
+        acc[i][2 * k + 1] = __fadd_rn(acc[i][2 * k + 1], bf_hi(w[k]));
+      }
+    } else {
+      const uint32_t w[2] = {v[i].x, v[i].y};
+#pragma unroll
+      for (int k = 0; k < 8; ++k)
+        acc[i][k] = __fadd_rn(acc[i][k], cuda::dev::fp8_dequant(static_cast<uint8_t>(w[k / 4] >> (8 * (k % 4))), sc[i]));
+    }
+  }
+}
+
+__device__ __forceinline__ void sum_store(const float (*acc)[8], int H, int e0, bf16_raw* out_row) {
+  const int lane = threadIdx.x & 31;
+  const int nch = H >> 3;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int c = (e0 >> 3) + 32 * i + lane;
+    if (c >= nch) continue;
+    uint32_t o[4];
+#pragma unroll
+    for (int k = 0; k < 4; ++k)
+      o[k] = uint32_t(num::f32_to_bf16(acc[i][2 * k])) | (uint32_t(num::f32_to_bf16(acc[i][2 * k + 1])) << 16);
+    reinterpret_cast<uint4*>(out_row)[c] = make_uint4(o[0], o[1], o[2], o[3]);
+  }
+}
+
+}  // namespace epmoe::a2a
