@@ -88,7 +88,11 @@ void parallel_for(int64_t n, int threads, const std::function<void(int64_t)>& fn
 
 int host_threads_per_rank(int ranks_in_process) {
   const int hw = int(std::max(1u, std::thread::hardware_concurrency()));
-  return std::max(1, hw / std::max(1, ranks_in_process));
+  int sharing = std::max(1, ranks_in_process);
+  // Under mpirun the other ranks of this node are processes of their own.
+  if (const char* local = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE"); local && under_mpirun())
+    sharing = std::max(sharing, std::atoi(local));
+  return std::max(1, hw / sharing);
 }
 
 bool under_mpirun() {
@@ -203,8 +207,13 @@ std::vector<double> allgather(Communicator& comm, const std::vector<double>& min
     ncclCommGetAsyncError(nc, &async);
     if (async != ncclSuccess && async != ncclInProgress)
       throw BackendError(std::string("allgather: NCCL error: ") + ncclGetErrorString(async));
-    if (std::chrono::steady_clock::now() > deadline)
+    if (std::chrono::steady_clock::now() > deadline) {
+      // The collective may still run and write into these buffers: leak them rather than free
+      // (cudaFree would also wait for it, which is the hang this check exists to avoid).
+      send = recv = nullptr;
+      st = nullptr;
       throw TimeoutError("allgather: a rank did not join the result exchange within 5 minutes", -1);
+    }
     std::this_thread::sleep_for(std::chrono::microseconds(200));
   }
   std::vector<double> all(n * R);
