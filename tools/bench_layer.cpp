@@ -464,6 +464,9 @@ int bench_layer(const std::vector<std::string>& args) {
     b.placement.reset();
     b.dispatcher = flags.has("dispatcher") ? flags.get("dispatcher") : (R == 1 ? "local" : "nvlink");
     b.runner = "cuda";
+    if ((R == 1) != (b.dispatcher == "local"))
+      throw UsageError("--dispatcher=" + b.dispatcher + " with " + std::to_string(R) + " rank" + (R == 1 ? "" : "s") +
+                       ": one GPU runs dispatcher local, several run nvlink or nccl");
     b.comm_sms = flags.get_int("comm-sms", b.comm_sms);
     if (flags.has("combine")) {
       const auto c = parse_act_format(flags.get("combine"));
