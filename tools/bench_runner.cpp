@@ -110,6 +110,8 @@ int bench_runner(const std::vector<std::string>& args) {
   flags.add("quick", "", "M = 128,2048,32768 and fewer repetitions");
   flags.add("reps", "N", "timed repetitions per point (median reported; default 7, quick 3)");
   flags.add("no-cublas", "", "skip the cuBLAS baseline");
+  flags.add("engine", "NAME", "runner GEMM engine: auto (default), mma or cutlass (CUTLASS where the format allows)");
+  flags.add("iq", "NAME", "intermediate_quant: none (default) or fp8 (fp8 weights then run GEMM2 on fp8 too)");
   if (wants_help(args)) {
     std::printf("usage: epmoe bench runner [flags]\n%s", flags.help().c_str());
     return 0;
@@ -150,10 +152,17 @@ int bench_runner(const std::vector<std::string>& args) {
       }
     }
     const long long maxM = *std::max_element(Ms.begin(), Ms.end());
+    const cuda::CudaRunner::Engine engine =
+        cuda::CudaRunner::parse_engine(flags.has("engine") ? flags.get("engine") : "auto", "--engine");
+    const std::string iq_name = flags.has("iq") ? flags.get("iq") : "none";
+    if (iq_name != "none" && iq_name != "fp8")
+      throw UsageError("--iq: '" + iq_name + "' is not an intermediate quantization; use none or fp8");
+    const IntermediateQuant iq = iq_name == "fp8" ? IntermediateQuant::fp8 : IntermediateQuant::none;
     cudaDeviceProp prop{};
     EPMOE_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
-    std::printf("# epmoe bench runner: %s, %s H=%d I=%d, %d local experts, median of %d\n", prop.name,
-                pre.name.c_str(), H, I, E, reps);
+    std::printf("# epmoe bench runner: %s, %s H=%d I=%d, %d local experts, median of %d, engine %s, iq %s\n",
+                prop.name, pre.name.c_str(), H, I, E, reps, flags.has("engine") ? flags.get("engine").c_str() : "auto",
+                iq_name.c_str());
 
     Timer timer;
     // HBM ceiling: D2D copy of 2 GiB.
@@ -183,6 +192,7 @@ int bench_runner(const std::vector<std::string>& args) {
       long long M;
       WeightFormat f;
       double ms;
+      std::string engines;  // the runner's GEMM engines, e.g. cutlass-fp8/cutlass-fp8
     };
     std::vector<Row> rows;
     std::vector<double> cublas_ms(Ms.size(), 0.0);
@@ -196,8 +206,9 @@ int bench_runner(const std::vector<std::string>& args) {
       cfg.num_ranks = 1;
       cfg.weight_format = f;
       cfg.dispatch_format = f == WeightFormat::bf16 ? ActFormat::bf16 : ActFormat::fp8;
-      cfg.intermediate_quant = IntermediateQuant::none;
+      cfg.intermediate_quant = iq;
       cuda::CudaRunner runner(cfg, 0);
+      runner.set_engine(engine);
       for (long long M : Ms) {
         cfg.capacity = int(M);
         const int32_t m32 = int32_t(M);
@@ -218,8 +229,9 @@ int bench_runner(const std::vector<std::string>& args) {
         in.counts = counts.get<int32_t>();
         const int r = M >= 32768 ? std::max(3, reps / 2) : reps;
         const double ms = timer.median_ms([&] { runner.run(in, dw.w, y.get<bf16_raw>(), nullptr); }, 2, r);
-        rows.push_back({M, f, ms});
-        std::fprintf(stderr, "  %s M=%lld: %.3f ms (bm %d)\n", format_name(f), M, ms, runner.last_block_m());
+        rows.push_back({M, f, ms, runner.last_engines()});
+        std::fprintf(stderr, "  %s M=%lld: %.3f ms (bm %d, %s)\n", format_name(f), M, ms, runner.last_block_m(),
+                     runner.last_engines());
       }
     }
 
@@ -266,8 +278,8 @@ int bench_runner(const std::vector<std::string>& args) {
       const double el = 3.0 * H * I;
       return f == WeightFormat::bf16 ? el * 2 : f == WeightFormat::fp8 ? el + el / (128 * 128) * 4 : el / 2 + el / 16;
     };
-    std::printf("\n| M | format | time ms | TFLOP/s | weight GB/s | weight GB/s / HBM copy | cuBLAS bf16 loop ms | "
-                "speedup vs cuBLAS | vs bf16 time | vs fp8 time |\n|---|---|---|---|---|---|---|---|---|---|\n");
+    std::printf("\n| M | format | engine | time ms | TFLOP/s | weight GB/s | weight GB/s / HBM copy | cuBLAS bf16 loop ms | "
+                "speedup vs cuBLAS | vs bf16 time | vs fp8 time |\n|---|---|---|---|---|---|---|---|---|---|---|\n");
     for (size_t mi = 0; mi < Ms.size(); ++mi) {
       const long long M = Ms[mi];
       double t_bf16 = 0, t_fp8 = 0;
@@ -287,7 +299,8 @@ int bench_runner(const std::vector<std::string>& args) {
           std::snprintf(cub, sizeof cub, "%.3f", cublas_ms[mi]);
           std::snprintf(spd, sizeof spd, "%.2fx", cublas_ms[mi] / r.ms);
         }
-        std::printf("| %lld | %s | %.3f | %.0f | %.0f | %.2f | %s | %s | %s | %s |\n", M, format_name(r.f), r.ms,
+        std::printf("| %lld | %s | %s | %.3f | %.0f | %.0f | %.2f | %s | %s | %s | %s |\n", M, format_name(r.f),
+                    r.engines.c_str(), r.ms,
                     flops / (r.ms * 1e9), gbs, gbs / hbm_gbs, cub, spd, vs_bf16, vs_fp8);
       }
     }

@@ -3,11 +3,13 @@
 #include <cuda_bf16.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <string>
 
 #include "epmoe/error.h"
 #include "epmoe/numeric.h"
 #include "quant/cuda/quant_device.cuh"
+#include "run/cuda/cutlass_gemm.h"
 #include "run/cuda/gemm.h"
 
 namespace epmoe::cuda {
@@ -227,6 +229,8 @@ CudaRunner::CudaRunner(const MoeConfig& cfg, int device_index) : cfg_(cfg), devi
   if (cfg.intermediate_quant == IntermediateQuant::fp8 && cfg.intermediate % 128 != 0)
     throw UsageError("runner cuda: intermediate_quant=fp8 needs intermediate % 128 == 0, got " +
                      std::to_string(cfg.intermediate));
+  if (const char* env = std::getenv("EPMOE_RUNNER_ENGINE"); env && *env)
+    set_engine(parse_engine(env, "environment variable EPMOE_RUNNER_ENGINE"));
 }
 
 void CudaRunner::check(const DispatchOutput& in, const ExpertWeights& w, const bf16_raw* y) const {
@@ -270,6 +274,7 @@ void CudaRunner::run(const DispatchOutput& in, const ExpertWeights& w, bf16_raw*
   last_bm_ = bm;
   const int64_t max_tiles = (max_rows + bm - 1) / bm + E;
   if (max_rows > INT32_MAX) throw UsageError("runner cuda: R*C*K=" + std::to_string(max_rows) + " rows exceed 2^31");
+  if (use_cutlass(in, w)) return run_cutlass(in, w, y, st);
 
   cnt_.reserve(size_t(E) * 4);
   offsets_.reserve(size_t(E) * 4);
@@ -372,6 +377,156 @@ void CudaRunner::run(const DispatchOutput& in, const ExpertWeights& w, bf16_raw*
     launch_grouped_gemm_wgmma_bf16(g2, st);
   } else {
     launch_grouped_gemm(g2, bm, st);
+  }
+
+  reduce_kernel<<<unsigned(S), 256, 0, st>>>(o_.get<bf16_raw>(), pair_pos_.get<int32_t>(), in.weights, in.counts, C, K,
+                                             H, y);
+  EPMOE_CUDA_CHECK_LAUNCH();
+}
+
+// ---- CUTLASS engine (large M) ---------------------------------------------------------------------
+
+CudaRunner::Engine CudaRunner::parse_engine(const std::string& s, const char* what) {
+  if (s == "auto") return Engine::automatic;
+  if (s == "mma") return Engine::mma;
+  if (s == "cutlass") return Engine::cutlass;
+  throw UsageError(std::string("runner cuda: ") + what + "='" + s + "' is not an engine; use auto, mma or cutlass");
+}
+
+void CudaRunner::set_engine(Engine e) {
+  if (e == Engine::cutlass && !cutlass_engine::available())
+    throw UsageError("runner cuda: engine cutlass was asked for, but this build has no CUTLASS (run scripts/setup.sh and "
+                     "re-run cmake), or use engine auto/mma");
+  engine_ = e;
+}
+
+// Host-side rule, no device data: the formats must suit a CUTLASS instantiation, and (automatic)
+// R*C*K / E_loc, the most rows an expert can get, must reach kCutlassMinRows: below that a 128-row
+// tile is mostly padding and the decode kernels (32-row tiles) stream the weights better.
+bool CudaRunner::use_cutlass(const DispatchOutput& in, const ExpertWeights& w) const {
+  if (engine_ == Engine::mma || !cutlass_engine::available()) return false;
+  const int H = in.hidden, I = w.intermediate, E = in.num_local_experts;
+  const WeightFormat wf = w.w13.format;
+  const bool bf16_ok = wf == WeightFormat::bf16;
+  // fp8: the dispatched e4m3 rows are the A operand as they are (16-byte row copies), scales whole.
+  const bool fp8_ok = wf == WeightFormat::fp8 && in.format == ActFormat::fp8 && H % 128 == 0 && I % 128 == 0 &&
+                      reinterpret_cast<uintptr_t>(in.payload) % 16 == 0 && w.w13.scales && w.w2.scales;
+  if (!bf16_ok && !fp8_ok) return false;
+  if (engine_ == Engine::cutlass) return true;
+  return double(in.slots()) * in.top_k >= double(kCutlassMinRows) * std::max(E, 1);
+}
+
+// count -> offsets -> permute (bf16 rows, or the e4m3 rows + scales as dispatched) -> CUTLASS GEMM1
+// [rows][2I] (gate | up) -> SwiGLU (bf16; fp8 round trip or e4m3 + scales per intermediate_quant)
+// -> GEMM2 (CUTLASS bf16 or fp8; fp8 weights with a bf16 intermediate use the mma.sync kernel,
+// which widens the weights, so that intermediate_quant = none keeps its numerics) -> weighted sum.
+void CudaRunner::run_cutlass(const DispatchOutput& in, const ExpertWeights& w, bf16_raw* y, cudaStream_t st) {
+  const int64_t S = in.slots();
+  const int C = in.capacity, K = in.top_k, E = in.num_local_experts, H = in.hidden, I = w.intermediate;
+  const int64_t max_rows = S * K;
+  const bool fp8 = w.w13.format == WeightFormat::fp8;
+  const bool iq8 = cfg_.intermediate_quant == IntermediateQuant::fp8;
+  const bool fp8_gemm2 = fp8 && iq8;
+  const bool mma_gemm2 = fp8 && !iq8;
+  const int bm = 128;  // m-tile table, used only by the mma.sync GEMM2
+  const int64_t max_tiles = (max_rows + bm - 1) / bm + E;
+  last_bm_ = bm;
+  last_engines_ = !fp8 ? "cutlass-bf16/cutlass-bf16" : fp8_gemm2 ? "cutlass-fp8/cutlass-fp8" : "cutlass-fp8/mma";
+
+  if (sms_ == 0) EPMOE_CUDA_CHECK(cudaDeviceGetAttribute(&sms_, cudaDevAttrMultiProcessorCount, device_));
+  // Both GEMMs use one instantiation (GEMM2 runs after GEMM1 on the stream, so they share it).
+  cws_.reserve(fp8 ? cutlass_engine::fp8_workspace_bytes(E, sms_) : cutlass_engine::bf16_workspace_bytes(E, sms_));
+  cnt_.reserve(size_t(E) * 4);
+  offsets_.reserve(size_t(E) * 4);
+  fill_.reserve(size_t(E) * 4);
+  tiles_.reserve(size_t(max_tiles) * sizeof(MTile));
+  num_tiles_.reserve(4);
+  pair_pos_.reserve(size_t(max_rows) * 4);
+  gu_.reserve(size_t(max_rows) * 2 * I * 2);
+  o_.reserve(size_t(max_rows) * H * 2);
+  if (fp8) {
+    a8_.reserve(size_t(max_rows) * H);
+    as_.reserve(size_t(max_rows) * (H / 128) * 4);
+  } else {
+    a_.reserve(size_t(max_rows) * H * 2);
+  }
+  if (fp8_gemm2) {
+    h8_.reserve(size_t(max_rows) * I);
+    hs_.reserve(size_t(max_rows) * (I / 128) * 4);
+  } else {
+    h_.reserve(size_t(max_rows) * I * 2);
+  }
+
+  EPMOE_CUDA_CHECK(cudaMemsetAsync(cnt_.get(), 0, size_t(E) * 4, st));
+  count_kernel<<<unsigned((S + 255) / 256), 256, 0, st>>>(in.local_ids, in.counts, S, C, K, E, cnt_.get<int32_t>());
+  EPMOE_CUDA_CHECK_LAUNCH();
+  offsets_kernel<<<1, kScanThreads, 0, st>>>(cnt_.get<int32_t>(), E, bm, offsets_.get<int32_t>(), fill_.get<int32_t>(),
+                                             tiles_.get<MTile>(), num_tiles_.get<int32_t>());
+  EPMOE_CUDA_CHECK_LAUNCH();
+  if (fp8) {
+    cutlass_engine::permute_fp8(in.payload, reinterpret_cast<const float*>(in.scales), in.local_ids, in.counts, S, C, K,
+                                E, H, offsets_.get<int32_t>(), fill_.get<int32_t>(), pair_pos_.get<int32_t>(),
+                                a8_.get<uint8_t>(), as_.get<float>(), st);
+  } else {
+    permute_kernel<<<unsigned(S), 256, 0, st>>>(in.format, in.quant, in.payload, in.scales, in.local_ids, in.counts, C,
+                                                K, E, H, offsets_.get<int32_t>(), fill_.get<int32_t>(),
+                                                pair_pos_.get<int32_t>(), a_.get<bf16_raw>());
+    EPMOE_CUDA_CHECK_LAUNCH();
+  }
+
+  cutlass_engine::Grouped g1;
+  g1.experts = E;
+  g1.N = 2 * I;
+  g1.K = H;
+  g1.rows = cnt_.get<int32_t>();
+  g1.offsets = offsets_.get<int32_t>();
+  g1.W = w.w13.data;
+  g1.out = gu_.get<bf16_raw>();
+  g1.workspace = cws_.get();
+  g1.sms = sms_;
+  if (fp8) {
+    g1.A = a8_.get<uint8_t>();
+    g1.sfa = as_.get<float>();
+    g1.sfw = static_cast<const float*>(w.w13.scales);
+    cutlass_engine::grouped_gemm_fp8(g1, st);
+  } else {
+    g1.A = a_.get<bf16_raw>();
+    cutlass_engine::grouped_gemm_bf16(g1, st);
+  }
+
+  cutlass_engine::swiglu(gu_.get<bf16_raw>(), offsets_.get<int32_t>(), cnt_.get<int32_t>(), E, I, max_rows,
+                         iq8 && !fp8_gemm2, in.quant.ue8m0, fp8_gemm2 ? nullptr : h_.get<bf16_raw>(),
+                         fp8_gemm2 ? h8_.get<uint8_t>() : nullptr, fp8_gemm2 ? hs_.get<float>() : nullptr, st);
+
+  if (mma_gemm2) {
+    GemmArgs g2;
+    g2.A = h_.get<bf16_raw>();
+    g2.K = I;
+    g2.W = w.w2;
+    g2.fused = false;
+    g2.N = H;
+    g2.out = o_.get<bf16_raw>();
+    g2.tiles = tiles_.get<MTile>();
+    g2.num_tiles = num_tiles_.get<int32_t>();
+    g2.max_tiles = static_cast<int>(max_tiles);
+    launch_grouped_gemm(g2, bm, st);
+  } else {
+    cutlass_engine::Grouped g2 = g1;
+    g2.N = H;
+    g2.K = I;
+    g2.W = w.w2.data;
+    g2.out = o_.get<bf16_raw>();
+    if (fp8_gemm2) {
+      g2.A = h8_.get<uint8_t>();
+      g2.sfa = hs_.get<float>();
+      g2.sfw = static_cast<const float*>(w.w2.scales);
+      cutlass_engine::grouped_gemm_fp8(g2, st);
+    } else {
+      g2.A = h_.get<bf16_raw>();
+      g2.sfa = nullptr;
+      g2.sfw = nullptr;
+      cutlass_engine::grouped_gemm_bf16(g2, st);
+    }
   }
 
   reduce_kernel<<<unsigned(S), 256, 0, st>>>(o_.get<bf16_raw>(), pair_pos_.get<int32_t>(), in.weights, in.counts, C, K,

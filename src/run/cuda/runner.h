@@ -17,6 +17,8 @@
 #pragma once
 #include <cuda_runtime.h>
 
+#include <string>
+
 #include "core/cuda/check.h"
 #include "epmoe/config.h"
 #include "epmoe/runner.h"
@@ -39,8 +41,24 @@ class CudaRunner final : public Runner {
   // Engines of the last run's two GEMMs, e.g. "wgmma-fp8/mma-fp8".
   const char* last_engines() const { return last_engines_; }
 
+  // Large-M engine choice. automatic: the CUTLASS grouped GEMMs (cutlass_gemm.h) when the host's
+  // bound on rows per expert, R*C*K / E_loc, is >= kCutlassMinRows, else the mma.sync/wgmma
+  // kernels; cutlass: CUTLASS whenever the formats allow it (bf16 weights; fp8 weights with an fp8
+  // dispatch), whatever M; mma: never CUTLASS. The constructor reads EPMOE_RUNNER_ENGINE
+  // (auto|mma|cutlass); set_engine overrides it. Asking for cutlass in a build without CUTLASS
+  // throws UsageError.
+  enum class Engine { automatic, mma, cutlass };
+  static constexpr int kCutlassMinRows = 128;
+  void set_engine(Engine e);
+  Engine engine() const { return engine_; }
+  // "auto", "mma", "cutlass" -> Engine; anything else throws UsageError naming `what`.
+  static Engine parse_engine(const std::string& s, const char* what);
+
  private:
   void check(const DispatchOutput& in, const ExpertWeights& w, const bf16_raw* y) const;
+  // Whether this call runs on the CUTLASS engine (host-side rule above), and that engine's run.
+  bool use_cutlass(const DispatchOutput& in, const ExpertWeights& w) const;
+  void run_cutlass(const DispatchOutput& in, const ExpertWeights& w, bf16_raw* y, cudaStream_t st);
 
   MoeConfig cfg_;
   int device_ = 0;
@@ -49,6 +67,9 @@ class CudaRunner final : public Runner {
   const char* last_engines_ = "";
   DeviceBuffer cnt_, offsets_, fill_, tiles_, num_tiles_, pair_pos_, a_, h_, o_;
   DeviceBuffer a8_, as_, h8_, hs_;  // fp8 operands of the wgmma fp8 engine (codes, transposed scales)
+  Engine engine_ = Engine::automatic;
+  int sms_ = 0;
+  DeviceBuffer gu_, cws_;  // CUTLASS engine: GEMM1 output [rows][2I] (gate | up), GEMM tables/workspace
 };
 
 }  // namespace epmoe::cuda

@@ -1,0 +1,140 @@
+// CUTLASS engine, bf16 instantiation (see cutlass_gemm.h), and the SwiGLU pass between the two
+// grouped GEMMs (shared by the bf16 and fp8 engines; it has no CUTLASS code).
+#define EPMOE_CUTLASS_GROUPED_IMPL 1
+#include "run/cuda/cutlass_gemm.h"
+
+#include <cuda_bf16.h>
+
+#include <algorithm>
+#include <string>
+
+#include "core/cuda/check.h"
+#include "epmoe/error.h"
+#include "epmoe/numeric.h"
+#include "quant/cuda/quant_device.cuh"
+
+#if defined(EPMOE_WITH_CUTLASS)
+#include "cutlass/epilogue/collective/collective_builder.hpp"
+#include "cutlass/gemm/collective/collective_builder.hpp"
+#include "cutlass/gemm/group_array_problem_shape.hpp"
+#include "cutlass/gemm/kernel/gemm_universal.hpp"
+#endif
+
+namespace epmoe::cuda::cutlass_engine {
+
+#if defined(EPMOE_WITH_CUTLASS)
+namespace {
+
+using namespace cute;
+
+// 128x256 output tile by two consumer warpgroups (64x256 fp32 accumulators each), K step 64;
+// clusters of two m-tiles of one expert receive each weight tile by TMA multicast.
+using TileShape = Shape<_128, _256, _64>;
+using ClusterShape = Shape<_2, _1, _1>;
+using Element = cutlass::bfloat16_t;
+constexpr int kAlign = 8;  // 16 bytes
+
+using Epilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
+    cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
+    cutlass::epilogue::collective::EpilogueTileAuto, float, float, void, cutlass::layout::RowMajor*, kAlign, Element,
+    cutlass::layout::RowMajor*, kAlign, cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative,
+    cutlass::epilogue::fusion::LinearCombination<Element, float, void, float>>::CollectiveOp;
+
+using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
+    cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Element, cutlass::layout::RowMajor*, kAlign, Element,
+    cutlass::layout::ColumnMajor*, kAlign, float, TileShape, ClusterShape,
+    cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(sizeof(typename Epilogue::SharedStorage))>,
+    cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperative>::CollectiveOp;
+
+using Kernel = cutlass::gemm::kernel::GemmUniversal<cutlass::gemm::GroupProblemShape<Shape<int, int, int>>, Mainloop,
+                                                   Epilogue>;
+using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
+
+}  // namespace
+
+bool available() { return true; }
+
+size_t bf16_workspace_bytes(int experts, int sms) { return detail::workspace_bytes<Gemm, false>(experts, sms); }
+
+void grouped_gemm_bf16(const Grouped& g, cudaStream_t stream) {
+  if (g.K % kAlign != 0 || g.N % kAlign != 0)
+    throw UsageError("cutlass bf16 grouped GEMM: N=" + std::to_string(g.N) + " and K=" + std::to_string(g.K) +
+                     " must be multiples of 8 (16-byte TMA rows)");
+  detail::run<Gemm, false>(g, "bf16", stream);
+}
+
+#else  // built without the CUTLASS headers
+
+bool available() { return false; }
+size_t bf16_workspace_bytes(int, int) { return 0; }
+void grouped_gemm_bf16(const Grouped&, cudaStream_t) {
+  throw UsageError("runner cuda: engine cutlass is not available (built without CUTLASS headers; run scripts/setup.sh "
+                   "and re-run cmake), use EPMOE_RUNNER_ENGINE=mma or auto");
+}
+
+#endif
+
+namespace {
+
+// One warp per 128 intermediate columns of a row (lane l takes 4 consecutive columns); the grid
+// strides over rows, whose number only the device knows.
+__global__ void swiglu_kernel(const bf16_raw* __restrict__ h, const int32_t* __restrict__ offsets,
+                              const int32_t* __restrict__ cnt, int E, int I, bool round_trip, bool ue8m0,
+                              bf16_raw* __restrict__ a, uint8_t* __restrict__ a8, float* __restrict__ sfa8) {
+  const int64_t rows = offsets[E - 1] + cnt[E - 1];
+  const int lane = threadIdx.x & 31;
+  const int warps = blockDim.x >> 5;
+  const int nb = (I + 127) / 128;
+  const int64_t total = rows * nb;
+  for (int64_t w = blockIdx.x * int64_t(warps) + (threadIdx.x >> 5); w < total; w += int64_t(gridDim.x) * warps) {
+    const int64_t r = w / nb;
+    const int b = int(w % nb);
+    const int c0 = b * 128 + lane * 4;
+    const bf16_raw* g = h + r * 2 * I;
+    float v[4], amax = 0.f;
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      const int c = c0 + q;
+      float x = 0.f;
+      if (c < I) {
+        const float gv = num::bf16_to_f32(g[c]), uv = num::bf16_to_f32(g[I + c]);
+        // Same expression as the mma.sync epilogue; rounded to bf16 (the runner's intermediate).
+        x = num::bf16_to_f32(num::f32_to_bf16((gv / (1.0f + __expf(-gv))) * uv));
+      }
+      v[q] = x;
+      amax = fmaxf(amax, fabsf(x));
+    }
+    if (a8 || round_trip) {
+      const dev::Fp8Block bp = dev::fp8_block_params(dev::warp_max(amax), ue8m0);
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        if (c0 + q >= I) continue;
+        const uint8_t code = dev::fp8_code(v[q], bp);
+        if (a8)
+          a8[r * I + c0 + q] = code;
+        else
+          a[r * I + c0 + q] = num::f32_to_bf16(dev::fp8_dequant(code, bp.scale));
+      }
+      if (a8 && lane == 0) sfa8[r * nb + b] = bp.scale;
+    } else {
+#pragma unroll
+      for (int q = 0; q < 4; ++q)
+        if (c0 + q < I) a[r * I + c0 + q] = num::f32_to_bf16(v[q]);
+    }
+  }
+}
+
+}  // namespace
+
+void swiglu(const bf16_raw* h, const int32_t* offsets, const int32_t* cnt, int E, int I, int64_t max_rows,
+            bool fp8_round_trip, bool ue8m0, bf16_raw* a, uint8_t* a8, float* sfa8, cudaStream_t stream) {
+  if (E <= 0 || max_rows <= 0) return;
+  if ((a8 || fp8_round_trip) && I % 128 != 0)
+    throw UsageError("cutlass swiglu: fp8 intermediate needs intermediate % 128 == 0, got " + std::to_string(I));
+  const int64_t work = max_rows * ((I + 127) / 128);
+  const int grid = static_cast<int>(std::min<int64_t>((work + 7) / 8, 132 * 16));
+  swiglu_kernel<<<grid, 256, 0, stream>>>(h, offsets, cnt, E, I, fp8_round_trip, ue8m0, a, a8, sfa8);
+  EPMOE_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace epmoe::cuda::cutlass_engine

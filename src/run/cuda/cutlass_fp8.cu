@@ -1,0 +1,133 @@
+// CUTLASS engine, fp8 instantiation (see cutlass_gemm.h): e4m3 x e4m3 grouped GEMM with DeepSeek
+// block scales, and the fp8 permute that feeds it the dispatched bytes unchanged.
+#define EPMOE_CUTLASS_GROUPED_IMPL 1
+#include "run/cuda/cutlass_gemm.h"
+
+#include <string>
+
+#include "core/cuda/check.h"
+#include "epmoe/error.h"
+
+#if defined(EPMOE_WITH_CUTLASS)
+#include "cutlass/detail/blockwise_scale_layout.hpp"
+#include "cutlass/epilogue/collective/collective_builder.hpp"
+#include "cutlass/gemm/collective/collective_builder.hpp"
+#include "cutlass/gemm/group_array_problem_shape.hpp"
+#include "cutlass/gemm/kernel/gemm_universal.hpp"
+#endif
+
+namespace epmoe::cuda::cutlass_engine {
+
+#if defined(EPMOE_WITH_CUTLASS)
+namespace {
+
+using namespace cute;
+
+// 128x128 tile, K step 128 = one scale block: the wgmma partial sums of each 128 of K are
+// multiplied by scale_a[row] * scale_b[tile] and added into fp32 accumulators (DeepSeek's
+// promotion), so the fp8 tensor cores' limited accumulator precision never spans more than 128
+// products. Clusters of two m-tiles of one expert share each weight tile by TMA multicast.
+using TileShape = Shape<_128, _128, _128>;
+using ClusterShape = Shape<_2, _1, _1>;
+using ElementAB = cutlass::float_e4m3_t;
+using ElementD = cutlass::bfloat16_t;
+constexpr int kAlignAB = 16, kAlignD = 8;
+
+// Scale layouts: A one fp32 per row and 128 of K, B one per 128x128 tile; both K-major, which is
+// how they arrive (dispatch scales [row][H/128], weight scales [E][N/128][K/128]), so nothing is
+// transposed. (With K step = scale block = 128 the shared-memory scale layouts are the same as for
+// the MN-major variant; only the global addressing differs.)
+using ScaleConfig = cutlass::detail::Sm90BlockwiseScaleConfig<1, 128, 128, cute::GMMA::Major::K, cute::GMMA::Major::K>;
+using LayoutSFA = decltype(ScaleConfig::deduce_layoutSFA());
+using LayoutSFB = decltype(ScaleConfig::deduce_layoutSFB());
+
+using Epilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
+    cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
+    cutlass::epilogue::collective::EpilogueTileAuto, float, float, void, cutlass::layout::RowMajor*, kAlignD, ElementD,
+    cutlass::layout::RowMajor*, kAlignD, cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative,
+    cutlass::epilogue::fusion::LinearCombination<ElementD, float, void, float>>::CollectiveOp;
+
+using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
+    cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, ElementAB, cute::tuple<cutlass::layout::RowMajor*, LayoutSFA*>,
+    kAlignAB, ElementAB, cute::tuple<cutlass::layout::ColumnMajor*, LayoutSFB*>, kAlignAB, float, TileShape,
+    ClusterShape,
+    cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(sizeof(typename Epilogue::SharedStorage))>,
+    cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperativeFP8Blockwise>::CollectiveOp;
+
+using Kernel = cutlass::gemm::kernel::GemmUniversal<cutlass::gemm::GroupProblemShape<Shape<int, int, int>>, Mainloop,
+                                                   Epilogue>;
+using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
+
+static_assert(!Mainloop::MMajorSFA && !Mainloop::NMajorSFB, "scales are expected K-major");
+static_assert(Mainloop::ScaleGranularityM == 1 && Mainloop::ScaleGranularityN == 128 &&
+              Mainloop::ScaleGranularityK == 128);
+
+}  // namespace
+
+size_t fp8_workspace_bytes(int experts, int sms) { return detail::workspace_bytes<Gemm, true>(experts, sms); }
+
+void grouped_gemm_fp8(const Grouped& g, cudaStream_t stream) {
+  if (g.K % 128 != 0 || g.N % 128 != 0)
+    throw UsageError("cutlass fp8 grouped GEMM: N=" + std::to_string(g.N) + " and K=" + std::to_string(g.K) +
+                     " must be multiples of 128 (whole 128x128 weight scale tiles)");
+  if (!g.sfa || !g.sfw) throw UsageError("cutlass fp8 grouped GEMM: activation and weight scales must be non-null");
+  detail::run<Gemm, true>(g, "fp8", stream);
+}
+
+#else  // built without the CUTLASS headers
+
+size_t fp8_workspace_bytes(int, int) { return 0; }
+void grouped_gemm_fp8(const Grouped&, cudaStream_t) {
+  throw UsageError("runner cuda: engine cutlass is not available (built without CUTLASS headers; run scripts/setup.sh "
+                   "and re-run cmake), use EPMOE_RUNNER_ENGINE=mma or auto");
+}
+
+#endif
+
+namespace {
+
+// One CTA per slot: claims a row per valid (slot, k) (same rule as the bf16 permute: expert offset
+// plus an atomic fill counter) and copies the slot's e4m3 row (16 bytes per thread step) and its
+// fp32 block scales there.
+__global__ void permute_fp8_kernel(const uint8_t* __restrict__ payload, const float* __restrict__ scales,
+                                   const int32_t* __restrict__ ids, const int32_t* __restrict__ counts, int C, int K,
+                                   int E, int H, const int32_t* __restrict__ offsets, int32_t* __restrict__ fill,
+                                   int32_t* __restrict__ pair_pos, uint8_t* __restrict__ a8, float* __restrict__ sfa) {
+  __shared__ int32_t pos[32];
+  const int64_t i = blockIdx.x;
+  if ((i % C) >= counts[i / C]) return;
+  if (threadIdx.x < K) {
+    const int e = ids[i * K + threadIdx.x];
+    const int32_t q = (e >= 0 && e < E) ? offsets[e] + atomicAdd(&fill[e], 1) : -1;
+    pos[threadIdx.x] = q;
+    pair_pos[i * K + threadIdx.x] = q;
+  }
+  __syncthreads();
+  const uint4* src = reinterpret_cast<const uint4*>(payload + i * int64_t(H));
+  const float* ssrc = scales + i * int64_t(H / 128);
+  for (int c = threadIdx.x; c < H / 16; c += blockDim.x) {
+    const uint4 v = src[c];
+    for (int k = 0; k < K; ++k)
+      if (pos[k] >= 0) reinterpret_cast<uint4*>(a8 + int64_t(pos[k]) * H)[c] = v;
+  }
+  for (int b = threadIdx.x; b < H / 128; b += blockDim.x) {
+    const float s = ssrc[b];
+    for (int k = 0; k < K; ++k)
+      if (pos[k] >= 0) sfa[int64_t(pos[k]) * (H / 128) + b] = s;
+  }
+}
+
+}  // namespace
+
+void permute_fp8(const uint8_t* payload, const float* scales, const int32_t* ids, const int32_t* counts,
+                 int64_t slots, int C, int K, int E, int H, const int32_t* offsets, int32_t* fill,
+                 int32_t* pair_pos, uint8_t* a8, float* sfa, cudaStream_t stream) {
+  if (slots <= 0) return;
+  if (H % 128 != 0) throw UsageError("cutlass fp8 permute: hidden=" + std::to_string(H) + " must be a multiple of 128");
+  if (K > 32) throw UsageError("cutlass fp8 permute: top_k=" + std::to_string(K) + " exceeds 32");
+  permute_fp8_kernel<<<unsigned(slots), 128, 0, stream>>>(payload, scales, ids, counts, C, K, E, H, offsets, fill,
+                                                          pair_pos, a8, sfa);
+  EPMOE_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace epmoe::cuda::cutlass_engine

@@ -1,0 +1,210 @@
+// The CUTLASS engine of the "cuda" runner: Hopper grouped GEMMs (wgmma + TMA, warp-specialized,
+// persistent, one GEMM per local expert) for large M, where the mma.sync engine of gemm_kernel.cuh
+// is far from the tensor-core peak.
+//
+// Shapes never reach the host: a small device kernel turns the runner's device counts/offsets into
+// CUTLASS's per-group tables (problem shapes, pointers, strides, scale pointers) in a workspace, and
+// the grouped kernel reads them there (GroupProblemShape with device shapes, no host shapes), so the
+// whole engine is CUDA-graph capturable.
+//
+// Two instantiations, one per .cu so that they build in parallel:
+//   cutlass_bf16.cu: bf16 x bf16 -> bf16, fp32 accumulation (tile 128x256x64, cluster 2x1);
+//   cutlass_fp8.cu : e4m3 x e4m3 -> bf16 with DeepSeek block scales (A: 1x128 fp32 per row,
+//                    B: 128x128 fp32 tiles), promoted into fp32 every 128 of K (tile 128x128x128,
+//                    cluster 2x1).
+// Both clusters pair two m-tiles of one expert, so each weight tile is multicast to both.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "epmoe/tensor.h"
+
+namespace epmoe::cuda::cutlass_engine {
+
+// True when the library was built with the CUTLASS headers (EPMOE_WITH_CUTLASS); otherwise every
+// entry point below throws UsageError.
+bool available();
+
+// out_e[rows_e][N] = A_e[rows_e][K] * W_e[N][K]^T for every local expert e, rows of all experts
+// packed by expert in A and out (expert e's rows start at offsets[e]).
+struct Grouped {
+  int experts = 0, N = 0, K = 0;
+  const int32_t* rows = nullptr;     // [E] on the device
+  const int32_t* offsets = nullptr;  // [E] on the device
+  const void* A = nullptr;           // [rows][K]: bf16, or e4m3 for the fp8 GEMM
+  const float* sfa = nullptr;        // fp8: [rows][K/128] fp32 (one scale per row and 128 of K)
+  const void* W = nullptr;           // [E][N][K]: bf16, or e4m3
+  const float* sfw = nullptr;        // fp8: [E][N/128][K/128] fp32 (MatrixView's tile scales)
+  bf16_raw* out = nullptr;           // [rows][N]
+  void* workspace = nullptr;         // *_workspace_bytes(experts, sms) bytes, 256-byte aligned
+  int sms = 0;                       // multiprocessors of the device (persistent grid)
+};
+
+size_t bf16_workspace_bytes(int experts, int sms);
+void grouped_gemm_bf16(const Grouped& g, cudaStream_t stream);
+size_t fp8_workspace_bytes(int experts, int sms);
+// Needs N % 128 == 0 and K % 128 == 0 (whole scale tiles).
+void grouped_gemm_fp8(const Grouped& g, cudaStream_t stream);
+
+// fp8 engine's permute: every valid (slot, k) pair claims a row of its expert's segment (offsets +
+// atomic fill, as the bf16 permute does) and gets the slot's e4m3 bytes and its H/128 scales as they
+// are (no requantization). Writes pair_pos [S][K] (row or -1).
+void permute_fp8(const uint8_t* payload, const float* scales, const int32_t* ids, const int32_t* counts,
+                 int64_t slots, int C, int K, int E, int H, const int32_t* offsets, int32_t* fill,
+                 int32_t* pair_pos, uint8_t* a8, float* sfa, cudaStream_t stream);
+
+// h [rows][2I] bf16 (gate | up) -> a = bf16(silu(g) * u) [rows][I]; rows = offsets[E-1] + cnt[E-1]
+// (read on the device), max_rows bounds it. Then, when fp8_round_trip, the fp8 block-128 round trip
+// of the runner's intermediate_quant = fp8 (a stays bf16). When a8 is non-null instead, a is
+// quantized to e4m3 [rows][I] with fp32 scales [rows][I/128] (same block rule) for the fp8 GEMM2.
+void swiglu(const bf16_raw* h, const int32_t* offsets, const int32_t* cnt, int E, int I, int64_t max_rows,
+            bool fp8_round_trip, bool ue8m0, bf16_raw* a, uint8_t* a8, float* sfa8, cudaStream_t stream);
+
+}  // namespace epmoe::cuda::cutlass_engine
+
+// ---- shared implementation of the two instantiations (cutlass_bf16.cu, cutlass_fp8.cu) ----------
+// Only those files define EPMOE_CUTLASS_GROUPED_IMPL (and have the CUTLASS include directory).
+#if defined(EPMOE_CUTLASS_GROUPED_IMPL) && defined(EPMOE_WITH_CUTLASS)
+#include <string>
+
+#include "core/cuda/check.h"
+#include "cute/tensor.hpp"
+#include "cutlass/cutlass.h"
+#include "cutlass/gemm/device/gemm_universal_adapter.h"
+#include "epmoe/error.h"
+
+namespace epmoe::cuda::cutlass_engine::detail {
+
+// Per-group tables CUTLASS reads on the device, carved out of the caller's workspace.
+template <class Gemm, bool kScaled>
+struct Tables {
+  using Kernel = typename Gemm::GemmKernel;
+  using Shape3 = typename Kernel::ProblemShape::UnderlyingProblemShape;
+  using EA = typename Kernel::ElementA;
+  using EB = typename Kernel::ElementB;
+  using ED = typename Kernel::ElementD;
+  using StrideA = typename Kernel::InternalStrideA;
+  using StrideB = typename Kernel::InternalStrideB;
+  using StrideD = typename Kernel::InternalStrideD;
+  static constexpr bool scaled = kScaled;
+
+  Shape3* shapes;
+  const EA** a;
+  const EB** b;
+  ED** d;
+  StrideA* sa;
+  StrideB* sb;
+  StrideD* sd;
+  const float** sfa;
+  const float** sfb;
+
+  static size_t round(size_t n) { return (n + 255) / 256 * 256; }
+  static size_t bytes(int E) {
+    return round(sizeof(Shape3) * E) + 3 * round(sizeof(void*) * E) + round(sizeof(StrideA) * E) +
+           round(sizeof(StrideB) * E) + round(sizeof(StrideD) * E) + (kScaled ? 2 * round(sizeof(void*) * E) : 0);
+  }
+  static Tables carve(void* ws, int E) {
+    uint8_t* p = static_cast<uint8_t*>(ws);
+    auto take = [&](size_t n) {
+      uint8_t* q = p;
+      p += round(n);
+      return q;
+    };
+    Tables t{};
+    t.shapes = reinterpret_cast<Shape3*>(take(sizeof(Shape3) * E));
+    t.a = reinterpret_cast<const EA**>(take(sizeof(void*) * E));
+    t.b = reinterpret_cast<const EB**>(take(sizeof(void*) * E));
+    t.d = reinterpret_cast<ED**>(take(sizeof(void*) * E));
+    t.sa = reinterpret_cast<StrideA*>(take(sizeof(StrideA) * E));
+    t.sb = reinterpret_cast<StrideB*>(take(sizeof(StrideB) * E));
+    t.sd = reinterpret_cast<StrideD*>(take(sizeof(StrideD) * E));
+    if constexpr (kScaled) {
+      t.sfa = reinterpret_cast<const float**>(take(sizeof(void*) * E));
+      t.sfb = reinterpret_cast<const float**>(take(sizeof(void*) * E));
+    }
+    return t;
+  }
+};
+
+// One thread per expert: shapes (M = rows of the expert, may be 0: the scheduler gives it no
+// tiles), row-major A/D and K-major W pointers and strides, and the scale pointers.
+template <class T>
+__global__ void fill_tables(T t, int E, int N, int K, const int32_t* __restrict__ rows,
+                            const int32_t* __restrict__ offsets, const void* A, const float* sfa, const void* W,
+                            const float* sfw, bf16_raw* out) {
+  const int e = blockIdx.x * blockDim.x + threadIdx.x;
+  if (e >= E) return;
+  const int m = rows[e];
+  const int64_t off = offsets[e];
+  t.shapes[e] = typename T::Shape3{m, N, K};
+  t.a[e] = static_cast<const typename T::EA*>(A) + off * K;
+  t.b[e] = static_cast<const typename T::EB*>(W) + int64_t(e) * N * K;
+  t.d[e] = reinterpret_cast<typename T::ED*>(out) + off * N;
+  t.sa[e] = cute::make_stride(int64_t(K), cute::Int<1>{}, cute::Int<0>{});
+  t.sb[e] = cute::make_stride(int64_t(K), cute::Int<1>{}, cute::Int<0>{});
+  t.sd[e] = cute::make_stride(int64_t(N), cute::Int<1>{}, cute::Int<0>{});
+  if constexpr (T::scaled) {
+    t.sfa[e] = sfa + off * (K / 128);
+    t.sfb[e] = sfw + int64_t(e) * (N / 128) * (K / 128);
+  }
+}
+
+template <class Gemm, bool kScaled>
+typename Gemm::Arguments make_args(const Tables<Gemm, kScaled>& t, int E, int sms, int device) {
+  typename Gemm::Arguments args{};
+  args.mode = cutlass::gemm::GemmUniversalMode::kGrouped;
+  args.problem_shape = {E, t.shapes, nullptr};  // device shapes only: the host never learns them
+  if constexpr (kScaled)
+    args.mainloop = {t.a, t.sa, t.b, t.sb, t.sfa, nullptr, t.sfb, nullptr};
+  else
+    args.mainloop = {t.a, t.sa, t.b, t.sb};
+  args.epilogue.ptr_C = nullptr;
+  args.epilogue.ptr_D = t.d;
+  args.epilogue.dD = t.sd;
+  args.epilogue.thread.alpha = 1.0f;
+  args.epilogue.thread.beta = 0.0f;
+  args.hw_info.device_id = device;
+  args.hw_info.sm_count = sms;
+  return args;
+}
+
+template <class Gemm, bool kScaled>
+size_t workspace_bytes(int E, int sms) {
+  using T = Tables<Gemm, kScaled>;
+  const T t{};
+  const auto args = make_args<Gemm, kScaled>(t, E, sms, 0);
+  return T::bytes(E) + T::round(Gemm::get_workspace_size(args)) + 256;
+}
+
+template <class Gemm, bool kScaled>
+void run(const Grouped& g, const char* what, cudaStream_t stream) {
+  using T = Tables<Gemm, kScaled>;
+  if (g.experts <= 0) return;
+  if (!g.workspace || g.sms <= 0)
+    throw UsageError(std::string("cutlass ") + what + ": workspace and sms must be set");
+  int device = 0;
+  EPMOE_CUDA_CHECK(cudaGetDevice(&device));
+  const T t = T::carve(g.workspace, g.experts);
+  fill_tables<T><<<(g.experts + 127) / 128, 128, 0, stream>>>(t, g.experts, g.N, g.K, g.rows, g.offsets, g.A, g.sfa,
+                                                               g.W, g.sfw, g.out);
+  EPMOE_CUDA_CHECK_LAUNCH();
+  const auto args = make_args<Gemm, kScaled>(t, g.experts, g.sms, device);
+  Gemm gemm;
+  auto fail = [&](cutlass::Status s, const char* step) {
+    throw BackendError(std::string("cutlass ") + what + " grouped GEMM: " + step + " failed: " +
+                       cutlassGetStatusString(s) + " (N=" + std::to_string(g.N) + ", K=" + std::to_string(g.K) + ")");
+  };
+  cutlass::Status s = gemm.can_implement(args);
+  if (s != cutlass::Status::kSuccess) fail(s, "can_implement");
+  uint8_t* cutlass_ws = static_cast<uint8_t*>(g.workspace) + T::bytes(g.experts);
+  s = gemm.initialize(args, cutlass_ws, stream);
+  if (s != cutlass::Status::kSuccess) fail(s, "initialize");
+  s = gemm.run(stream);
+  if (s != cutlass::Status::kSuccess) fail(s, "run");
+  EPMOE_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace epmoe::cuda::cutlass_engine::detail
+#endif  // EPMOE_CUTLASS_GROUPED_IMPL && EPMOE_WITH_CUTLASS

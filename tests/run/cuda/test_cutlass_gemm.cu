@@ -1,0 +1,331 @@
+// Runner "cuda" on its CUTLASS engine (src/run/cuda/cutlass_*.cu) vs the CPU reference runner, with
+// the bound of test_runner_cuda.cpp (max|a-b|/max|ref| <= 3e-2, 1-cos <= 1e-3): bf16 weights (bf16,
+// fp8 and nvfp4 dispatch), fp8 weights with an fp8 dispatch (GEMM1 on e4m3 x e4m3 with block
+// scales; GEMM2 fp8 with intermediate_quant = fp8, else the mma.sync kernel), uneven expert loads,
+// experts with no rows, everything on one expert (odd m-tile counts, so a cluster of two m-tiles
+// has an empty half), T = 1 and tokens with no expert. Large M at DeepSeek-V3 expert shapes: the
+// whole output against the mma engine (itself checked against the reference in
+// test_runner_cuda.cpp) and the first tokens against the reference. Also the engine rule and the
+// EPMOE_RUNNER_ENGINE parsing.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "dispatch/plan.h"
+#include "epmoe/error.h"
+#include "epmoe/quant.h"
+#include "quant/cuda/gpu_test_util.h"
+#include "run/cuda/cutlass_gemm.h"
+#include "run/cuda/runner.h"
+#include "run/reference.h"
+
+namespace epmoe::test {
+namespace {
+
+constexpr double kMaxRel = 3e-2, kMaxOneMinusCos = 1e-3;
+using Engine = cuda::CudaRunner::Engine;
+
+#define EPMOE_REQUIRE_CUTLASS()                                                     \
+  do {                                                                              \
+    if (!cuda::cutlass_engine::available()) GTEST_SKIP() << "built without CUTLASS"; \
+  } while (0)
+
+struct DevMatrix {
+  Dev<uint8_t> data, scales;
+  Dev<float> gs;
+  MatrixView view;
+  explicit DevMatrix(const HostMatrix& h)
+      : data(h.data), scales(h.scales.empty() ? std::vector<uint8_t>(1) : h.scales),
+        gs(h.global_scale.empty() ? std::vector<float>(1) : h.global_scale) {
+    view = h.view();
+    view.device = DeviceKind::cuda;
+    view.data = data.get();
+    view.scales = h.scales.empty() ? nullptr : scales.get();
+    view.global_scale = h.global_scale.empty() ? nullptr : gs.get();
+  }
+};
+
+enum class Load { uniform, uneven, one_expert };
+
+struct Problem {
+  int H, I, E, K, C;
+  ActFormat act;
+  WeightFormat wf;
+  IntermediateQuant iq;
+  Load load;
+  int64_t T;             // tokens (-1 = C)
+  int ref_tokens;        // tokens checked against the CPU reference (-1 = all)
+  bool vs_mma;           // also compare every token with the mma engine
+  const char* expect;    // expected last_engines()
+  const char* name;
+};
+
+MoeConfig make_cfg(const Problem& p) {
+  MoeConfig c;
+  c.hidden = p.H;
+  c.intermediate = p.I;
+  c.num_experts = p.E;
+  c.top_k = p.K;
+  c.num_ranks = 1;
+  c.capacity = p.C;
+  c.dispatch_format = p.act;
+  c.weight_format = p.wf;
+  c.intermediate_quant = p.iq;
+  c.nvfp4_global_scale = 448.f * 6.f / 12.f;
+  c.dispatcher = "local";
+  c.runner = "cuda";
+  return c;
+}
+
+// Ids: `uneven` draws expert e with weight e+1 (so loads differ several-fold) and never uses the
+// last two experts (groups with no rows); 5% of the (token, k) entries are -1.
+std::vector<int32_t> make_ids(const Problem& p, int64_t T, std::mt19937& rng) {
+  std::vector<int32_t> ids(size_t(T) * p.K, -1);
+  std::uniform_real_distribution<float> u(0.f, 1.f);
+  const int usable = p.load == Load::uneven && p.E > p.K + 2 ? p.E - 2 : p.E;
+  std::vector<double> wts(usable);
+  for (int e = 0; e < usable; ++e) wts[e] = p.load == Load::uneven ? e + 1.0 : 1.0;
+  for (int64_t t = 0; t < T; ++t) {
+    if (p.load == Load::one_expert) {
+      ids[t * p.K] = 0;
+      continue;
+    }
+    std::vector<double> w = wts;
+    for (int k = 0; k < p.K; ++k) {
+      std::discrete_distribution<int> dd(w.begin(), w.end());
+      const int e = dd(rng);
+      w[e] = 0;  // distinct experts per token
+      ids[t * p.K + k] = u(rng) < 0.05f ? -1 : e;
+    }
+  }
+  return ids;
+}
+
+void run_problem(const Problem& p, uint32_t seed) {
+  SCOPED_TRACE(std::string(p.name) + " act " + format_name(p.act) + " weights " + format_name(p.wf) + " iq " +
+               (p.iq == IntermediateQuant::fp8 ? "fp8" : "none") + " seed " + std::to_string(seed));
+  std::mt19937 rng(seed);
+  const MoeConfig cfg = make_cfg(p);
+  const int H = p.H, I = p.I, E = p.E, K = p.K, C = p.C;
+  const int64_t T = p.T < 0 ? C : p.T;
+
+  std::normal_distribution<float> nd(0.f, 1.f);
+  HostMatrix h13, h2;
+  {
+    std::vector<float> w(size_t(E) * 2 * I * H);
+    for (auto& v : w) v = nd(rng) / std::sqrt(float(H));
+    h13 = quantize_matrix(w.data(), E, 2 * I, H, p.wf);
+    w.assign(size_t(E) * H * I, 0.f);
+    for (auto& v : w) v = nd(rng) / std::sqrt(float(I));
+    h2 = quantize_matrix(w.data(), E, H, I, p.wf);
+  }
+  ExpertWeights hw{E, H, I, h13.view(), h2.view()};
+  DevMatrix d13(h13), d2(h2);
+  ExpertWeights dw{E, H, I, d13.view, d2.view};
+
+  const auto x = random_bf16(rng, T, H);
+  const std::vector<int32_t> ids = make_ids(p, T, rng);
+  std::vector<float> tw(size_t(T) * K);
+  std::uniform_real_distribution<float> u(0.f, 1.f);
+  for (auto& v : tw) v = u(rng);
+
+  const ExpertPlacement place = cfg.resolved_placement();
+  const detail::DispatchPlan plan = detail::make_dispatch_plan(place, 0, ids.data(), T, K);
+  std::vector<uint8_t> ep(size_t(T) * payload_bytes(p.act, H)), es(size_t(T) * scale_bytes(p.act, H));
+  quantize_rows(p.act, cfg.quant_params(), x.data(), T, H, ep.data(), es.data());
+  detail::HostRecvBuffers recv;
+  recv.allocate(1, C, H, K, E, p.act);
+  detail::write_region(plan, 0, 0, ep.data(), p.act == ActFormat::bf16 ? nullptr : es.data(), tw.data(), recv);
+  recv.counts[0] = plan.send_counts[0];
+  detail::finalize_receive(recv);
+  const int n = recv.counts[0];
+
+  Dev<uint8_t> pay(recv.payload), sc(recv.scales.empty() ? std::vector<uint8_t>(1) : recv.scales);
+  Dev<int32_t> lid(recv.local_ids), cnt(recv.counts), ecnt(recv.expert_counts);
+  Dev<float> wts(recv.weights);
+  DispatchOutput dout = recv.view(cfg.quant_params());
+  dout.device = DeviceKind::cuda;
+  dout.payload = pay.get();
+  dout.scales = p.act == ActFormat::bf16 ? nullptr : sc.get();
+  dout.local_ids = lid.get();
+  dout.weights = wts.get();
+  dout.counts = cnt.get();
+  dout.expert_counts = ecnt.get();
+
+  auto run_engine = [&](Engine eng, std::string* engines) {
+    Dev<bf16_raw> y(size_t(C) * H);
+    y.poison();
+    cuda::CudaRunner runner(cfg, 0);
+    runner.set_engine(eng);
+    runner.run(dout, dw, y.get(), nullptr);
+    EPMOE_CUDA_CHECK(cudaDeviceSynchronize());
+    *engines = runner.last_engines();
+    return y.download();
+  };
+  std::string engines;
+  const auto yc = run_engine(Engine::cutlass, &engines);
+  EXPECT_EQ(engines, p.expect);
+  for (size_t i = size_t(n) * H; i < yc.size(); ++i)
+    if (yc[i] != 0xffff) {
+      ADD_FAILURE() << "invalid slot " << i / H << " was written";
+      break;
+    }
+
+  // Reference on the first ref_tokens slots (a slot's result does not depend on the others).
+  const int nref = p.ref_tokens < 0 ? n : std::min(n, p.ref_tokens);
+  {
+    detail::HostRecvBuffers sub = recv;
+    sub.counts[0] = nref;
+    std::vector<bf16_raw> y_ref(size_t(C) * H, 0);
+    detail::ReferenceRunner ref(cfg);
+    ref.run(sub.view(cfg.quant_params()), hw, y_ref.data(), nullptr);
+    std::vector<bf16_raw> a(yc.begin(), yc.begin() + size_t(nref) * H), r(y_ref.begin(), y_ref.begin() + size_t(nref) * H);
+    const Diff d = compare(widen(a), widen(r));
+    std::printf("[cutlass] %-24s act %-5s w %-5s %-26s n=%d ref=%d  max|a-b|/max|ref| %.3e  1-cos %.3e\n", p.name,
+                format_name(p.act), format_name(p.wf), engines.c_str(), n, nref, d.rel(), d.one_minus_cos);
+    EXPECT_EQ(d.nonfinite, 0u);
+    EXPECT_LE(d.rel(), kMaxRel);
+    EXPECT_LE(d.one_minus_cos, kMaxOneMinusCos);
+  }
+  if (p.vs_mma) {
+    std::string mma_engines;
+    const auto ym = run_engine(Engine::mma, &mma_engines);
+    std::vector<bf16_raw> a(yc.begin(), yc.begin() + size_t(n) * H), r(ym.begin(), ym.begin() + size_t(n) * H);
+    const Diff d = compare(widen(a), widen(r));
+    std::printf("[cutlass] %-24s vs %-20s n=%d  max|a-b|/max|ref| %.3e  1-cos %.3e\n", p.name, mma_engines.c_str(), n,
+                d.rel(), d.one_minus_cos);
+    EXPECT_EQ(d.nonfinite, 0u);
+    EXPECT_LE(d.rel(), kMaxRel);
+    EXPECT_LE(d.one_minus_cos, kMaxOneMinusCos);
+  }
+}
+
+using A = ActFormat;
+using W = WeightFormat;
+constexpr auto kNone = IntermediateQuant::none;
+constexpr auto kFp8 = IntermediateQuant::fp8;
+constexpr const char* kBf16 = "cutlass-bf16/cutlass-bf16";
+constexpr const char* kFp8Both = "cutlass-fp8/cutlass-fp8";
+constexpr const char* kFp8Mma = "cutlass-fp8/mma";
+
+TEST(CutlassEngine, MatchesReference) {
+  EPMOE_REQUIRE_GPU();
+  EPMOE_REQUIRE_CUTLASS();
+  uint32_t seed = std::random_device{}();
+  const std::vector<Problem> problems = {
+      // Several m-tiles per expert, uneven, two experts without rows.
+      {1024, 512, 8, 2, 700, A::bf16, W::bf16, kNone, Load::uneven, -1, -1, false, kBf16, "uneven"},
+      {1024, 512, 8, 2, 700, A::fp8, W::fp8, kFp8, Load::uneven, -1, -1, false, kFp8Both, "uneven"},
+      {1024, 512, 8, 2, 700, A::fp8, W::fp8, kNone, Load::uneven, -1, -1, false, kFp8Mma, "uneven"},
+      {1024, 512, 8, 2, 700, A::fp8, W::bf16, kFp8, Load::uneven, -1, -1, false, kBf16, "uneven iq=fp8"},
+      {1024, 512, 8, 2, 500, A::nvfp4, W::bf16, kNone, Load::uneven, -1, -1, false, kBf16, "uneven"},
+      // 300 rows on expert 0 = 3 m-tiles (a cluster pair with an empty half), 7 empty experts.
+      {1024, 512, 8, 4, 300, A::bf16, W::bf16, kNone, Load::one_expert, -1, -1, false, kBf16, "one expert"},
+      {1024, 512, 8, 4, 300, A::fp8, W::fp8, kFp8, Load::one_expert, -1, -1, false, kFp8Both, "one expert"},
+      // Partial tiles: GEMM1 N = 2I = 1152 is 4.5 n-tiles of 256, GEMM2 K = I = 576 is 9 k-steps of 64.
+      {2880, 576, 4, 2, 200, A::bf16, W::bf16, kNone, Load::uneven, -1, -1, false, kBf16, "odd tiles"},
+      // Qwen3-30B experts, top-8.
+      {2048, 768, 16, 8, 256, A::fp8, W::fp8, kFp8, Load::uneven, -1, -1, false, kFp8Both, "qwen3-30b"},
+      {2048, 768, 16, 8, 256, A::bf16, W::bf16, kNone, Load::uniform, -1, -1, false, kBf16, "qwen3-30b"},
+      // One token; a batch whose tokens all miss (T = 0 is a no-op before any engine runs).
+      {1024, 512, 8, 2, 16, A::fp8, W::fp8, kFp8, Load::uniform, 1, -1, false, kFp8Both, "T=1"},
+      {1024, 512, 8, 2, 16, A::bf16, W::bf16, kNone, Load::uniform, 1, -1, false, kBf16, "T=1"},
+  };
+  for (const Problem& p : problems) run_problem(p, seed++);
+}
+
+// DeepSeek-V3 expert shapes (H 7168, I 2048) at large M: 8 experts, top-2, 8192 tokens (about
+// 2000 rows per expert, uneven): all rows vs the mma engine, the first 24 tokens vs the reference.
+TEST(CutlassEngine, LargeMDeepSeekShapes) {
+  EPMOE_REQUIRE_GPU();
+  EPMOE_REQUIRE_CUTLASS();
+  uint32_t seed = std::random_device{}();
+  const std::vector<Problem> problems = {
+      {7168, 2048, 8, 2, 8192, A::bf16, W::bf16, kNone, Load::uneven, -1, 24, true, kBf16, "deepseek-v3 large M"},
+      {7168, 2048, 8, 2, 8192, A::fp8, W::fp8, kFp8, Load::uneven, -1, 24, true, kFp8Both, "deepseek-v3 large M"},
+      {7168, 2048, 8, 2, 4096, A::fp8, W::fp8, kNone, Load::uniform, -1, 24, true, kFp8Mma, "deepseek-v3 large M"},
+  };
+  for (const Problem& p : problems) run_problem(p, seed++);
+}
+
+// The automatic rule: CUTLASS from R*C*K / E_loc >= kCutlassMinRows on, and only for the formats it
+// has (nvfp4 weights, or fp8 weights without an fp8 dispatch, stay on the other engines).
+TEST(CutlassEngine, AutomaticChoice) {
+  EPMOE_REQUIRE_GPU();
+  EPMOE_REQUIRE_CUTLASS();
+  struct Case {
+    int C;
+    A act;
+    W wf;
+    bool cutlass;
+  };
+  const int H = 256, I = 128, E = 4, K = 2;
+  const std::vector<Case> cases = {
+      {256, A::bf16, W::bf16, true},   // 256*2/4 = 128 rows per expert
+      {255, A::bf16, W::bf16, false},  // 127.5
+      {256, A::fp8, W::fp8, true},     {256, A::bf16, W::fp8, false},
+      {256, A::fp8, W::nvfp4, false},  {256, A::nvfp4, W::bf16, true},
+  };
+  std::mt19937 rng(7);
+  for (const Case& c : cases) {
+    Problem p{H, I, E, K, c.C, c.act, c.wf, kNone, Load::uniform, 8, 0, false, "", "auto"};
+    const MoeConfig cfg = make_cfg(p);
+    std::vector<float> w(size_t(E) * 2 * I * H, 0.01f);
+    const HostMatrix h13 = quantize_matrix(w.data(), E, 2 * I, H, c.wf);
+    const HostMatrix h2 = quantize_matrix(w.data(), E, H, I, c.wf);
+    DevMatrix d13(h13), d2(h2);
+    ExpertWeights dw{E, H, I, d13.view, d2.view};
+    detail::HostRecvBuffers recv;
+    recv.allocate(1, c.C, H, K, E, c.act);
+    recv.counts[0] = 8;
+    for (int j = 0; j < 8; ++j)
+      for (int k = 0; k < K; ++k) recv.local_ids[size_t(j) * K + k] = (j + k) % E;
+    Dev<uint8_t> pay(recv.payload), sc(recv.scales.empty() ? std::vector<uint8_t>(1) : recv.scales);
+    Dev<int32_t> lid(recv.local_ids), cnt(recv.counts);
+    Dev<float> wts(recv.weights);
+    DispatchOutput dout = recv.view(cfg.quant_params());
+    dout.device = DeviceKind::cuda;
+    dout.payload = pay.get();
+    dout.scales = c.act == A::bf16 ? nullptr : sc.get();
+    dout.local_ids = lid.get();
+    dout.weights = wts.get();
+    dout.counts = cnt.get();
+    dout.expert_counts = nullptr;
+    Dev<bf16_raw> y(size_t(c.C) * H);
+    cuda::CudaRunner runner(cfg, 0);
+    runner.set_engine(Engine::automatic);
+    runner.run(dout, dw, y.get(), nullptr);
+    EPMOE_CUDA_CHECK(cudaDeviceSynchronize());
+    const std::string engines = runner.last_engines();
+    EXPECT_EQ(engines.rfind("cutlass", 0) == 0, c.cutlass)
+        << "C=" << c.C << " act " << format_name(c.act) << " weights " << format_name(c.wf) << ": " << engines;
+    runner.set_engine(Engine::mma);
+    runner.run(dout, dw, y.get(), nullptr);
+    EPMOE_CUDA_CHECK(cudaDeviceSynchronize());
+    EXPECT_NE(std::string(runner.last_engines()).rfind("cutlass", 0), 0u) << runner.last_engines();
+  }
+}
+
+TEST(CutlassEngine, EngineNames) {
+  using R = cuda::CudaRunner;
+  EXPECT_EQ(R::parse_engine("auto", "x"), Engine::automatic);
+  EXPECT_EQ(R::parse_engine("mma", "x"), Engine::mma);
+  EXPECT_EQ(R::parse_engine("cutlass", "x"), Engine::cutlass);
+  try {
+    R::parse_engine("cublas", "EPMOE_RUNNER_ENGINE");
+    ADD_FAILURE() << "no UsageError";
+  } catch (const UsageError& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("EPMOE_RUNNER_ENGINE"), std::string::npos) << m;
+    EXPECT_NE(m.find("cublas"), std::string::npos) << m;
+    EXPECT_NE(m.find("auto, mma or cutlass"), std::string::npos) << m;
+  }
+}
+
+}  // namespace
+}  // namespace epmoe::test
