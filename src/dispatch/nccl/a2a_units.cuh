@@ -238,6 +238,38 @@ __device__ __forceinline__ void sum_add(float (*acc)[8], const uint4* v, const f
   }
 }
 
+// One chunk of the sum of at most two partials (n = 0, 1 or 2; ascending rank): +0, then a, then
+// b, in fp32 without fma; returns the 8 bf16 results.
+template <ActFormat CF>
+__device__ __forceinline__ uint4 sum_chunk2(int n, const uint4& a, float sa, const uint4& b, float sb) {
+  float acc[8];
+#pragma unroll
+  for (int k = 0; k < 8; ++k) acc[k] = 0.f;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    if (r >= n) break;
+    const uint4& v = r == 0 ? a : b;
+    if constexpr (CF == ActFormat::bf16) {
+      const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        acc[2 * k] = __fadd_rn(acc[2 * k], bf_lo(w[k]));
+        acc[2 * k + 1] = __fadd_rn(acc[2 * k + 1], bf_hi(w[k]));
+      }
+    } else {
+      const float sc = r == 0 ? sa : sb;
+      const uint32_t w[2] = {v.x, v.y};
+#pragma unroll
+      for (int k = 0; k < 8; ++k)
+        acc[k] = __fadd_rn(acc[k], cuda::dev::fp8_dequant(static_cast<uint8_t>(w[k / 4] >> (8 * (k % 4))), sc));
+    }
+  }
+  uint32_t o[4];
+#pragma unroll
+  for (int k = 0; k < 4; ++k) o[k] = uint32_t(num::f32_to_bf16(acc[2 * k])) | (uint32_t(num::f32_to_bf16(acc[2 * k + 1])) << 16);
+  return make_uint4(o[0], o[1], o[2], o[3]);
+}
+
 __device__ __forceinline__ void sum_store(const float (*acc)[8], int H, int e0, bf16_raw* out_row) {
   const int lane = threadIdx.x & 31;
   const int nch = H >> 3;

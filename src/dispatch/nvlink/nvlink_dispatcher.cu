@@ -151,14 +151,26 @@ __global__ void __launch_bounds__(kThreads, 1) dispatch_kernel(Args a) {
     a2a::slot_chunk(a.p, a.ids, a.K, me, t0, t1, sm_prefix, a.slot_map, sm_warp, sm_running);
     __syncthreads();  // slot_map of this chunk was written by other threads of the CTA
   }
+  // A unit's loads: its data, the token's slot per destination (lane d) and, for the token's first
+  // unit, its routing row (lane k).
+  struct Ahead {
+    a2a::UnitRaw raw;
+    int j = -1, eid = -1;
+    float wk = 0.f;
+  };
+  auto load_ahead = [&](int64_t v, Ahead& x) {
+    const int64_t t = t0 + v / P;
+    const int piece = int(v % P);
+    a2a::unit_load<F>(a.hidden + size_t(t) * a.H, a.H, piece * a2a::kUnitElems, x.raw);
+    x.j = lane < R ? a.slot_map[t * R + lane] : -1;
+    if (piece == 0 && lane < a.K) {
+      x.eid = a.ids[t * a.K + lane];
+      x.wk = a.w[t * a.K + lane];
+    }
+  };
   int64_t u = warp;
-  a2a::UnitRaw cur;
-  int cur_j = -1;
-  if (u < nunits) {
-    const int64_t t = t0 + u / P;
-    a2a::unit_load<F>(a.hidden + size_t(t) * a.H, a.H, int(u % P) * a2a::kUnitElems, cur);
-    cur_j = lane < R ? a.slot_map[t * R + lane] : -1;
-  }
+  Ahead cur;
+  if (u < nunits) load_ahead(u, cur);
 
   // 4. Everyone's status (thread s < R watches source s).
   uint8_t* mine = a.peer_base[me];
@@ -191,40 +203,27 @@ __global__ void __launch_bounds__(kThreads, 1) dispatch_kernel(Args a) {
   //    destination of the token; the next unit's loads are in flight meanwhile.
   if (bad_any == 0) {
     for (; u < nunits; u += nwarps) {
-      const int64_t un = u + nwarps;
-      a2a::UnitRaw nxt;
-      int nxt_j = -1;
-      if (un < nunits) {
-        const int64_t tn = t0 + un / P;
-        a2a::unit_load<F>(a.hidden + size_t(tn) * a.H, a.H, int(un % P) * a2a::kUnitElems, nxt);
-        nxt_j = lane < R ? a.slot_map[tn * R + lane] : -1;
-      }
+      Ahead nxt;
+      if (u + nwarps < nunits) load_ahead(u + nwarps, nxt);
       const int64_t t = t0 + u / P;
       const int piece = int(u % P), e0 = piece * a2a::kUnitElems;
       a2a::UnitEnc enc;
-      a2a::unit_encode<F>(cur, a.q, enc);
-      uint32_t dmask = __ballot_sync(0xffffffffu, cur_j >= 0);
+      a2a::unit_encode<F>(cur.raw, a.q, enc);
+      int crank = -1, cslot = -1;
+      if (piece == 0 && cur.eid >= 0) a2a::choose_copy(a.p, cur.eid, me, t, crank, cslot);
+      uint32_t dmask = __ballot_sync(0xffffffffu, cur.j >= 0);
       while (dmask) {
         const int d = __ffs(dmask) - 1;
         dmask &= dmask - 1;
-        const int j = __shfl_sync(0xffffffffu, cur_j, d);
+        const int j = __shfl_sync(0xffffffffu, cur.j, d);
         const a2a::DestRegion& dr = sm_dst[d];
-        a2a::unit_store<F>(cur, enc, a.H, e0, dr.payload + size_t(j) * ps, ss ? dr.scales + size_t(j) * ss : nullptr);
-      }
-      if (piece == 0 && lane < a.K) {  // the routing row, translated for each destination
-        const int eid = a.ids[t * a.K + lane];
-        const float wk = a.w[t * a.K + lane];
-        int crank = -1, cslot = -1;
-        if (eid >= 0) a2a::choose_copy(a.p, eid, me, t, crank, cslot);
-        for (int d = 0; d < R; ++d) {
-          const int j = a.slot_map[t * R + d];
-          if (j < 0) continue;
-          sm_dst[d].ids[size_t(j) * a.K + lane] = crank == d ? cslot : -1;
-          sm_dst[d].weights[size_t(j) * a.K + lane] = wk;
+        a2a::unit_store<F>(cur.raw, enc, a.H, e0, dr.payload + size_t(j) * ps, ss ? dr.scales + size_t(j) * ss : nullptr);
+        if (piece == 0 && lane < a.K) {  // the routing row, translated for this destination
+          dr.ids[size_t(j) * a.K + lane] = crank == d ? cslot : -1;
+          dr.weights[size_t(j) * a.K + lane] = cur.wk;
         }
       }
       cur = nxt;
-      cur_j = nxt_j;
     }
   }
 
@@ -385,6 +384,44 @@ __device__ void combine_sum(const Args& a, uint64_t e) {
     const bool all_ok = __all_sync(0xffffffffu, ok);
     __syncwarp();  // orders the waiting lanes' acquires before every lane's reads
     bf16_raw* orow = a.out + size_t(t) * a.H;
+    const uint32_t m_all = all_ok ? mask : 0u;
+    if (__popc(m_all) <= 2) {
+      // At most two partials (always with R = 2): the next unit's loads are issued before the
+      // current unit is added and stored.
+      const int d0 = m_all ? __ffs(m_all) - 1 : 0;
+      const uint32_t rest = m_all & (m_all - 1);
+      const int d1 = rest ? __ffs(rest) - 1 : 0;
+      const int n = __popc(m_all);
+      const uint8_t* p0 = reinterpret_cast<const uint8_t*>(__shfl_sync(0xffffffffu, reinterpret_cast<uintptr_t>(prow), d0));
+      const uint8_t* s0 = reinterpret_cast<const uint8_t*>(__shfl_sync(0xffffffffu, reinterpret_cast<uintptr_t>(srow), d0));
+      const uint8_t* p1 = reinterpret_cast<const uint8_t*>(__shfl_sync(0xffffffffu, reinterpret_cast<uintptr_t>(prow), d1));
+      const uint8_t* s1 = reinterpret_cast<const uint8_t*>(__shfl_sync(0xffffffffu, reinterpret_cast<uintptr_t>(srow), d1));
+      uint4 v0[4], v1[4];
+      float c0[4], c1[4];
+      if (n > 0) a2a::sum_load<CF>(p0, s0, a.H, u0 * a2a::kUnitElems, v0, c0);
+      if (n > 1) a2a::sum_load<CF>(p1, s1, a.H, u0 * a2a::kUnitElems, v1, c1);
+      for (int uu = u0; uu < u1; ++uu) {
+        uint4 w0[4], w1[4];
+        float g0[4], g1[4];
+        const int en = (uu + 1) * a2a::kUnitElems;
+        if (uu + 1 < u1 && n > 0) a2a::sum_load<CF>(p0, s0, a.H, en, w0, g0);
+        if (uu + 1 < u1 && n > 1) a2a::sum_load<CF>(p1, s1, a.H, en, w1, g1);
+        const int nch = a.H >> 3;
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const int c = uu * (a2a::kUnitElems / 8) + 32 * i + lane;
+          if (c < nch) reinterpret_cast<uint4*>(orow)[c] = a2a::sum_chunk2<CF>(n, v0[i], c0[i], v1[i], c1[i]);
+        }
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          v0[i] = w0[i];
+          v1[i] = w1[i];
+          c0[i] = g0[i];
+          c1[i] = g1[i];
+        }
+      }
+      continue;
+    }
     for (int uu = u0; uu < u1; ++uu) {
       const int e0 = uu * a2a::kUnitElems;
       float acc[4][8];
@@ -392,22 +429,16 @@ __device__ void combine_sum(const Args& a, uint64_t e) {
       for (int i = 0; i < 4; ++i)
 #pragma unroll
         for (int k = 0; k < 8; ++k) acc[i][k] = 0.f;
-      uint32_t m = all_ok ? mask : 0u;
-      while (m) {  // two partials' loads in flight, added in ascending rank order
-        const int d0 = __ffs(m) - 1;
+      uint32_t m = m_all;
+      while (m) {  // three or more partials (R > 2): one partial's 4 chunks at a time, ascending rank
+        const int d = __ffs(m) - 1;
         m &= m - 1;
-        const int d1 = m ? __ffs(m) - 1 : -1;
-        if (d1 >= 0) m &= m - 1;
-        const uint8_t* p0 = reinterpret_cast<const uint8_t*>(__shfl_sync(0xffffffffu, reinterpret_cast<uintptr_t>(prow), d0));
-        const uint8_t* s0 = reinterpret_cast<const uint8_t*>(__shfl_sync(0xffffffffu, reinterpret_cast<uintptr_t>(srow), d0));
-        const uint8_t* p1 = reinterpret_cast<const uint8_t*>(__shfl_sync(0xffffffffu, reinterpret_cast<uintptr_t>(prow), d1 < 0 ? 0 : d1));
-        const uint8_t* s1 = reinterpret_cast<const uint8_t*>(__shfl_sync(0xffffffffu, reinterpret_cast<uintptr_t>(srow), d1 < 0 ? 0 : d1));
-        uint4 v0[4], v1[4];
-        float c0[4], c1[4];
-        a2a::sum_load<CF>(p0, s0, a.H, e0, v0, c0);
-        if (d1 >= 0) a2a::sum_load<CF>(p1, s1, a.H, e0, v1, c1);
-        a2a::sum_add<CF>(acc, v0, c0);
-        if (d1 >= 0) a2a::sum_add<CF>(acc, v1, c1);
+        const uint8_t* pd = reinterpret_cast<const uint8_t*>(__shfl_sync(0xffffffffu, reinterpret_cast<uintptr_t>(prow), d));
+        const uint8_t* sd = reinterpret_cast<const uint8_t*>(__shfl_sync(0xffffffffu, reinterpret_cast<uintptr_t>(srow), d));
+        uint4 v[4];
+        float c[4];
+        a2a::sum_load<CF>(pd, sd, a.H, e0, v, c);
+        a2a::sum_add<CF>(acc, v, c);
       }
       a2a::sum_store(acc, a.H, e0, orow);
     }
