@@ -311,6 +311,179 @@ TEST(CutlassEngine, AutomaticChoice) {
   }
 }
 
+// The grouped GEMMs alone, against a float64 product of the same operands: groups with 0 rows
+// (first and last), one row, partial m/n tiles; out rows outside the groups must stay untouched.
+TEST(CutlassEngine, GroupedGemmDirect) {
+  EPMOE_REQUIRE_GPU();
+  EPMOE_REQUIRE_CUTLASS();
+  std::mt19937 rng(11);
+  std::normal_distribution<float> nd(0.f, 1.f);
+  std::uniform_real_distribution<float> us(0.5f, 2.f);
+  const std::vector<int32_t> rows = {0, 130, 1, 257, 0};
+  const int E = int(rows.size()), N = 384, K = 256;
+  std::vector<int32_t> offs(E);
+  int total = 0;
+  for (int e = 0; e < E; ++e) {
+    offs[e] = total;
+    total += rows[e];
+  }
+  int sms = 0;
+  EPMOE_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  Dev<int32_t> drows(rows), doffs(offs);
+  for (const bool fp8 : {false, true}) {
+    SCOPED_TRACE(fp8 ? "fp8" : "bf16");
+    // Operands as exact values: bf16, or e4m3 codes with fp32 scales (a: per row and 128 of K,
+    // w: per 128x128 tile).
+    std::vector<float> a(size_t(total) * K), w(size_t(E) * N * K), sa(size_t(total) * (K / 128)),
+        sw(size_t(E) * (N / 128) * (K / 128));
+    std::vector<bf16_raw> a16(a.size()), w16(w.size());
+    std::vector<uint8_t> a8(a.size()), w8(w.size());
+    for (auto& v : sa) v = us(rng) / 64;
+    for (auto& v : sw) v = us(rng) / 256;
+    for (size_t i = 0; i < a.size(); ++i) {
+      if (fp8) {
+        a8[i] = num::f32_to_e4m3(nd(rng) * 100.f);
+        a[i] = num::e4m3_to_f32(a8[i]) * sa[(i / K) * (K / 128) + (i % K) / 128];
+      } else {
+        a16[i] = num::f32_to_bf16(nd(rng));
+        a[i] = num::bf16_to_f32(a16[i]);
+      }
+    }
+    for (size_t i = 0; i < w.size(); ++i) {
+      if (fp8) {
+        w8[i] = num::f32_to_e4m3(nd(rng) * 100.f);
+        const size_t e = i / (size_t(N) * K), n = (i / K) % N, k = i % K;
+        w[i] = num::e4m3_to_f32(w8[i]) * sw[(e * (N / 128) + n / 128) * (K / 128) + k / 128];
+      } else {
+        w16[i] = num::f32_to_bf16(nd(rng) / 16);
+        w[i] = num::bf16_to_f32(w16[i]);
+      }
+    }
+    Dev<bf16_raw> da16(a16), dw16(w16);
+    Dev<uint8_t> da8(a8), dw8(w8);
+    Dev<float> dsa(sa), dsw(sw);
+    Dev<bf16_raw> out(size_t(total + 8) * N);
+    out.poison();
+    cuda::cutlass_engine::Grouped g;
+    g.experts = E;
+    g.N = N;
+    g.K = K;
+    g.rows = drows.get();
+    g.offsets = doffs.get();
+    g.A = fp8 ? static_cast<const void*>(da8.get()) : da16.get();
+    g.sfa = fp8 ? dsa.get() : nullptr;
+    g.W = fp8 ? static_cast<const void*>(dw8.get()) : dw16.get();
+    g.sfw = fp8 ? dsw.get() : nullptr;
+    g.out = out.get();
+    g.sms = sms;
+    const size_t ws = fp8 ? cuda::cutlass_engine::fp8_workspace_bytes(E, sms)
+                          : cuda::cutlass_engine::bf16_workspace_bytes(E, sms);
+    cuda::DeviceBuffer wsb(ws);
+    g.workspace = wsb.get();
+    if (fp8)
+      cuda::cutlass_engine::grouped_gemm_fp8(g, nullptr);
+    else
+      cuda::cutlass_engine::grouped_gemm_bf16(g, nullptr);
+    EPMOE_CUDA_CHECK(cudaDeviceSynchronize());
+    const auto o = out.download();
+    double worst = 0, scale = 0;
+    for (int e = 0; e < E; ++e)
+      for (int r = 0; r < rows[e]; ++r)
+        for (int n = 0; n < N; ++n) {
+          double ref = 0;
+          const float* ar = &a[size_t(offs[e] + r) * K];
+          const float* wr = &w[(size_t(e) * N + n) * K];
+          for (int k = 0; k < K; ++k) ref += double(ar[k]) * wr[k];
+          const double got = num::bf16_to_f32(o[size_t(offs[e] + r) * N + n]);
+          worst = std::max(worst, std::fabs(got - ref));
+          scale = std::max(scale, std::fabs(ref));
+        }
+    std::printf("[cutlass] grouped %s rows {0,130,1,257,0} N %d K %d: max|a-b|/max|ref| %.3e\n", fp8 ? "fp8" : "bf16",
+                N, K, worst / scale);
+    // bf16 output rounding (2^-9 relative) dominates; fp32 accumulation order adds far less.
+    EXPECT_LE(worst / scale, 4e-3);
+    for (size_t i = size_t(total) * N; i < o.size(); ++i)
+      if (o[i] != 0xffff) {
+        ADD_FAILURE() << "row " << i / N << " past the groups was written";
+        break;
+      }
+  }
+}
+
+// The CUTLASS engine inside a CUDA graph (no host synchronization, device-side shapes): replays
+// equal the eager run bitwise, also after the routing changes in place.
+TEST(CutlassEngine, GraphReplayEqualsEager) {
+  EPMOE_REQUIRE_GPU();
+  EPMOE_REQUIRE_CUTLASS();
+  for (const bool fp8 : {false, true}) {
+    SCOPED_TRACE(fp8 ? "fp8" : "bf16");
+    Problem p{1024, 512, 8, 2, 400, fp8 ? A::fp8 : A::bf16, fp8 ? W::fp8 : W::bf16, fp8 ? kFp8 : kNone,
+              Load::uneven, -1, 0, false, "", "graph"};
+    const MoeConfig cfg = make_cfg(p);
+    std::mt19937 rng(3);
+    std::normal_distribution<float> nd(0.f, 1.f);
+    std::vector<float> w(size_t(p.E) * 2 * p.I * p.H);
+    for (auto& v : w) v = nd(rng) / 32;
+    const HostMatrix h13 = quantize_matrix(w.data(), p.E, 2 * p.I, p.H, p.wf);
+    const HostMatrix h2 = quantize_matrix(w.data(), p.E, p.H, p.I, p.wf);
+    DevMatrix d13(h13), d2(h2);
+    ExpertWeights dw{p.E, p.H, p.I, d13.view, d2.view};
+    const auto x = random_bf16(rng, p.C, p.H);
+    std::vector<uint8_t> ep(size_t(p.C) * payload_bytes(p.act, p.H)), es(size_t(p.C) * scale_bytes(p.act, p.H) + 4);
+    quantize_rows(p.act, cfg.quant_params(), x.data(), p.C, p.H, ep.data(), es.data());
+    std::vector<int32_t> ids1 = make_ids(p, p.C, rng), ids2 = make_ids(p, p.C, rng);
+    std::vector<float> tw(size_t(p.C) * p.K, 0.5f);
+    Dev<uint8_t> pay(ep), sc(es);
+    Dev<int32_t> lid(ids1), cnt(std::vector<int32_t>{p.C});
+    Dev<float> wts(tw);
+    DispatchOutput d;
+    d.num_ranks = 1;
+    d.capacity = p.C;
+    d.hidden = p.H;
+    d.top_k = p.K;
+    d.num_local_experts = p.E;
+    d.format = p.act;
+    d.quant = cfg.quant_params();
+    d.device = DeviceKind::cuda;
+    d.payload = pay.get();
+    d.scales = fp8 ? sc.get() : nullptr;
+    d.local_ids = lid.get();
+    d.weights = wts.get();
+    d.counts = cnt.get();
+    cuda::CudaRunner runner(cfg, 0);
+    runner.set_engine(Engine::cutlass);
+    Dev<bf16_raw> y(size_t(p.C) * p.H);
+    cudaStream_t st;
+    EPMOE_CUDA_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+    auto eager = [&] {
+      runner.run(d, dw, y.get(), st);
+      EPMOE_CUDA_CHECK(cudaStreamSynchronize(st));
+      return y.download();
+    };
+    const auto e1 = eager();  // also grows every workspace to this step's size
+    cudaGraph_t graph;
+    cudaGraphExec_t exec;
+    EPMOE_CUDA_CHECK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
+    runner.run(d, dw, y.get(), st);
+    EPMOE_CUDA_CHECK(cudaStreamEndCapture(st, &graph));
+    EPMOE_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+    y.poison();
+    EPMOE_CUDA_CHECK(cudaGraphLaunch(exec, st));
+    EPMOE_CUDA_CHECK(cudaStreamSynchronize(st));
+    EXPECT_EQ(first_diff(y.download(), e1), -1);
+    lid.upload(ids2);  // new routing in place: other counts per expert, same pointers
+    const auto e2 = eager();
+    y.poison();
+    EPMOE_CUDA_CHECK(cudaGraphLaunch(exec, st));
+    EPMOE_CUDA_CHECK(cudaStreamSynchronize(st));
+    EXPECT_EQ(first_diff(y.download(), e2), -1);
+    EXPECT_NE(first_diff(e1, e2), -1);
+    EPMOE_CUDA_CHECK(cudaGraphExecDestroy(exec));
+    EPMOE_CUDA_CHECK(cudaGraphDestroy(graph));
+    EPMOE_CUDA_CHECK(cudaStreamDestroy(st));
+  }
+}
+
 TEST(CutlassEngine, EngineNames) {
   using R = cuda::CudaRunner;
   EXPECT_EQ(R::parse_engine("auto", "x"), Engine::automatic);
