@@ -61,6 +61,7 @@ struct RankData {
 struct Point {
   double dispatch_us = 0, combine_us = 0, ce_us = 0, nccl_us = 0;
   double link_bytes = 0, logical_bytes = 0;  // dispatch, rank 0's view, per call
+  double combine_link_bytes = 0;             // combine rows rank 0 sends over NVLink
 };
 
 int bench_a2a(const std::vector<std::string>& args) {
@@ -190,8 +191,8 @@ int bench_a2a(const std::vector<std::string>& args) {
       cudaFree(b);
     }
 
-    std::printf("%-7s %-6s %6s | %9s %9s | %9s %9s %7s | %9s %9s | %6s %6s\n", "disp", "format", "T", "disp_us",
-                "comb_us", "link_MB", "logic_MB", "link/lg", "CE_us", "NCCLa2a", "CE/d", "NCCL/d");
+    std::printf("%-7s %-6s %6s | %9s %9s | %9s %9s %7s | %9s %9s | %6s %6s | %7s %7s\n", "disp", "format", "T", "disp_us",
+                "comb_us", "link_MB", "logic_MB", "link/lg", "CE_us", "NCCLa2a", "CE/d", "NCCL/d", "d_GB/s", "c_GB/s");
     for (const std::string& dname : disps) {
       for (long long T : Ts) {
         for (ActFormat f : fmts) {
@@ -252,10 +253,12 @@ int bench_a2a(const std::vector<std::string>& args) {
             std::vector<int32_t> counts(R);
             EPMOE_CUDA_CHECK(cudaMemcpy(counts.data(), o.counts, R * 4, cudaMemcpyDeviceToHost));
             const double row = double(payload_bytes(f, H) + scale_bytes(f, H) + 8 * K);
-            double logical = 0, link = 0;
+            double logical = 0, link = 0, clink = 0;
+            const double crow = double(payload_bytes(cfg.combine_format, H) + scale_bytes(cfg.combine_format, H));
             for (int s = 0; s < R; ++s) {
               logical += counts[s] * row;
               if (s != r) link += counts[s] * row;
+              if (s != r) clink += counts[s] * crow;  // rows of other ranks' tokens go back to them
             }
             // Copy-engine peer copy of the same link bytes (rank 0 -> 1 only).
             std::vector<double> tce;
@@ -277,6 +280,7 @@ int bench_a2a(const std::vector<std::string>& args) {
               pt.ce_us = median(tce);
               pt.link_bytes = link;
               pt.logical_bytes = logical;
+              pt.combine_link_bytes = clink;
             }
           });
           // NCCL all-to-all of rank 0's link bytes, the same size on every rank (p2p sizes must match).
@@ -305,18 +309,22 @@ int bench_a2a(const std::vector<std::string>& args) {
             std::lock_guard<std::mutex> lk(mu);
             if (r == 0) pt.nccl_us = median(tn);
           });
-          std::printf("%-7s %-6s %6lld | %9.1f %9.1f | %9.2f %9.2f %7.2f | %9.1f %9.1f | %6.2f %6.2f\n", dname.c_str(),
-                      format_name(f), T, pt.dispatch_us, pt.combine_us, pt.link_bytes / 1e6, pt.logical_bytes / 1e6,
-                      pt.logical_bytes > 0 ? pt.link_bytes / pt.logical_bytes : 0.0, pt.ce_us, pt.nccl_us,
-                      pt.dispatch_us > 0 ? pt.ce_us / pt.dispatch_us : 0.0,
-                      pt.dispatch_us > 0 ? pt.nccl_us / pt.dispatch_us : 0.0);
+          std::printf("%-7s %-6s %6lld | %9.1f %9.1f | %9.2f %9.2f %7.2f | %9.1f %9.1f | %6.2f %6.2f | %7.0f %7.0f\n",
+                      dname.c_str(), format_name(f), T, pt.dispatch_us, pt.combine_us, pt.link_bytes / 1e6,
+                      pt.logical_bytes / 1e6, pt.logical_bytes > 0 ? pt.link_bytes / pt.logical_bytes : 0.0, pt.ce_us,
+                      pt.nccl_us, pt.dispatch_us > 0 ? pt.ce_us / pt.dispatch_us : 0.0,
+                      pt.dispatch_us > 0 ? pt.nccl_us / pt.dispatch_us : 0.0,
+                      pt.dispatch_us > 0 ? pt.link_bytes / pt.dispatch_us / 1e3 : 0.0,
+                      pt.combine_us > 0 ? pt.combine_link_bytes / pt.combine_us / 1e3 : 0.0);
           std::fflush(stdout);
         }
       }
     }
     std::printf("# link_MB/logic_MB: dispatch bytes rank 0 received over NVLink / including its own tokens "
                 "(payload+scales+ids+weights). CE_us: cudaMemcpyPeerAsync of link_MB; NCCLa2a: ncclSend/Recv "
-                "group of link_MB per peer. CE/d, NCCL/d > 1: the dispatcher is faster than that baseline.\n");
+                "group of link_MB per peer. CE/d, NCCL/d > 1: the dispatcher is faster than that baseline. d_GB/s, c_GB/s: "
+                "NVLink bytes into rank 0 per dispatch (link_MB) / out of rank 0 per combine (its rows of other ranks' "
+                "tokens, in the combine format) over the measured time.\n");
     for (auto& d : rd) {
       for (void* p : {d.hidden, d.ids, d.w, d.y, d.out, d.a2a_send, d.a2a_recv, d.peer_buf}) cudaFree(p);
     }
