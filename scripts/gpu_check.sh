@@ -23,7 +23,8 @@ summary="$out/summary.md"
 {
   echo "# epmoe GPU check"
   echo "- date: $(date -u +%Y-%m-%dT%H:%MZ)"
-  echo "- commit: $(git rev-parse --short HEAD 2>/dev/null || echo unknown)$(git diff --quiet 2>/dev/null || echo ' (+uncommitted changes)')"
+  # The device copy of the tree may come without .git: the caller can pass EPMOE_COMMIT.
+  echo "- commit: ${EPMOE_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}"
   echo "- GPUs: $(nvidia-smi --query-gpu=name --format=csv,noheader | sort | uniq -c | sed 's/^ *//' | paste -sd, -)"
   echo "- nvcc: $(nvcc --version | tail -1)"
 } > "$summary"
