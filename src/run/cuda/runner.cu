@@ -298,6 +298,11 @@ void CudaRunner::run(const DispatchOutput& in, const ExpertWeights& w, bf16_raw*
       {{"mma/mma", "mma/wgmma-fp8"}, {"wgmma-fp8/mma", "wgmma-fp8/wgmma-fp8"}},
       {{"wgmma-bf16/wgmma-bf16", "wgmma-bf16/wgmma-bf16"}, {"wgmma-bf16/wgmma-bf16", "wgmma-bf16/wgmma-bf16"}}};
   last_engines_ = kEngines[wg_bf16][wg_fp8_1][wg_fp8_2];
+  // nvfp4 weights: wgmma with the weights decoded in registers (K % 128 == 0), else mma.sync.
+  const bool wg_f4_1 = decode && wf == WeightFormat::nvfp4 && wgmma_nvfp4_supports(H, I, true);
+  const bool wg_f4_2 = decode && wf == WeightFormat::nvfp4 && wgmma_nvfp4_supports(I, H, false);
+  if (wg_f4_1 || wg_f4_2)
+    last_engines_ = wg_f4_1 ? (wg_f4_2 ? "wgmma-nvfp4/wgmma-nvfp4" : "wgmma-nvfp4/mma") : "mma/wgmma-nvfp4";
   if (wg_fp8_1) {
     a8_.reserve(size_t(max_rows) * H);
     as_.reserve(size_t(max_rows) * (H / 128) * 4);
@@ -343,6 +348,8 @@ void CudaRunner::run(const DispatchOutput& in, const ExpertWeights& w, bf16_raw*
     launch_grouped_gemm_wgmma_fp8(g1, st);
   } else if (wg_bf16) {
     launch_grouped_gemm_wgmma_bf16(g1, st);
+  } else if (wg_f4_1) {
+    launch_grouped_gemm_wgmma_nvfp4(g1, st);
   } else {
     launch_grouped_gemm(g1, bm, st);
   }
@@ -375,6 +382,8 @@ void CudaRunner::run(const DispatchOutput& in, const ExpertWeights& w, bf16_raw*
     launch_grouped_gemm_wgmma_fp8(g2, st);
   } else if (wg_bf16) {
     launch_grouped_gemm_wgmma_bf16(g2, st);
+  } else if (wg_f4_2) {
+    launch_grouped_gemm_wgmma_nvfp4(g2, st);
   } else {
     launch_grouped_gemm(g2, bm, st);
   }

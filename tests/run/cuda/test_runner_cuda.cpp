@@ -145,6 +145,12 @@ void run_problem(const Problem& p, uint32_t seed) {
   std::printf("[runner] %-22s act %-5s w %-5s bm %3d %-22s n=%d  max|a-b|/max|ref| %.3e  1-cos %.3e\n", p.name,
               format_name(p.act), format_name(p.wf), runner.last_block_m(), runner.last_engines(), n, d.rel(),
               d.one_minus_cos);
+  // nvfp4 weights in decode take the register-decode wgmma engine wherever its K % 128 rule allows.
+  if (p.wf == WeightFormat::nvfp4 && p.wgmma && runner.last_block_m() == 32) {
+    const std::string e = runner.last_engines();
+    EXPECT_EQ(e.substr(0, e.find('/')), H % 128 == 0 ? "wgmma-nvfp4" : "mma");
+    EXPECT_EQ(e.substr(e.find('/') + 1), p.I % 128 == 0 ? "wgmma-nvfp4" : "mma");
+  }
   EXPECT_EQ(d.nonfinite, 0u);
   EXPECT_LE(d.rel(), kMaxRel);
   EXPECT_LE(d.one_minus_cos, kMaxOneMinusCos);
@@ -216,6 +222,13 @@ TEST(CudaRunner, DecodeEnginesMatchReference) {
         {2048, 768, 16, 4, 70, A::bf16, W::bf16, IQ::none, 32, -1, true, "skew bf16", wg},
         {2880, 2880, 4, 4, 10, A::bf16, W::bf16, IQ::none, 32, -1, false, "gpt-oss bf16", wg},
         {1024, 512, 64, 1, 64, A::fp8, W::fp8, IQ::fp8, 32, -1, false, "E=64 K=1", wg},
+        {7168, 2048, 4, 2, 12, A::bf16, W::nvfp4, IQ::none, 32, -1, false, "dsv3 nvfp4", wg},
+        {7168, 2048, 4, 2, 12, A::nvfp4, W::nvfp4, IQ::none, 32, -1, false, "dsv3 nvfp4 nvfp4-act", wg},
+        {2048, 768, 16, 8, 40, A::nvfp4, W::nvfp4, IQ::none, 32, -1, false, "qwen3 nvfp4 nvfp4-act", wg},
+        {4096, 1536, 16, 8, 20, A::bf16, W::nvfp4, IQ::fp8, 32, 13, false, "qwen3-235b nvfp4 iq=fp8", wg},
+        {2048, 768, 16, 4, 70, A::bf16, W::nvfp4, IQ::none, 32, -1, true, "skew nvfp4", wg},
+        {1024, 576, 8, 2, 16, A::nvfp4, W::nvfp4, IQ::none, 32, -1, false, "nvfp4 wgmma/mma mix", wg},
+        {2880, 2880, 4, 4, 10, A::bf16, W::nvfp4, IQ::none, 32, -1, false, "gpt-oss nvfp4 (mma)", wg},
     };
     for (const Problem& p : problems) run_problem(p, seed++);
   }

@@ -1,0 +1,297 @@
+// Decode-regime grouped GEMM for nvfp4 weights on Hopper wgmma, weights as the M operand taken
+// from REGISTERS (the tokens of one 32-row m-tile are the N operand, bf16, from shared memory).
+//
+// Why registers: Hopper has no fp4 tensor cores, so every weight is widened to bf16 once
+// (e2m1 * e4m3 block scale, exact in bf16: <= 6 significant bits). Widening in registers straight
+// into wgmma's A fragment skips a shared-memory round trip of the widened tile, and decoding with
+// byte permutes (PRMT) replaces the old 256-entry shared-memory table (random 4-byte lookups, bank
+// conflicts).
+//
+// K order. The nvfp4 scale changes every 16 K. In wgmma's A fragment a thread holds, per k16
+// instruction and row, only 4 of the 16 K values, so in natural order it would need one scale
+// conversion per 4 weights. Instead the K order inside each 64-K block is permuted (the same
+// permutation for weights and tokens, so the dot products are unchanged): over the four k16
+// instructions of a block, thread t of a quad (t = lane % 4) holds exactly the 16 K values
+// 16t .. 16t+15 of its rows, i.e. one whole scale block: one 8-byte load and one scale per row.
+// Instruction j, A slots (2t, 2t+1) = natural (16t+4j, +1), slots (2t+8, 2t+9) = (16t+4j+2, +3).
+// The tokens follow: natural 4-byte word p = 8t + m of a 64-K block goes to 16-byte chunk m, word
+// t of that chunk (a 4x8 transpose of words), loaded with 4-byte cp.async into the SW128 layout.
+//
+// Numerics equal the mma.sync nvfp4 path: bf16(e2m1) * bf16(e4m3 scale) exactly, fp32
+// accumulation, the per-expert global scale divides the accumulator in the epilogue.
+//
+// Pipeline: one warpgroup per CTA, 128 weight rows (two m64 halves; fused GEMM1: gate rows 0-63,
+// up rows 64-127 of the same 64 intermediate columns), stage = 128 K (64 bytes of each weight row:
+// two whole 32-byte sectors; 8 scale bytes; two SW128 token atoms), 4 stages, persistent grid over
+// one flat stream of (tile, k-stage) steps like gemm_wgmma.cuh.
+#include "run/cuda/gemm_wgmma.cuh"
+
+namespace epmoe::cuda::wgf4 {
+namespace {
+
+using gemm::cp_async16;
+using gemm::cp_async4;
+using gemm::cp_commit;
+using gemm::cp_wait;
+using gemm::smem_u32;
+using wg::desc_sw128;
+using wg::fence_proxy_async;
+using wg::reg_fence;
+using wg::wgmma_commit;
+using wg::wgmma_fence;
+using wg::wgmma_wait0;
+
+constexpr int kBT = 32;       // tokens per m-tile (wgmma N)
+constexpr int kRowsW = 128;   // weight rows per CTA tile
+constexpr int kKS = 128;      // K values per stage
+constexpr int kThreads = 128;
+constexpr int kStages = 4;
+
+struct Layout {
+  static constexpr int A = 0;                    // tokens: 2 atoms [32][128 B], SW128, permuted K
+  static constexpr int W = 2 * kBT * 128;        // weights [128 rows][64 B], chunk c at c ^ (r & 2)
+  static constexpr int S = W + kRowsW * 64;      // scales [128 rows][8 B]
+  static constexpr int STAGE = S + kRowsW * 8;   // 17 KB
+  static constexpr int TOTAL = STAGE * kStages + 1024;
+};
+static_assert(Layout::STAGE % 1024 == 0, "token atoms need 1024-byte alignment");
+
+__device__ __forceinline__ void cp_async8(uint32_t dst, const void* src, bool valid) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 8 : 0));
+}
+__device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {
+  uint32_t d;
+  asm("prmt.b32 %0, %1, %2, %3;\n" : "=r"(d) : "r"(a), "r"(b), "r"(sel));
+  return d;
+}
+
+// bf16 bits of the e2m1 magnitudes 0, .5, 1, 1.5, 2, 3, 4, 6, split in low and high bytes so that
+// one PRMT looks up four nibbles at once (selector = four 3-bit magnitudes).
+constexpr uint32_t kLo0 = 0xC0800000u, kLo1 = 0xC0804000u;
+constexpr uint32_t kHi0 = 0x3F3F3F00u, kHi1 = 0x40404040u;
+
+// Four e2m1 codes (nibbles 0-3 of x: natural k, k+1, k+2, k+3) -> bf16x2 (k, k+1) and (k+2, k+3).
+__device__ __forceinline__ void e2m1x4_to_bf16(uint32_t x, uint32_t& d0, uint32_t& d1) {
+  const uint32_t m = x & 0x7777u;
+  const uint32_t lo = prmt(kLo0, kLo1, m);
+  uint32_t hi = prmt(kHi0, kHi1, m);
+  // Sign: a selector nibble with bit 3 set makes PRMT replicate the msb of the chosen byte, so
+  // with all bytes 0x80 the result byte is 0xFF for a negative code and 0x80 otherwise; its bit 6
+  // is the sign, moved to bit 7 of the high byte.
+  const uint32_t s = prmt(0x80808080u, 0x80808080u, x);
+  hi |= (s << 1) & 0x80808080u;
+  d0 = prmt(lo, hi, 0x5140u);
+  d1 = prmt(lo, hi, 0x7362u);
+}
+
+__device__ __forceinline__ void wgmma_bf16_rA(float (&d)[16], const uint32_t (&a)[4], uint64_t db) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %21, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, {%16, %17, %18, %19}, %20, p, 1, 1, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]),
+        "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
+}
+
+__global__ void __launch_bounds__(kThreads) nvfp4_wgmma_kernel(GemmArgs p) {
+  extern __shared__ uint8_t smem_raw[];
+  const uint32_t raw = smem_u32(smem_raw);
+  const uint32_t base = (raw + 1023u) & ~1023u;
+  const uint8_t* sbase = smem_raw + (base - raw);
+
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int g = lane >> 2, t = lane & 3;
+  const int K = p.K, KT = K / kKS;
+  const int rows_w = p.W.rows, cols_w = p.W.cols;
+  const int64_t w_row_bytes = cols_w / 2, s_row_bytes = cols_w / 16;
+  const int n_per_tile = p.fused ? kRowsW / 2 : kRowsW;
+  const int NT = (p.N + n_per_tile - 1) / n_per_tile;
+  const int total = *p.num_tiles * NT;
+
+  const int my_tiles = int(blockIdx.x) < total ? (total - 1 - int(blockIdx.x)) / int(gridDim.x) + 1 : 0;
+  const int64_t steps = int64_t(my_tiles) * KT;
+  struct Cur {
+    MTile mt;
+    int n0;
+  };
+  auto tile_of = [&](int local) {
+    const int tile = int(blockIdx.x) + local * int(gridDim.x);
+    return Cur{p.tiles[tile / NT], (tile % NT) * n_per_tile};
+  };
+  auto w_row = [&](int n0, int r) { return p.fused ? (r < 64 ? n0 + r : p.N + n0 + r - 64) : n0 + r; };
+  auto w_ok = [&](int n0, int r) { return p.fused || n0 + r < p.N; };
+
+  // Token loads: thread (row tr, quarter tq) moves the 32 natural bytes 32tq .. 32tq+31 of each
+  // 64-K block (8 words, word m to chunk m at word tq) of its token row.
+  const int tr = tid >> 2, tq = tid & 3;
+  auto load_step = [&](int64_t s) {
+    const Cur c = tile_of(int(s / KT));
+    const int kt = int(s % KT);
+    const int e = c.mt.expert;
+    const uint32_t st = base + uint32_t(s % kStages) * Layout::STAGE;
+    const uint8_t* W = static_cast<const uint8_t*>(p.W.data) + int64_t(e) * rows_w * w_row_bytes + int64_t(kt) * 64;
+    const uint8_t* Sc = static_cast<const uint8_t*>(p.W.scales) + int64_t(e) * rows_w * s_row_bytes + int64_t(kt) * 8;
+#pragma unroll
+    for (int i = tid; i < kRowsW * 4; i += kThreads) {
+      const int r = i >> 2, ch = i & 3;
+      const bool ok = w_ok(c.n0, r);
+      cp_async16(st + Layout::W + r * 64 + ((ch ^ (r & 2)) << 4), W + int64_t(ok ? w_row(c.n0, r) : 0) * w_row_bytes + ch * 16,
+                 ok);
+    }
+    {
+      const int r = tid;
+      const bool ok = w_ok(c.n0, r);
+      cp_async8(st + Layout::S + r * 8, Sc + int64_t(ok ? w_row(c.n0, r) : 0) * s_row_bytes, ok);
+    }
+    const bool ok = tr < c.mt.rows;
+    const uint8_t* A =
+        reinterpret_cast<const uint8_t*>(p.A + int64_t(c.mt.row0 + (ok ? tr : 0)) * K + int64_t(kt) * kKS) + tq * 32;
+#pragma unroll
+    for (int sb = 0; sb < 2; ++sb)
+#pragma unroll
+      for (int m = 0; m < 8; ++m)
+        cp_async4(st + Layout::A + sb * 4096 + tr * 128 + ((m ^ (tr & 7)) << 4) + tq * 4, A + sb * 128 + m * 4, ok);
+  };
+
+  float acc[2][16];
+#pragma unroll
+  for (int h = 0; h < 2; ++h)
+#pragma unroll
+    for (int i = 0; i < 16; ++i) acc[h][i] = 0.f;
+
+#pragma unroll
+  for (int s = 0; s < kStages - 1; ++s) {
+    if (s < steps) load_step(s);
+    cp_commit();
+  }
+
+  Cur cur = my_tiles > 0 ? tile_of(0) : Cur{};
+  for (int64_t s = 0; s < steps; ++s) {
+    const int kt = int(s % KT);
+    cp_wait<kStages - 2>();
+    fence_proxy_async();
+    __syncthreads();  // stage s visible to all; stage s-1 (overwritten next) no longer read
+    {
+      const int64_t ns = s + kStages - 1;
+      if (ns < steps) load_step(ns);
+      cp_commit();
+    }
+    const int slot = int(s % kStages);
+    const uint32_t st = base + uint32_t(slot) * Layout::STAGE;
+    const uint8_t* sp = sbase + slot * Layout::STAGE;
+
+    // A fragments: [half][row q (r0, r0+8)][sub-block][8 x bf16x2 = the 16 values of block t].
+    uint32_t wa[2][2][2][8];
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+#pragma unroll
+      for (int q = 0; q < 2; ++q) {
+        const int r = h * 64 + 16 * warp + g + 8 * q;
+        const uint2 sc8 = *reinterpret_cast<const uint2*>(sp + Layout::S + r * 8);
+        // Scales of block t (sub-block 0) and 4 + t (sub-block 1), exactly to bf16, each doubled.
+        const uint32_t two = prmt(sc8.x, sc8.y, uint32_t(t) | (uint32_t(t + 4) << 4));
+        const uint32_t s2 = gemm::e4m3x2_to_bf16x2(static_cast<uint16_t>(two));
+        const uint32_t scl[2] = {prmt(s2, s2, 0x1010u), prmt(s2, s2, 0x3232u)};
+#pragma unroll
+        for (int sb = 0; sb < 2; ++sb) {
+          const int ch = sb * 2 + (t >> 1);
+          const uint2 v = *reinterpret_cast<const uint2*>(sp + Layout::W + r * 64 + ((ch ^ (r & 2)) << 4) + (t & 1) * 8);
+          uint32_t d[8];
+          e2m1x4_to_bf16(v.x, d[0], d[1]);
+          e2m1x4_to_bf16(v.x >> 16, d[2], d[3]);
+          e2m1x4_to_bf16(v.y, d[4], d[5]);
+          e2m1x4_to_bf16(v.y >> 16, d[6], d[7]);
+#pragma unroll
+          for (int i = 0; i < 8; ++i) wa[h][q][sb][i] = gemm::bf16x2_mul(d[i], scl[sb]);
+        }
+      }
+
+    wgmma_fence();
+#pragma unroll
+    for (int sb = 0; sb < 2; ++sb)
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const uint64_t db = desc_sw128(st + Layout::A + sb * 4096 + j * 32);
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const uint32_t a[4] = {wa[h][0][sb][2 * j], wa[h][1][sb][2 * j], wa[h][0][sb][2 * j + 1],
+                                 wa[h][1][sb][2 * j + 1]};
+          wgmma_bf16_rA(acc[h], a, db);
+        }
+      }
+    wgmma_commit();
+    wgmma_wait0();
+    reg_fence(acc[0]);
+    reg_fence(acc[1]);
+    if (kt != KT - 1) continue;
+
+    const float inv_gs = 1.0f / p.W.global_scale[cur.mt.expert];
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+#pragma unroll
+      for (int q = 0; q < 2; ++q) {
+        const int tok = 8 * j + 2 * t + q;
+        if (tok >= cur.mt.rows) continue;
+        bf16_raw* orow = p.out + int64_t(cur.mt.row0 + tok) * p.N;
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh) {
+          const int r = 16 * warp + g + 8 * hh, i = 4 * j + 2 * hh + q;
+          if (p.fused) {
+            const float gt = acc[0][i] * inv_gs, up = acc[1][i] * inv_gs;
+            orow[cur.n0 + r] = num::f32_to_bf16((gt / (1.0f + __expf(-gt))) * up);
+          } else {
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+              const int n = cur.n0 + h * 64 + r;
+              if (n < p.N) orow[n] = num::f32_to_bf16(acc[h][i] * inv_gs);
+            }
+          }
+        }
+      }
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+#pragma unroll
+      for (int i = 0; i < 16; ++i) acc[h][i] = 0.f;
+    if (s + 1 < steps) cur = tile_of(int((s + 1) / KT));
+  }
+  cp_wait<0>();
+}
+
+}  // namespace
+}  // namespace epmoe::cuda::wgf4
+
+namespace epmoe::cuda {
+
+bool wgmma_nvfp4_supports(int K, int N, bool fused) { return K % wgf4::kKS == 0 && (!fused || N % 64 == 0); }
+
+void launch_grouped_gemm_wgmma_nvfp4(const GemmArgs& a, cudaStream_t stream) {
+  using namespace wgf4;
+  const char* what = "cuda runner (wgmma nvfp4)";
+  if (a.K % kKS != 0)
+    throw UsageError(std::string(what) + ": GEMM K=" + std::to_string(a.K) + " is not a multiple of " +
+                     std::to_string(kKS) + "; use the mma.sync engine for this shape");
+  if (a.fused && a.N % 64 != 0)
+    throw UsageError(std::string(what) + ": intermediate=" + std::to_string(a.N) + " is not a multiple of 64");
+  if (a.W.format != WeightFormat::nvfp4 || !a.W.scales || !a.W.global_scale || !a.A)
+    throw UsageError(std::string(what) + ": needs nvfp4 weights with scales and global_scale, and bf16 A (weights are " +
+                     format_name(a.W.format) + ")");
+  constexpr int smem = Layout::TOTAL;
+  static int sms = 0, per_sm = 0;  // per process; the runner pins one device per process anyway
+  if (sms == 0) {
+    int dev = 0;
+    EPMOE_CUDA_CHECK(cudaGetDevice(&dev));
+    EPMOE_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+    EPMOE_CUDA_CHECK(cudaFuncSetAttribute(nvfp4_wgmma_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    EPMOE_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, nvfp4_wgmma_kernel, kThreads, smem));
+    per_sm = std::max(per_sm, 1);
+  }
+  const int n_per_tile = a.fused ? kRowsW / 2 : kRowsW;
+  const int64_t work = int64_t(a.max_tiles) * ((a.N + n_per_tile - 1) / n_per_tile);
+  const int grid = static_cast<int>(std::min<int64_t>(work, int64_t(sms) * per_sm));
+  if (grid <= 0) return;
+  nvfp4_wgmma_kernel<<<grid, kThreads, smem, stream>>>(a);
+  EPMOE_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace epmoe::cuda
