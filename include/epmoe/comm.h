@@ -31,8 +31,9 @@ std::unique_ptr<Communicator> make_local_comm(DeviceKind device = DeviceKind::cp
 // shared-memory mailboxes. `timeout_ms` bounds every wait for a peer.
 std::vector<std::unique_ptr<Communicator>> make_cpu_group(int num_ranks, int timeout_ms = 10000);
 
-// Runs fn(comm) on one thread per communicator and joins them. If any rank throws, the first
-// exception (lowest rank) is rethrown after all threads have finished.
+// Runs fn(comm) on one thread per communicator and joins them. If any rank throws, the lowest
+// rank's exception is rethrown after all threads have finished, preferring one that is not a
+// TimeoutError: a rank that fails leaves its peers to time out, and the cause is what matters.
 void run_ranks(std::vector<std::unique_ptr<Communicator>>& comms,
                const std::function<void(Communicator&)>& fn);
 

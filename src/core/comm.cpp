@@ -64,8 +64,23 @@ void run_ranks(std::vector<std::unique_ptr<Communicator>>& comms,
     });
   }
   for (auto& t : threads) t.join();
-  for (auto& e : errors)
-    if (e) std::rethrow_exception(e);
+  // A rank that fails leaves its peers waiting, and they time out; the timeout is a consequence, so
+  // the lowest rank's other error is the one worth reporting.
+  std::exception_ptr first, first_cause;
+  for (auto& e : errors) {
+    if (!e) continue;
+    if (!first) first = e;
+    if (!first_cause) {
+      try {
+        std::rethrow_exception(e);
+      } catch (const TimeoutError&) {
+      } catch (...) {
+        first_cause = e;
+      }
+    }
+  }
+  if (first_cause) std::rethrow_exception(first_cause);
+  if (first) std::rethrow_exception(first);
 }
 
 }  // namespace epmoe

@@ -117,5 +117,24 @@ TEST(Fabric, MissingRankIsNamedAndLaterCallsFailFast) {
   EXPECT_LT(std::chrono::steady_clock::now() - t1, std::chrono::milliseconds(100));
 }
 
+TEST(Comm, RunRanksPrefersTheCauseOverAPeersTimeout) {
+  auto comms = make_cpu_group(3, 1000);
+  try {
+    run_ranks(comms, [&](Communicator& c) {
+      if (c.rank() == 0) throw TimeoutError("rank 2 did not arrive", 2);
+      if (c.rank() == 2) throw UsageError("the real problem");
+    });
+    FAIL() << "expected an exception";
+  } catch (const UsageError& e) {
+    EXPECT_STREQ(e.what(), "the real problem");
+  }
+  try {  // only timeouts: the lowest rank's
+    run_ranks(comms, [&](Communicator& c) { throw TimeoutError("t" + std::to_string(c.rank()), 0); });
+    FAIL() << "expected an exception";
+  } catch (const TimeoutError& e) {
+    EXPECT_STREQ(e.what(), "t0");
+  }
+}
+
 }  // namespace
 }  // namespace epmoe
