@@ -286,3 +286,57 @@ __device__ __forceinline__ void sum_store(const float (*acc)[8], int H, int e0, 
 }
 
 }  // namespace epmoe::a2a
+
+namespace epmoe::a2a {
+
+// ---- cp.async pipelines ------------------------------------------------------------------------------
+// Loads that land in shared memory without holding registers, so that a warp keeps several units in
+// flight (Little's law: 24 SMs need ~1-2 MB in flight to stream at HBM/NVLink rates). cp.async is a
+// weak load performed by the issuing thread: data written by a peer is read only after the flag that
+// released it was acquired (and the warp synchronised), exactly as for ordinary loads. Each lane
+// reads back only what it copied itself, so cp.async.wait_group alone makes it visible.
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+// 16 bytes global -> shared, L2 only; `bytes` = 16 or 0 (0: zero fill, nothing read).
+__device__ __forceinline__ void cp_async16(void* dst, const void* src, int bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(smem_addr(dst)),
+               "l"(__cvta_generic_to_global(src)), "r"(bytes)
+               : "memory");
+}
+// 4 bytes global -> shared; `bytes` = 4 or 0.
+__device__ __forceinline__ void cp_async4(void* dst, const void* src, int bytes) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(smem_addr(dst)),
+               "l"(__cvta_generic_to_global(src)), "r"(bytes)
+               : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory"); }
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;" ::: "memory"); }
+
+// One unit's bf16 input for one lane, in the element order of unit_load (chunk i of UnitRaw at
+// stage[i * 32 + lane]).
+template <ActFormat F>
+__device__ __forceinline__ void unit_load_async(const bf16_raw* row, int H, int e0, uint4* stage) {
+  const int lane = threadIdx.x & 31;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    int e;  // first element of chunk i of this lane
+    if constexpr (F == ActFormat::bf16) e = e0 + 8 * (32 * i + lane);
+    else if constexpr (F == ActFormat::fp8) e = e0 + 512 * (i >> 1) + 16 * lane + 8 * (i & 1);
+    else e = e0 + 32 * lane + 8 * i;
+    bool on;
+    if constexpr (F == ActFormat::fp8) on = e0 + 512 * (i >> 1) + 16 * lane < H;  // whole 128-blocks
+    else on = e < H;
+    cp_async16(stage + i * 32 + lane, on ? row + e : row, on ? 16 : 0);
+  }
+}
+template <ActFormat F>
+__device__ __forceinline__ void unit_from_stage(const uint4* stage, UnitRaw& r) {
+  const int lane = threadIdx.x & 31;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) r.v[i] = stage[i * 32 + lane];
+}
+
+}  // namespace epmoe::a2a

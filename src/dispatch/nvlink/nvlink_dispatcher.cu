@@ -10,14 +10,16 @@
 //      and the loads of each warp's first unit, so that the status round trip hides them;
 //   4. every CTA acquires all statuses; then warps take units (token, 1024 elements), quantize each
 //      once (hardware e4m3 conversion; e2m1 branch-free) and store it with 16-byte stores into every
-//      destination's region [me][slot], the next unit's loads in flight meanwhile;
+//      destination's region [me][slot]; each warp keeps its next kStages-1 units' loads in flight
+//      through a cp.async ring in shared memory (the first ones issued before the status wait);
 //   5. every CTA adds 1 (release, system scope) to each peer's arrival counter for this source and
 //      waits (acquire) until every source's counter reached the sum of the grid sizes it announced;
 //      then each CTA resets a share of the ids that became invalid and counts a share of experts.
 // Combine: in every CTA, kPushWarps warps push valid y rows (bf16, or fp8-encoded) to the home
 // rank's region [me][slot] and release a per-row flag with the combine epoch; the other warps sum
 // tokens as soon as the flags of their rows are set (ascending rank, fp32, no fma), so the sum
-// overlaps the transfer. bf16: a rank's own rows are read from y in place, never copied.
+// overlaps the transfer; with R = 2 and bf16 rows the sum streams through a cp.async ring too.
+// bf16: a rank's own rows are read from y in place, never copied.
 // No host synchronisation; CUDA-graph capturable (epochs and counters live in device memory).
 // Waits are bounded: a peer that never arrives leaves an error record naming it, and the host
 // raises TimeoutError at its next call (or at gpu_dispatcher_sync).
@@ -151,26 +153,30 @@ __global__ void __launch_bounds__(kThreads, 1) dispatch_kernel(Args a) {
     a2a::slot_chunk(a.p, a.ids, a.K, me, t0, t1, sm_prefix, a.slot_map, sm_warp, sm_running);
     __syncthreads();  // slot_map of this chunk was written by other threads of the CTA
   }
-  // A unit's loads: its data, the token's slot per destination (lane d) and, for the token's first
-  // unit, its routing row (lane k).
-  struct Ahead {
-    a2a::UnitRaw raw;
-    int j = -1, eid = -1;
-    float wk = 0.f;
-  };
-  auto load_ahead = [&](int64_t v, Ahead& x) {
+  // Each warp streams its units through a ring of kStages shared-memory stages (cp.async): the
+  // unit's bf16 input (2 KB) and, per lane, the token's slot on destination `lane` and, for the
+  // token's first unit, its routing row entry `lane`. The first kStages-1 units are issued here, so
+  // their loads travel while the statuses do.
+  extern __shared__ uint4 dyn[];
+  uint4* ring = dyn + size_t(warp) * kStages * 128;
+  int32_t* meta = reinterpret_cast<int32_t*>(dyn + size_t(nwarps) * kStages * 128) + size_t(warp) * kStages * 96;
+  auto issue = [&](int64_t v, int stage) {
     const int64_t t = t0 + v / P;
     const int piece = int(v % P);
-    a2a::unit_load<F>(a.hidden + size_t(t) * a.H, a.H, piece * a2a::kUnitElems, x.raw);
-    x.j = lane < R ? a.slot_map[t * R + lane] : -1;
-    if (piece == 0 && lane < a.K) {
-      x.eid = a.ids[t * a.K + lane];
-      x.wk = a.w[t * a.K + lane];
-    }
+    a2a::unit_load_async<F>(a.hidden + size_t(t) * a.H, a.H, piece * a2a::kUnitElems, ring + stage * 128);
+    int32_t* m = meta + stage * 96;
+    a2a::cp_async4(m + lane, a.slot_map + t * R + min(lane, R - 1), lane < R ? 4 : 0);
+    const bool rk = piece == 0 && lane < a.K;
+    a2a::cp_async4(m + 32 + lane, a.ids + t * a.K + min(lane, a.K - 1), rk ? 4 : 0);
+    a2a::cp_async4(m + 64 + lane, a.w + t * a.K + min(lane, a.K - 1), rk ? 4 : 0);
   };
-  int64_t u = warp;
-  Ahead cur;
-  if (u < nunits) load_ahead(u, cur);
+  int64_t issue_v = warp;
+#pragma unroll
+  for (int k = 0; k < kStages - 1; ++k) {
+    if (issue_v < nunits) issue(issue_v, k);
+    a2a::cp_async_commit();
+    issue_v += nwarps;
+  }
 
   // 4. Everyone's status (thread s < R watches source s).
   uint8_t* mine = a.peer_base[me];
@@ -200,32 +206,46 @@ __global__ void __launch_bounds__(kThreads, 1) dispatch_kernel(Args a) {
   const int bad_any = sm_bad_any;
 
   // 5. Push: a warp takes units (token, 1024 elements), quantizes each once and stores it to every
-  //    destination of the token; the next unit's loads are in flight meanwhile.
+  //    destination of the token; the loads of its next kStages-1 units are in flight meanwhile.
   if (bad_any == 0) {
-    for (; u < nunits; u += nwarps) {
-      Ahead nxt;
-      if (u + nwarps < nunits) load_ahead(u + nwarps, nxt);
+    int k = 0;
+    for (int64_t u = warp; u < nunits; u += nwarps, ++k) {
+      // Refill the stage consumed last iteration with the unit kStages-1 ahead, then wait for this one.
+      if (issue_v < nunits) issue(issue_v, (k + kStages - 1) % kStages);
+      a2a::cp_async_commit();
+      issue_v += nwarps;
+      a2a::cp_async_wait<kStages - 1>();
+      const int stage = k % kStages;
       const int64_t t = t0 + u / P;
       const int piece = int(u % P), e0 = piece * a2a::kUnitElems;
+      a2a::UnitRaw raw;
+      a2a::unit_from_stage<F>(ring + stage * 128, raw);
+      const int32_t* m = meta + stage * 96;
+      const int myj = lane < R ? m[lane] : -1;
       a2a::UnitEnc enc;
-      a2a::unit_encode<F>(cur.raw, a.q, enc);
+      a2a::unit_encode<F>(raw, a.q, enc);
       int crank = -1, cslot = -1;
-      if (piece == 0 && cur.eid >= 0) a2a::choose_copy(a.p, cur.eid, me, t, crank, cslot);
-      uint32_t dmask = __ballot_sync(0xffffffffu, cur.j >= 0);
+      float wk = 0.f;
+      if (piece == 0 && lane < a.K) {
+        const int eid = m[32 + lane];
+        wk = __int_as_float(m[64 + lane]);
+        if (eid >= 0) a2a::choose_copy(a.p, eid, me, t, crank, cslot);
+      }
+      uint32_t dmask = __ballot_sync(0xffffffffu, myj >= 0);
       while (dmask) {
         const int d = __ffs(dmask) - 1;
         dmask &= dmask - 1;
-        const int j = __shfl_sync(0xffffffffu, cur.j, d);
+        const int j = __shfl_sync(0xffffffffu, myj, d);
         const a2a::DestRegion& dr = sm_dst[d];
-        a2a::unit_store<F>(cur.raw, enc, a.H, e0, dr.payload + size_t(j) * ps, ss ? dr.scales + size_t(j) * ss : nullptr);
+        a2a::unit_store<F>(raw, enc, a.H, e0, dr.payload + size_t(j) * ps, ss ? dr.scales + size_t(j) * ss : nullptr);
         if (piece == 0 && lane < a.K) {  // the routing row, translated for this destination
           dr.ids[size_t(j) * a.K + lane] = crank == d ? cslot : -1;
-          dr.weights[size_t(j) * a.K + lane] = cur.wk;
+          dr.weights[size_t(j) * a.K + lane] = wk;
         }
       }
-      cur = nxt;
     }
   }
+  a2a::cp_async_wait_all();  // nothing may still be landing in shared memory when the CTA moves on
 
   // 6. Arrive everywhere (also when nothing moved, so that the counters stay in step), then every
   //    CTA waits for every source: no second grid barrier.
@@ -445,6 +465,116 @@ __device__ void combine_sum(const Args& a, uint64_t e) {
   }
 }
 
+// combine_sum for R = 2 and bf16 rows (at most two partials per token): a warp streams its
+// (token, unit) steps through kStages shared-memory stages filled by cp.async, so ~3 units (12 KB)
+// per warp are in flight instead of one. The step kStages-1 ahead is issued before the current one is
+// summed; entering a new token, the issuing side first acquires the flag of its remote row.
+__device__ void combine_sum_r2_bf16(const Args& a, uint64_t e) {
+  const int me = a.me, lane = threadIdx.x & 31;
+  const int sw = (threadIdx.x >> 5) - kPushWarps;
+  const int nsw = kThreads / 32 - kPushWarps;
+  const int64_t gw = int64_t(blockIdx.x) * nsw + sw;
+  const int64_t nw = int64_t(gridDim.x) * nsw;
+  const size_t ps = payload_bytes(ActFormat::bf16, a.H);
+  const uint8_t* mine = a.peer_base[me];
+  const int P = a2a::units_per_row(a.H), nch = a.H >> 3;
+  int parts = 1;
+  while (parts * 2 <= P && a.T * parts * 2 <= nw) parts *= 2;
+  const int64_t nassign = a.T * parts;
+  extern __shared__ uint4 dyn[];
+  uint4* ring = dyn + size_t(sw) * kStages * 256;  // [stage][partial][chunk i][lane]
+  int32_t* meta = reinterpret_cast<int32_t*>(dyn + size_t(nsw) * kStages * 256) + size_t(sw) * kStages * 4;
+
+  // Issuing side: assignment w (token t, units [u0, u1)), its partial rows p0, p1 (n valid).
+  int64_t iw = gw;
+  int iu = 0, iu1 = 0, n = 0;
+  const uint8_t* p0 = nullptr;
+  const uint8_t* p1 = nullptr;
+  auto enter = [&]() {  // iw < nassign: acquire the token's rows
+    const int64_t t = iw / parts;
+    const int part = int(iw % parts);
+    iu = part * P / parts;
+    iu1 = (part + 1) * P / parts;
+    const int j = lane < 2 ? a.slot_map[t * 2 + lane] : -1;
+    const uint8_t* prow = nullptr;
+    bool ok = true;
+    if (j >= 0) {
+      if (lane == me) {
+        prow = reinterpret_cast<const uint8_t*>(a.y + (size_t(me) * a.C + j) * a.H);
+      } else {
+        const size_t row = size_t(lane) * a.C + j;
+        prow = mine + a.L.cpayload + row * ps;
+        ok = wait_flag(a, reinterpret_cast<const uint64_t*>(mine + a.L.cflag) + row, e, lane, kAtCombineData);
+      }
+    }
+    const uint32_t mask = __ballot_sync(0xffffffffu, j >= 0);
+    const bool all_ok = __all_sync(0xffffffffu, ok);
+    __syncwarp();  // orders the waiting lanes' acquires before every lane's copies
+    const uint32_t m = all_ok ? mask : 0u;
+    n = __popc(m);
+    const int d0 = m ? __ffs(m) - 1 : 0;
+    const int d1 = (m & (m - 1)) ? __ffs(m & (m - 1)) - 1 : 0;
+    p0 = reinterpret_cast<const uint8_t*>(__shfl_sync(0xffffffffu, reinterpret_cast<uintptr_t>(prow), d0));
+    p1 = reinterpret_cast<const uint8_t*>(__shfl_sync(0xffffffffu, reinterpret_cast<uintptr_t>(prow), d1));
+  };
+  if (iw < nassign) enter();
+  auto issue = [&](int stage) {  // the step at (iw, iu), then advance
+    if (iw >= nassign) return;
+    uint4* st = ring + stage * 256;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int c = iu * (a2a::kUnitElems / 8) + 32 * i + lane;
+      const bool on = c < nch;
+      if (n > 0) a2a::cp_async16(st + i * 32 + lane, on ? p0 + 16 * size_t(c) : p0, on ? 16 : 0);
+      if (n > 1) a2a::cp_async16(st + 128 + i * 32 + lane, on ? p1 + 16 * size_t(c) : p1, on ? 16 : 0);
+    }
+    if (lane == 0) {
+      int32_t* m = meta + stage * 4;
+      m[0] = int32_t(iw / parts);  // T <= C < 2^31
+      m[1] = iu;
+      m[2] = n;
+    }
+    if (++iu >= iu1) {
+      iw += nw;
+      if (iw < nassign) enter();
+    }
+  };
+  // Summing side: the same sequence, kStages-1 steps behind.
+  int64_t nsteps = 0;
+  for (int64_t w = gw; w < nassign; w += nw) {
+    const int part = int(w % parts);
+    nsteps += (part + 1) * P / parts - part * P / parts;
+  }
+#pragma unroll
+  for (int k = 0; k < kStages - 1; ++k) {
+    issue(k);
+    a2a::cp_async_commit();
+  }
+  for (int64_t k = 0; k < nsteps; ++k) {
+    issue(int((k + kStages - 1) % kStages));
+    a2a::cp_async_commit();
+    a2a::cp_async_wait<kStages - 1>();
+    __syncwarp();  // lane 0's meta of this stage
+    const int stage = int(k % kStages);
+    const int32_t* m = meta + stage * 4;
+    const int64_t t = m[0];
+    const int uu = m[1], nn = m[2];
+    const uint4* st = ring + stage * 256;
+    bf16_raw* orow = a.out + size_t(t) * a.H;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int c = uu * (a2a::kUnitElems / 8) + 32 * i + lane;
+      if (c < nch) {
+        const uint4 v0 = nn > 0 ? st[i * 32 + lane] : a2a::zero4();
+        const uint4 v1 = nn > 1 ? st[128 + i * 32 + lane] : a2a::zero4();
+        reinterpret_cast<uint4*>(orow)[c] = a2a::sum_chunk2<ActFormat::bf16>(nn, v0, 0.f, v1, 0.f);
+      }
+    }
+    __syncwarp();  // every lane read the meta before lane 0 rewrites this stage's
+  }
+  a2a::cp_async_wait_all();
+}
+
 template <ActFormat CF>
 __global__ void __launch_bounds__(kThreads, 1) combine_kernel(Args a) {
   // The epoch of this combine's rows: dispatches that succeeded so far (a rejected dispatch has a
@@ -458,6 +588,7 @@ __global__ void __launch_bounds__(kThreads, 1) combine_kernel(Args a) {
     return;
   }
   if ((threadIdx.x >> 5) < kPushWarps) combine_push<CF>(a, e);
+  else if (CF == ActFormat::bf16 && a.R == 2) combine_sum_r2_bf16(a, e);
   else combine_sum<CF>(a, e);
 }
 
@@ -501,6 +632,15 @@ class NvlinkDispatcher final : public Dispatcher {
                        std::to_string(sms) + " SMs of device " + std::to_string(comm_.device_index()) +
                        "; the spinning CTAs must all be resident, use --comm-sms <= " + std::to_string(sms));
     G_ = cfg.comm_sms;
+    // The kernels stage loads in dynamic shared memory beyond the default 48 KB.
+    EPMOE_CUDA_CHECK(cudaFuncSetAttribute(dispatch_kernel<ActFormat::bf16>,
+                                          cudaFuncAttributeMaxDynamicSharedMemorySize, int(kDispatchSmem)));
+    EPMOE_CUDA_CHECK(cudaFuncSetAttribute(dispatch_kernel<ActFormat::fp8>,
+                                          cudaFuncAttributeMaxDynamicSharedMemorySize, int(kDispatchSmem)));
+    EPMOE_CUDA_CHECK(cudaFuncSetAttribute(dispatch_kernel<ActFormat::nvfp4>,
+                                          cudaFuncAttributeMaxDynamicSharedMemorySize, int(kDispatchSmem)));
+    EPMOE_CUDA_CHECK(cudaFuncSetAttribute(combine_kernel<ActFormat::bf16>,
+                                          cudaFuncAttributeMaxDynamicSharedMemorySize, int(kCombineSmem)));
     placement_ = std::make_unique<DevicePlacement>(cfg);
     L_ = make_layout(cfg);
 
@@ -576,9 +716,9 @@ class NvlinkDispatcher final : public Dispatcher {
     a.w = in.topk_weights;
     const cudaStream_t st = static_cast<cudaStream_t>(in.stream);
     switch (cfg_.dispatch_format) {
-      case ActFormat::bf16: dispatch_kernel<ActFormat::bf16><<<G_, kThreads, 0, st>>>(a); break;
-      case ActFormat::fp8: dispatch_kernel<ActFormat::fp8><<<G_, kThreads, 0, st>>>(a); break;
-      case ActFormat::nvfp4: dispatch_kernel<ActFormat::nvfp4><<<G_, kThreads, 0, st>>>(a); break;
+      case ActFormat::bf16: dispatch_kernel<ActFormat::bf16><<<G_, kThreads, kDispatchSmem, st>>>(a); break;
+      case ActFormat::fp8: dispatch_kernel<ActFormat::fp8><<<G_, kThreads, kDispatchSmem, st>>>(a); break;
+      case ActFormat::nvfp4: dispatch_kernel<ActFormat::nvfp4><<<G_, kThreads, kDispatchSmem, st>>>(a); break;
     }
     EPMOE_CUDA_CHECK_LAUNCH();
     if (a.local_code != kOk) {
@@ -619,7 +759,7 @@ class NvlinkDispatcher final : public Dispatcher {
     a.out = out;
     const cudaStream_t st = static_cast<cudaStream_t>(in.stream);
     if (cfg_.combine_format == ActFormat::fp8) combine_kernel<ActFormat::fp8><<<G_, kThreads, 0, st>>>(a);
-    else combine_kernel<ActFormat::bf16><<<G_, kThreads, 0, st>>>(a);
+    else combine_kernel<ActFormat::bf16><<<G_, kThreads, kCombineSmem, st>>>(a);
     EPMOE_CUDA_CHECK_LAUNCH();
   }
 

@@ -87,6 +87,10 @@ struct Args {
 
 constexpr int kHist = 1024;      // local experts counted in shared memory (more: global atomics)
 constexpr int kPushWarps = 8;    // combine: warps per CTA that push rows; the others sum
+constexpr int kStages = 4;       // cp.async stages per warp (dispatch units, combine sum units)
+// Dynamic shared memory of the kernels (set as the functions' limit at setup).
+constexpr size_t kDispatchSmem = size_t(kThreads / 32) * kStages * (128 * 16 + 96 * 4);
+constexpr size_t kCombineSmem = size_t(kThreads / 32 - kPushWarps) * kStages * (2 * 128 * 16 + 16);
 
 
 __device__ __forceinline__ uint64_t ld_acquire_sys(const uint64_t* p) {
