@@ -1,6 +1,9 @@
 #include "core/cuda/check.h"
 
+#include <map>
+#include <mutex>
 #include <string>
+#include <utility>
 
 namespace epmoe::detail {
 
@@ -33,6 +36,23 @@ bool is_device_pointer(const void* p) {
     return false;
   }
   return attr.type == cudaMemoryTypeDevice || attr.type == cudaMemoryTypeManaged;
+}
+
+KernelFit fit_kernel(const void* kernel, int threads, int smem) {
+  static std::mutex mu;
+  static std::map<std::pair<const void*, int>, KernelFit> cache;
+  int dev = 0;
+  EPMOE_CUDA_CHECK(cudaGetDevice(&dev));
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = cache.find({kernel, dev});
+  if (it != cache.end()) return it->second;
+  KernelFit f;
+  EPMOE_CUDA_CHECK(cudaDeviceGetAttribute(&f.sms, cudaDevAttrMultiProcessorCount, dev));
+  EPMOE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  EPMOE_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&f.per_sm, kernel, threads, smem));
+  if (f.per_sm < 1) f.per_sm = 1;
+  cache.emplace(std::make_pair(kernel, dev), f);
+  return f;
 }
 
 }  // namespace epmoe::cuda

@@ -29,6 +29,15 @@ namespace epmoe::detail {
 
 namespace epmoe::cuda {
 
+// Launch facts of one kernel on the current device: its dynamic shared-memory limit is raised to
+// `smem` there, and `per_sm` is its occupancy. Kernel attributes are per device, and one process may
+// drive several GPUs from several threads, so the set-up is cached per (kernel, device) under a lock.
+struct KernelFit {
+  int sms = 0;     // multiprocessors of the device
+  int per_sm = 1;  // resident blocks per multiprocessor (at least 1)
+};
+KernelFit fit_kernel(const void* kernel, int threads, int smem);
+
 // Owning device allocation (cudaMalloc); move-only. Grows on request, never shrinks, so that
 // workspaces sized for the largest step are allocated once and CUDA-graph replays see stable
 // pointers.

@@ -318,15 +318,8 @@ __global__ void __launch_bounds__(kThreads) grouped_gemm_kernel(GemmArgs p) {
 template <int BM, WeightFormat WF>
 void launch_bm(const GemmArgs& a, cudaStream_t stream) {
   constexpr int smem = Smem<BM, WF>::TOTAL;
-  static int sms = 0, per_sm = 0;  // per process; the runner pins one device per process anyway
-  if (sms == 0) {
-    int dev = 0;
-    EPMOE_CUDA_CHECK(cudaGetDevice(&dev));
-    EPMOE_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-    EPMOE_CUDA_CHECK(cudaFuncSetAttribute(grouped_gemm_kernel<BM, WF>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-    EPMOE_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, grouped_gemm_kernel<BM, WF>, kThreads, smem));
-    per_sm = std::max(per_sm, 1);
-  }
+  const KernelFit fit = fit_kernel(reinterpret_cast<const void*>(grouped_gemm_kernel<BM, WF>), kThreads, smem);
+  const int sms = fit.sms, per_sm = fit.per_sm;
   const int n_per_tile = a.fused ? kBN / 2 : kBN;
   const int64_t work = int64_t(a.max_tiles) * ((a.N + n_per_tile - 1) / n_per_tile);
   const int grid = static_cast<int>(std::min<int64_t>(work, int64_t(sms) * per_sm));

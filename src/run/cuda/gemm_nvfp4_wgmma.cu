@@ -277,15 +277,8 @@ void launch_grouped_gemm_wgmma_nvfp4(const GemmArgs& a, cudaStream_t stream) {
     throw UsageError(std::string(what) + ": needs nvfp4 weights with scales and global_scale, and bf16 A (weights are " +
                      format_name(a.W.format) + ")");
   constexpr int smem = Layout::TOTAL;
-  static int sms = 0, per_sm = 0;  // per process; the runner pins one device per process anyway
-  if (sms == 0) {
-    int dev = 0;
-    EPMOE_CUDA_CHECK(cudaGetDevice(&dev));
-    EPMOE_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-    EPMOE_CUDA_CHECK(cudaFuncSetAttribute(nvfp4_wgmma_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-    EPMOE_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, nvfp4_wgmma_kernel, kThreads, smem));
-    per_sm = std::max(per_sm, 1);
-  }
+  const KernelFit fit = fit_kernel(reinterpret_cast<const void*>(nvfp4_wgmma_kernel), kThreads, smem);
+  const int sms = fit.sms, per_sm = fit.per_sm;
   const int n_per_tile = a.fused ? kRowsW / 2 : kRowsW;
   const int64_t work = int64_t(a.max_tiles) * ((a.N + n_per_tile - 1) / n_per_tile);
   const int grid = static_cast<int>(std::min<int64_t>(work, int64_t(sms) * per_sm));

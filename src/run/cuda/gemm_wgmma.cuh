@@ -281,15 +281,8 @@ void launch(const GemmArgs& a, cudaStream_t stream) {
     throw UsageError(std::string(what) + ": missing operand (fp8 needs A8, a_scales with a_scales_ld > 0 and "
                      "weight scales; bf16 needs A)");
   constexpr int smem = Layout::TOTAL;
-  static int sms = 0, per_sm = 0;  // per process; the runner pins one device per process anyway
-  if (sms == 0) {
-    int dev = 0;
-    EPMOE_CUDA_CHECK(cudaGetDevice(&dev));
-    EPMOE_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-    EPMOE_CUDA_CHECK(cudaFuncSetAttribute(wgmma_gemm_kernel<FP8>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-    EPMOE_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, wgmma_gemm_kernel<FP8>, kThreads, smem));
-    per_sm = std::max(per_sm, 1);
-  }
+  const KernelFit fit = fit_kernel(reinterpret_cast<const void*>(wgmma_gemm_kernel<FP8>), kThreads, smem);
+  const int sms = fit.sms, per_sm = fit.per_sm;
   const int n_per_tile = a.fused ? kRowsW / 2 : kRowsW;
   const int64_t work = int64_t(a.max_tiles) * ((a.N + n_per_tile - 1) / n_per_tile);
   const int grid = static_cast<int>(std::min<int64_t>(work, int64_t(sms) * per_sm));
