@@ -37,7 +37,7 @@ rc=$?
 echo "- build: $([ $rc -eq 0 ] && echo ok || echo FAILED) in $(( $(date +%s) - t0 )) s" >> "$summary"
 if [ $rc -ne 0 ]; then tail -40 "$out/build.log"; cat "$summary"; exit 1; fi
 
-(cd build-gpu && ctest -L gpu --output-on-failure --timeout ${EPMOE_TEST_TIMEOUT:-300} ${tests_regex:+-R "$tests_regex"}) > "$out/ctest.log" 2>&1
+(cd build-gpu && ctest -L gpu -j "${EPMOE_TEST_JOBS:-4}" --output-on-failure --timeout ${EPMOE_TEST_TIMEOUT:-300} ${tests_regex:+-R "$tests_regex"}) > "$out/ctest.log" 2>&1
 echo "- GPU tests: $(grep -E 'tests passed|tests failed' "$out/ctest.log" | tail -1)" >> "$summary"
 grep -E '^\s+[0-9]+ - .*\((Failed|Timeout|SEGFAULT|Subprocess)' "$out/ctest.log" | head -20 | sed 's/^/  - FAIL /' >> "$summary"
 
