@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "args.h"
+#include "bench_util.h"
 #include "commands.h"
 #include "core/cuda/check.h"
 #include "dispatch/nccl/a2a_host.h"
@@ -24,26 +25,6 @@
 
 namespace epmoe::cli {
 namespace {
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0.0 : v[v.size() / 2];
-}
-
-std::vector<ActFormat> parse_formats(const std::string& s) {
-  std::vector<ActFormat> out;
-  size_t pos = 0;
-  while (pos <= s.size()) {
-    const size_t c = s.find(',', pos);
-    const std::string tok = s.substr(pos, c == std::string::npos ? std::string::npos : c - pos);
-    const auto f = parse_act_format(tok);
-    if (!f) throw UsageError("--formats: unknown format '" + tok + "'; use bf16, fp8, nvfp4");
-    out.push_back(*f);
-    if (c == std::string::npos) break;
-    pos = c + 1;
-  }
-  return out;
-}
 
 struct RankData {
   void* hidden = nullptr;
@@ -88,7 +69,7 @@ int bench_a2a(const std::vector<std::string>& args) {
     std::vector<long long> Ts = quick ? std::vector<long long>{128, 4096} : std::vector<long long>{128, 512, 4096, 16384};
     if (flags.has("tokens")) Ts = parse_int_list(flags.get("tokens"), "--tokens");
     const std::vector<ActFormat> fmts =
-        parse_formats(flags.has("formats") ? flags.get("formats") : "bf16,fp8,nvfp4");
+        parse_act_formats(flags.has("formats") ? flags.get("formats") : "bf16,fp8,nvfp4", "formats");
     std::vector<std::string> disps = {"nvlink", "nccl"};
     if (flags.has("dispatchers")) {
       disps.clear();
