@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "bench_util.h"
 #include "commands.h"
 #include "epmoe/error.h"
 #include "layer/model.h"
@@ -17,10 +18,6 @@ struct Row {
   ActFormat dispatch;
   WeightFormat weights;
 };
-
-WeightFormat family(ActFormat f) {
-  return f == ActFormat::fp8 ? WeightFormat::fp8 : f == ActFormat::nvfp4 ? WeightFormat::nvfp4 : WeightFormat::bf16;
-}
 
 void print_header() {
   std::printf("%-9s %-8s %-8s %7s %12s %12s %12s %10s\n", "dispatch", "weights", "combine", "tokens", "max_abs_err",
@@ -108,11 +105,11 @@ int run_main(const std::vector<std::string>& args) {
     return run_rows(s, rows);
   }
   if (s.dispatch_given) {
-    rows.push_back({s.cfg.dispatch_format, family(s.cfg.dispatch_format)});
+    rows.push_back({s.cfg.dispatch_format, weight_family(s.cfg.dispatch_format)});
     return run_rows(s, rows);
   }
   std::printf("by dispatch format (weights %s):\n", s.weights_given ? "as given" : "of the same family");
-  for (ActFormat f : all_act) rows.push_back({f, s.weights_given ? s.cfg.weight_format : family(f)});
+  for (ActFormat f : all_act) rows.push_back({f, s.weights_given ? s.cfg.weight_format : weight_family(f)});
   int rc = run_rows(s, rows);
   if (!s.weights_given) {
     std::printf("\nby weight format (dispatch bf16):\n");

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "bench_util.h"
 #include "epmoe/comm.h"
 #include "epmoe/error.h"
 #include "epmoe/layer.h"
@@ -19,6 +20,7 @@
 #include "epmoe/registry.h"
 #include "epmoe/router.h"
 #include "layer/model.h"
+#include "device_arena.h"
 #include "setup.h"
 
 namespace epmoe::cli {
@@ -28,21 +30,6 @@ void ck(cudaError_t e, const char* what) {
   if (e != cudaSuccess) throw BackendError(std::string("epmoe run (cuda): ") + what + ": " + cudaGetErrorString(e));
 }
 
-// Owns device copies; freed at scope exit.
-struct DeviceArena {
-  std::vector<void*> ptrs;
-  void* put(const void* host, size_t bytes) {
-    void* p = nullptr;
-    ck(cudaMalloc(&p, std::max<size_t>(bytes, 1)), "cudaMalloc");
-    ptrs.push_back(p);
-    if (bytes) ck(cudaMemcpy(p, host, bytes, cudaMemcpyHostToDevice), "cudaMemcpy to device");
-    return p;
-  }
-  ~DeviceArena() {
-    for (void* p : ptrs) cudaFree(p);
-  }
-};
-
 MatrixView upload(DeviceArena& a, const HostMatrix& m) {
   MatrixView v = m.view();
   v.data = a.put(m.data.data(), m.data.size());
@@ -51,10 +38,6 @@ MatrixView upload(DeviceArena& a, const HostMatrix& m) {
                                           : static_cast<const float*>(a.put(m.global_scale.data(), m.global_scale.size() * 4));
   v.device = DeviceKind::cuda;
   return v;
-}
-
-WeightFormat family(ActFormat f) {
-  return f == ActFormat::fp8 ? WeightFormat::fp8 : f == ActFormat::nvfp4 ? WeightFormat::nvfp4 : WeightFormat::bf16;
 }
 
 // One stack on GPU 0; prints one table row.
@@ -134,10 +117,10 @@ int run_cuda(const RunSetup& s) {
               "max_rel_err", "1-cosine", "time_ms");
   std::fflush(stdout);  // before the progress lines on stderr
   std::vector<std::pair<ActFormat, WeightFormat>> rows;
-  if (s.dispatch_given) rows.push_back({s.cfg.dispatch_format, s.weights_given ? s.cfg.weight_format : family(s.cfg.dispatch_format)});
+  if (s.dispatch_given) rows.push_back({s.cfg.dispatch_format, s.weights_given ? s.cfg.weight_format : weight_family(s.cfg.dispatch_format)});
   else
     for (ActFormat f : {ActFormat::bf16, ActFormat::fp8, ActFormat::nvfp4})
-      rows.push_back({f, s.weights_given ? s.cfg.weight_format : family(f)});
+      rows.push_back({f, s.weights_given ? s.cfg.weight_format : weight_family(f)});
   int failed = 0;
   for (const auto& [a, wf] : rows) {
     try {

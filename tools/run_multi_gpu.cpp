@@ -31,6 +31,7 @@
 #include "epmoe/router.h"
 #include "layer/model.h"
 #include "run/oracle.h"
+#include "device_arena.h"
 #include "setup.h"
 
 namespace epmoe::cli {
@@ -39,27 +40,6 @@ namespace {
 void ck(cudaError_t e, const char* what) {
   if (e != cudaSuccess) throw BackendError(std::string("epmoe run (multi-GPU): ") + what + ": " + cudaGetErrorString(e));
 }
-
-// Device copies owned by one layer of one rank; freed when the layer is done.
-struct DeviceArena {
-  std::vector<void*> ptrs;
-  void* put(const void* host, size_t bytes) {
-    void* p = nullptr;
-    ck(cudaMalloc(&p, std::max<size_t>(bytes, 1)), "cudaMalloc");
-    ptrs.push_back(p);
-    if (bytes) ck(cudaMemcpy(p, host, bytes, cudaMemcpyHostToDevice), "cudaMemcpy to device");
-    return p;
-  }
-  void* alloc(size_t bytes) {
-    void* p = nullptr;
-    ck(cudaMalloc(&p, std::max<size_t>(bytes, 1)), "cudaMalloc");
-    ptrs.push_back(p);
-    return p;
-  }
-  ~DeviceArena() {
-    for (void* p : ptrs) cudaFree(p);
-  }
-};
 
 // ---- the random model -----------------------------------------------------------------------------
 uint64_t mix64(uint64_t x) {
