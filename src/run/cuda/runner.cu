@@ -218,6 +218,14 @@ std::string mat_desc(const MatrixView& m) {
          std::to_string(m.cols) + "] on " + device_name(m.device);
 }
 
+// One grouped GEMM on the engine chosen for it (decode wgmma variants, else mma.sync).
+void launch_on_engine(const GemmArgs& g, bool wgmma_fp8, bool wgmma_bf16, bool wgmma_nvfp4, int bm, cudaStream_t st) {
+  if (wgmma_fp8) launch_grouped_gemm_wgmma_fp8(g, st);
+  else if (wgmma_bf16) launch_grouped_gemm_wgmma_bf16(g, st);
+  else if (wgmma_nvfp4) launch_grouped_gemm_wgmma_nvfp4(g, st);
+  else launch_grouped_gemm(g, bm, st);
+}
+
 }  // namespace
 
 CudaRunner::CudaRunner(const MoeConfig& cfg, int device_index) : cfg_(cfg), device_(device_index) {
@@ -345,14 +353,8 @@ void CudaRunner::run(const DispatchOutput& in, const ExpertWeights& w, bf16_raw*
     g1.A8 = a8_.get<uint8_t>();
     g1.a_scales = as_.get<float>();
     g1.a_scales_ld = max_rows;
-    launch_grouped_gemm_wgmma_fp8(g1, st);
-  } else if (wg_bf16) {
-    launch_grouped_gemm_wgmma_bf16(g1, st);
-  } else if (wg_f4_1) {
-    launch_grouped_gemm_wgmma_nvfp4(g1, st);
-  } else {
-    launch_grouped_gemm(g1, bm, st);
   }
+  launch_on_engine(g1, wg_fp8_1, wg_bf16, wg_f4_1, bm, st);
 
   if (wg_fp8_2) {
     intermediate_to_fp8_kernel<<<unsigned(max_rows), 256, 0, st>>>(h_.get<bf16_raw>(), offsets_.get<int32_t>(),
@@ -379,14 +381,8 @@ void CudaRunner::run(const DispatchOutput& in, const ExpertWeights& w, bf16_raw*
     g2.A8 = h8_.get<uint8_t>();
     g2.a_scales = hs_.get<float>();
     g2.a_scales_ld = max_rows;
-    launch_grouped_gemm_wgmma_fp8(g2, st);
-  } else if (wg_bf16) {
-    launch_grouped_gemm_wgmma_bf16(g2, st);
-  } else if (wg_f4_2) {
-    launch_grouped_gemm_wgmma_nvfp4(g2, st);
-  } else {
-    launch_grouped_gemm(g2, bm, st);
   }
+  launch_on_engine(g2, wg_fp8_2, wg_bf16, wg_f4_2, bm, st);
 
   reduce_kernel<<<unsigned(S), 256, 0, st>>>(o_.get<bf16_raw>(), pair_pos_.get<int32_t>(), in.weights, in.counts, C, K,
                                              H, y);
