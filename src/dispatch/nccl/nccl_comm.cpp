@@ -8,11 +8,11 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <fstream>
 #include <set>
 #include <thread>
 
 #include "core/cuda/check.h"
+#include "core/rendezvous.h"
 #include "epmoe/error.h"
 #include "epmoe/nccl_comm.h"
 
@@ -254,26 +254,10 @@ std::unique_ptr<Communicator> make_nccl_comm_from_env(int timeout_ms) {
   ncclUniqueId id{};
   if (rank == 0) {
     id = make_nccl_unique_id();
-    // Write then rename: a reader never sees a half-written id.
-    const std::string tmp = path + ".tmp" + std::to_string(getpid());
-    {
-      std::ofstream f(tmp, std::ios::binary);
-      f.write(reinterpret_cast<const char*>(&id), sizeof id);
-      if (!f) throw BackendError("make_nccl_comm_from_env: cannot write " + tmp + " (set EPMOE_BOOTSTRAP_DIR to a writable shared directory)");
-    }
-    if (std::rename(tmp.c_str(), path.c_str()) != 0)
-      throw BackendError("make_nccl_comm_from_env: cannot rename " + tmp + " to " + path);
+    detail::publish_blob(path, &id, sizeof id);
   } else {
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
-    for (;;) {
-      std::ifstream f(path, std::ios::binary);
-      if (f && f.read(reinterpret_cast<char*>(&id), sizeof id) && f.gcount() == sizeof id) break;
-      if (std::chrono::steady_clock::now() > deadline)
-        throw TimeoutError("make_nccl_comm_from_env: rank 0 did not publish " + path + " within " +
-                               std::to_string(timeout_ms) + " ms; is EPMOE_BOOTSTRAP_DIR shared by all ranks?",
-                           0);
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    }
+    detail::wait_for_blob(path, &id, sizeof id, timeout_ms, 0,
+                  "make_nccl_comm_from_env: is EPMOE_BOOTSTRAP_DIR shared by all ranks?");
   }
   const int ndev = visible_devices();
   auto comm = make_nccl_comm(id, rank, size, local % ndev, timeout_ms);
