@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cstring>
 #include <memory>
+#include <ostream>
 #include <string>
 #include <vector>
 
@@ -198,6 +199,10 @@ struct Case {
   std::string dispatcher;
   ActFormat f, cf;
 };
+// What CTest shows next to the test name (instead of the parameter's raw bytes).
+void PrintTo(const Case& c, std::ostream* os) {
+  *os << c.dispatcher << " dispatch " << format_name(c.f) << " combine " << format_name(c.cf);
+}
 
 class GpuA2A : public ::testing::TestWithParam<Case> {};
 
