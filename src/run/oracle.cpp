@@ -1,11 +1,13 @@
 // float64 whole-layer computation. Deliberately the most literal form of the formula: it is the
-// yardstick, so it must be obviously right rather than fast (tests keep its sizes small).
+// yardstick, so it must be obviously right rather than fast (tests keep its sizes small). The only
+// concession to speed: tokens are spread over the CPU pool, each token still computed serially.
 #include "run/oracle.h"
 
 #include <algorithm>
 #include <cmath>
 #include <string>
 
+#include "core/parallel.h"
 #include "epmoe/error.h"
 #include "epmoe/numeric.h"
 
@@ -18,9 +20,17 @@ std::vector<double> widen(const std::vector<float>& v) { return std::vector<doub
 std::vector<double> requantize(const float* w, int E, int rows, int cols, WeightFormat f) {
   const HostMatrix m = quantize_matrix(w, E, rows, cols, f);
   const MatrixView v = m.view();
-  std::vector<float> tmp(size_t(E) * rows * cols);
-  for (int e = 0; e < E; ++e) dequantize_matrix_rows(v, e, 0, rows, tmp.data() + size_t(e) * rows * cols);
-  return widen(tmp);
+  std::vector<double> out(size_t(E) * rows * cols);
+  // Dequantization is elementwise, so any split into row ranges gives the same values.
+  constexpr int kRows = 128;
+  const int64_t chunks = (rows + kRows - 1) / kRows;
+  detail::parallel_for(int64_t(E) * chunks, [&](int64_t t) {
+    const int e = int(t / chunks), r0 = int(t % chunks) * kRows, n = std::min(kRows, rows - r0);
+    std::vector<float> tmp(size_t(n) * cols);
+    dequantize_matrix_rows(v, e, r0, n, tmp.data());
+    std::copy(tmp.begin(), tmp.end(), out.begin() + (size_t(e) * rows + r0) * cols);
+  });
+  return out;
 }
 
 }  // namespace
@@ -44,35 +54,44 @@ DenseExperts DenseExperts::quantized(const float* w13, const float* w2, int E, i
 void moe_forward(const DenseExperts& ex, const double* x, int64_t T, const int32_t* ids, const float* w, int K,
                  double* out) {
   const int H = ex.hidden, I = ex.intermediate, E = ex.num_experts;
-  std::vector<double> a(I);
-  for (int64_t t = 0; t < T; ++t) {
-    const double* xt = x + t * H;
-    double* ot = out + t * H;
-    for (int h = 0; h < H; ++h) ot[h] = 0.0;
+  // Ids are checked before any work so the error (the first bad id) does not depend on threads.
+  for (int64_t t = 0; t < T; ++t)
     for (int k = 0; k < K; ++k) {
       const int e = ids[t * K + k];
-      if (e == -1) continue;
       if (e < -1 || e >= E)
         throw UsageError("oracle: topk_ids[" + std::to_string(t) + "][" + std::to_string(k) + "]=" + std::to_string(e) +
                          " is outside [-1, " + std::to_string(E) + ")");
-      const double* w13 = ex.w13.data() + size_t(e) * 2 * I * H;
-      const double* w2 = ex.w2.data() + size_t(e) * H * I;
-      for (int i = 0; i < I; ++i) {
-        double g = 0, u = 0;
-        for (int h = 0; h < H; ++h) {
-          g += w13[size_t(i) * H + h] * xt[h];
-          u += w13[size_t(I + i) * H + h] * xt[h];
+    }
+  // Tokens are independent: each task owns whole tokens and runs the serial per-token loop.
+  constexpr int64_t kTokensPerTask = 4;
+  detail::parallel_for((T + kTokensPerTask - 1) / kTokensPerTask, [&](int64_t b) {
+    std::vector<double> a(I);
+    for (int64_t t = b * kTokensPerTask; t < std::min(T, (b + 1) * kTokensPerTask); ++t) {
+      const double* xt = x + t * H;
+      double* ot = out + t * H;
+      for (int h = 0; h < H; ++h) ot[h] = 0.0;
+      for (int k = 0; k < K; ++k) {
+        const int e = ids[t * K + k];
+        if (e == -1) continue;
+        const double* w13 = ex.w13.data() + size_t(e) * 2 * I * H;
+        const double* w2 = ex.w2.data() + size_t(e) * H * I;
+        for (int i = 0; i < I; ++i) {
+          double g = 0, u = 0;
+          for (int h = 0; h < H; ++h) {
+            g += w13[size_t(i) * H + h] * xt[h];
+            u += w13[size_t(I + i) * H + h] * xt[h];
+          }
+          a[i] = g / (1.0 + std::exp(-g)) * u;
         }
-        a[i] = g / (1.0 + std::exp(-g)) * u;
-      }
-      const double wk = w[t * K + k];
-      for (int h = 0; h < H; ++h) {
-        double o = 0;
-        for (int i = 0; i < I; ++i) o += w2[size_t(h) * I + i] * a[i];
-        ot[h] += wk * o;
+        const double wk = w[t * K + k];
+        for (int h = 0; h < H; ++h) {
+          double o = 0;
+          for (int i = 0; i < I; ++i) o += w2[size_t(h) * I + i] * a[i];
+          ot[h] += wk * o;
+        }
       }
     }
-  }
+  });
 }
 
 std::vector<double> widen_bf16(const bf16_raw* x, size_t n) {

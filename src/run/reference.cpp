@@ -1,11 +1,16 @@
 // CPU reference runner: the oracle every other runner is tested against. Tokens are grouped by
 // local expert so each expert's weights are dequantized once and streamed once per block of rows;
 // every slot's arithmetic is still exactly the per-row sequence documented in reference.h.
+//
+// The work is cut into tasks for the shared CPU pool (core/parallel.h). The cut depends only on
+// the problem's shape, never on the thread count, and each output element is produced by one
+// task with the serial arithmetic, so the result is bitwise the same with 1 thread or 64.
 #include "run/reference.h"
 
 #include <algorithm>
 #include <string>
 
+#include "core/parallel.h"
 #include "epmoe/error.h"
 #include "epmoe/numeric.h"
 #include "epmoe/quant.h"
@@ -17,6 +22,15 @@ namespace {
 // Rows of X processed against one weight row at a time: the weight row stays in L1 while it is
 // reused, and the block of X rows stays in L2.
 constexpr int kRowBlock = 8;
+// Task sizes. A GEMM task covers at most kTaskRows rows and enough weight rows for about
+// kTaskMacs multiply-adds (a few ms of work: large enough to amortize scheduling, small enough
+// that a decode batch of a few rows on one expert still spreads over every core).
+constexpr int kTaskRows = 64;
+constexpr int64_t kTaskMacs = int64_t(1) << 21;
+constexpr int64_t kRowsPerTask = 16;     // dequantize / SwiGLU / weighted-sum tasks
+constexpr int kDequantRowsPerTask = 128;  // weight dequantization tasks
+
+int64_t ceil_div64(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 // out[m][n] = dot_f32(W[n], X[m]) for m < M, n < N; W [N][Kd], X [M][Kd], out row stride ldo.
 void gemm_rows(const float* W, int N, const float* X, int M, int Kd, float* out, int ldo) {
@@ -27,6 +41,39 @@ void gemm_rows(const float* W, int N, const float* X, int M, int Kd, float* out,
       for (int m = 0; m < mb; ++m) out[size_t(m0 + m) * ldo + n] = dot_f32(w, X + size_t(m0 + m) * Kd, Kd);
     }
   }
+}
+
+// For every used expert e and its pairs p in [first[e], first[e+1]):
+//   out[p][n] = dot_f32(W[e][n], rows[p]) for n < N (W[e] is [N][Kd], out row stride N).
+void run_gemm_tasks(const std::vector<int>& used, const std::vector<int64_t>& first, const float* const* W, int N,
+                    const float* const* rows, int Kd, float* out) {
+  struct Task {
+    int e;
+    int64_t p0;
+    int mb, n0, n1;
+  };
+  std::vector<Task> tasks;
+  for (int e : used) {
+    for (int64_t p0 = first[e]; p0 < first[e + 1]; p0 += kTaskRows) {
+      const int mb = int(std::min<int64_t>(kTaskRows, first[e + 1] - p0));
+      int64_t nc = kTaskMacs / (int64_t(mb) * std::max(Kd, 1));
+      nc = std::clamp<int64_t>((nc + 15) / 16 * 16, 16, std::max(N, 1));
+      for (int n0 = 0; n0 < N; n0 += int(nc)) tasks.push_back({e, p0, mb, n0, int(std::min<int64_t>(N, n0 + nc))});
+    }
+  }
+  parallel_for(int64_t(tasks.size()), [&](int64_t t) {
+    const Task& k = tasks[size_t(t)];
+    for (int m0 = 0; m0 < k.mb; m0 += kRowBlock) {
+      const int mb = std::min(kRowBlock, k.mb - m0);
+      for (int n = k.n0; n < k.n1; ++n) {
+        const float* w = W[k.e] + size_t(n) * Kd;
+        for (int m = 0; m < mb; ++m) {
+          const int64_t p = k.p0 + m0 + m;
+          out[size_t(p) * N + n] = dot_f32(w, rows[p], Kd);
+        }
+      }
+    }
+  });
 }
 
 void require(bool ok, const std::string& msg) {
@@ -85,15 +132,34 @@ ReferenceRunner::ReferenceRunner(const MoeConfig& cfg) : cfg_(cfg) {
                      "use intermediate_quant=none or a multiple of 128");
 }
 
-const float* ReferenceRunner::dense(const MatrixView& m, int e) {
-  const Key key{m.data, m.scales, m.global_scale, int(m.format), m.rows, m.cols, e};
-  auto it = cache_.find(key);
-  if (it == cache_.end()) {
-    std::vector<float> w(size_t(m.rows) * m.cols);
-    dequantize_matrix_rows(m, e, 0, m.rows, w.data());
-    it = cache_.emplace(key, std::move(w)).first;
+void ReferenceRunner::dense_all(const MatrixView& m, const std::vector<int>& experts, std::vector<const float*>& out) {
+  struct Todo {
+    Key key;
+    int e;
+    float* dst;
+  };
+  std::vector<Todo> todo;
+  for (int e : experts) {
+    const Key key{m.data, m.scales, m.global_scale, int(m.format), m.rows, m.cols, e};
+    auto it = cache_.find(key);
+    if (it == cache_.end()) {
+      it = cache_.emplace(key, std::unique_ptr<float[]>(new float[size_t(m.rows) * m.cols])).first;
+      todo.push_back({key, e, it->second.get()});
+    }
+    out[e] = it->second.get();
   }
-  return it->second.data();
+  const int64_t chunks = ceil_div64(m.rows, kDequantRowsPerTask);
+  try {
+    parallel_for(int64_t(todo.size()) * chunks, [&](int64_t t) {
+      const Todo& d = todo[size_t(t / chunks)];
+      const int r0 = int(t % chunks) * kDequantRowsPerTask;
+      const int n = std::min(kDequantRowsPerTask, m.rows - r0);
+      dequantize_matrix_rows(m, d.e, r0, n, d.dst + size_t(r0) * m.cols);
+    });
+  } catch (...) {
+    for (const Todo& d : todo) cache_.erase(d.key);  // never keep a half-filled entry
+    throw;
+  }
 }
 
 void ReferenceRunner::run(const DispatchOutput& in, const ExpertWeights& w, bf16_raw* y, Stream) {
@@ -122,7 +188,6 @@ void ReferenceRunner::run(const DispatchOutput& in, const ExpertWeights& w, bf16
   if (M == 0) return;
 
   std::vector<std::vector<int64_t>> by_expert(El);  // entries: row * K + k
-  int64_t npairs = 0;
   for (int64_t r = 0; r < M; ++r) {
     const int32_t* ids = in.local_ids + slots[r] * K;
     for (int k = 0; k < K; ++k) {
@@ -130,56 +195,69 @@ void ReferenceRunner::run(const DispatchOutput& in, const ExpertWeights& w, bf16
       require(ids[k] < El, "local expert id " + std::to_string(ids[k]) + " at slot " + std::to_string(slots[r]) +
                                " is outside [0, " + std::to_string(El) + ")");
       by_expert[ids[k]].push_back(r * K + k);
-      ++npairs;
     }
   }
+
+  // Pairs are numbered expert by expert: expert e owns pairs [first[e], first[e+1]).
+  std::vector<int64_t> first(size_t(El) + 1, 0);
+  for (int e = 0; e < El; ++e) first[e + 1] = first[e] + int64_t(by_expert[e].size());
+  const int64_t npairs = first[El];
+  std::vector<int64_t> pair_of(size_t(M) * K, -1);
+  for (int e = 0; e < El; ++e)
+    for (size_t i = 0; i < by_expert[e].size(); ++i) pair_of[by_expert[e][i]] = first[e] + int64_t(i);
+
+  // Weights first, on this thread: the cache is not shared with the tasks below, only read.
+  std::vector<const float*> w13(El, nullptr), w2(El, nullptr);
+  std::vector<int> used;
+  for (int e = 0; e < El; ++e)
+    if (!by_expert[e].empty()) used.push_back(e);
+  dense_all(w.w13, used, w13);
+  dense_all(w.w2, used, w2);
 
   // Dequantized activations of the valid slots, compacted.
   std::vector<float> x(size_t(M) * H);
   const size_t ps = in.payload_stride(), ss = in.scale_stride();
-  for (int64_t r = 0; r < M; ++r)
-    dequantize_rows(in.format, in.quant, in.payload + slots[r] * ps, ss ? in.scales + slots[r] * ss : nullptr, 1, H,
-                    x.data() + size_t(r) * H);
+  parallel_for(ceil_div64(M, kRowsPerTask), [&](int64_t b) {
+    for (int64_t r = b * kRowsPerTask; r < std::min(M, (b + 1) * kRowsPerTask); ++r)
+      dequantize_rows(in.format, in.quant, in.payload + slots[r] * ps, ss ? in.scales + slots[r] * ss : nullptr, 1,
+                      H, x.data() + size_t(r) * H);
+  });
 
-  // Expert outputs per (row, k) pair, grouped by expert.
-  std::vector<float> o(size_t(npairs) * H);
-  std::vector<int64_t> pair_of(size_t(M) * K, -1);
-  std::vector<float> xe, gu, a;
-  int64_t next = 0;
-  for (int e = 0; e < El; ++e) {
-    const auto& list = by_expert[e];
-    if (list.empty()) continue;
-    const int m = int(list.size());
-    const float* w13 = dense(w.w13, e);
-    const float* w2 = dense(w.w2, e);
-    xe.resize(size_t(m) * H);
-    for (int i = 0; i < m; ++i) std::copy_n(x.data() + size_t(list[i] / K) * H, H, xe.data() + size_t(i) * H);
-    gu.resize(size_t(m) * 2 * I);
-    a.resize(size_t(m) * I);
-    gemm_rows(w13, 2 * I, xe.data(), m, H, gu.data(), 2 * I);
-    for (int i = 0; i < m; ++i) {
-      const float* g = gu.data() + size_t(i) * 2 * I;
-      swiglu_row(g, g + I, I, cfg_.intermediate_quant, cfg_.fp8_ue8m0, a.data() + size_t(i) * I);
+  // GEMM1, SwiGLU and GEMM2, each over all experts at once: GEMM tasks are (expert, row block,
+  // column block), and every element is one dot_f32 whichever task computes it.
+  std::vector<const float*> xrow(static_cast<size_t>(npairs)), arow(static_cast<size_t>(npairs));
+  std::vector<float> gu(size_t(npairs) * 2 * I), a(size_t(npairs) * I), o(size_t(npairs) * H);
+  for (int e = 0; e < El; ++e)
+    for (size_t i = 0; i < by_expert[e].size(); ++i) {
+      const int64_t p = first[e] + int64_t(i);
+      xrow[p] = x.data() + size_t(by_expert[e][i] / K) * H;
+      arow[p] = a.data() + size_t(p) * I;
     }
-    gemm_rows(w2, H, a.data(), m, I, o.data() + size_t(next) * H, H);
-    for (int i = 0; i < m; ++i) pair_of[list[i]] = next + i;
-    next += m;
-  }
+  run_gemm_tasks(used, first, w13.data(), 2 * I, xrow.data(), H, gu.data());
+  parallel_for(ceil_div64(npairs, kRowsPerTask), [&](int64_t b) {
+    for (int64_t p = b * kRowsPerTask; p < std::min(npairs, (b + 1) * kRowsPerTask); ++p) {
+      const float* g = gu.data() + size_t(p) * 2 * I;
+      swiglu_row(g, g + I, I, cfg_.intermediate_quant, cfg_.fp8_ue8m0, a.data() + size_t(p) * I);
+    }
+  });
+  run_gemm_tasks(used, first, w2.data(), H, arow.data(), I, o.data());
 
   // y = sum over k ascending of w_k * o_k, fp32, then bf16.
-  std::vector<float> acc(H);
-  for (int64_t r = 0; r < M; ++r) {
-    std::fill(acc.begin(), acc.end(), 0.f);
-    const float* wk = in.weights + slots[r] * K;
-    for (int k = 0; k < K; ++k) {
-      const int64_t p = pair_of[size_t(r) * K + k];
-      if (p < 0) continue;
-      const float* op = o.data() + size_t(p) * H;
-      for (int h = 0; h < H; ++h) acc[h] += wk[k] * op[h];
+  parallel_for(ceil_div64(M, kRowsPerTask), [&](int64_t b) {
+    std::vector<float> acc(H);
+    for (int64_t r = b * kRowsPerTask; r < std::min(M, (b + 1) * kRowsPerTask); ++r) {
+      std::fill(acc.begin(), acc.end(), 0.f);
+      const float* wk = in.weights + slots[r] * K;
+      for (int k = 0; k < K; ++k) {
+        const int64_t p = pair_of[size_t(r) * K + k];
+        if (p < 0) continue;
+        const float* op = o.data() + size_t(p) * H;
+        for (int h = 0; h < H; ++h) acc[h] += wk[k] * op[h];
+      }
+      bf16_raw* yr = y + slots[r] * H;
+      for (int h = 0; h < H; ++h) yr[h] = num::f32_to_bf16(acc[h]);
     }
-    bf16_raw* yr = y + slots[r] * H;
-    for (int h = 0; h < H; ++h) yr[h] = num::f32_to_bf16(acc[h]);
-  }
+  });
 }
 
 }  // namespace epmoe::detail

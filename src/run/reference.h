@@ -47,12 +47,15 @@ class ReferenceRunner final : public Runner {
   void clear_cache() { cache_.clear(); }
 
  private:
-  // fp32 copy of expert e of matrix m, made on first use.
-  const float* dense(const MatrixView& m, int e);
+  // out[e] = fp32 copy of expert e of matrix m for every e in `experts`, dequantizing the ones not
+  // cached yet (in parallel). Called from the calling thread only: the cache has no lock.
+  void dense_all(const MatrixView& m, const std::vector<int>& experts, std::vector<const float*>& out);
 
   MoeConfig cfg_;
   using Key = std::tuple<const void*, const void*, const void*, int, int, int, int>;
-  std::map<Key, std::vector<float>> cache_;
+  // unique_ptr<float[]> rather than vector: no serial zero-fill; the parallel dequantization
+  // touches the (often GiB-sized) pages first.
+  std::map<Key, std::unique_ptr<float[]>> cache_;
 };
 
 }  // namespace epmoe::detail
