@@ -37,6 +37,8 @@ rc=$?
 echo "- build: $([ $rc -eq 0 ] && echo ok || echo FAILED) in $(( $(date +%s) - t0 )) s" >> "$summary"
 if [ $rc -ne 0 ]; then tail -40 "$out/build.log"; cat "$summary"; exit 1; fi
 
+# GPU tests run 4 at a time; their CPU references share the cores (EPMOE_CPU_THREADS per process).
+export EPMOE_CPU_THREADS=${EPMOE_CPU_THREADS:-$(( $(nproc) / ${EPMOE_TEST_JOBS:-4} > 0 ? $(nproc) / ${EPMOE_TEST_JOBS:-4} : 1 ))}
 (cd build-gpu && ctest -L gpu -j "${EPMOE_TEST_JOBS:-4}" --output-on-failure --timeout ${EPMOE_TEST_TIMEOUT:-300} ${tests_regex:+-R "$tests_regex"}) > "$out/ctest.log" 2>&1
 echo "- GPU tests: $(grep -E 'tests passed|tests failed' "$out/ctest.log" | tail -1)" >> "$summary"
 grep -E '^\s+[0-9]+ - .*\((Failed|Timeout|SEGFAULT|Subprocess)' "$out/ctest.log" | head -20 | sed 's/^/  - FAIL /' >> "$summary"
