@@ -83,16 +83,10 @@ class CpuDispatcher final : public Dispatcher {
     // Phase 2: quantize once, then write straight into each destination's receive buffers.
     std::string failure;
     try {
-      const ActFormat f = cfg_.dispatch_format;
-      const uint8_t* enc_payload = reinterpret_cast<const uint8_t*>(in.hidden);
-      const uint8_t* enc_scales = nullptr;
-      if (f != ActFormat::bf16 && in.num_tokens > 0) {
-        enc_payload_.resize(size_t(in.num_tokens) * payload_bytes(f, H));
-        enc_scales_.resize(size_t(in.num_tokens) * scale_bytes(f, H));
-        quantize_rows(f, cfg_.quant_params(), in.hidden, in.num_tokens, H, enc_payload_.data(), enc_scales_.data());
-        enc_payload = enc_payload_.data();
-        enc_scales = enc_scales_.data();
-      }
+      const EncodedRows enc =
+          encode_source_rows(cfg_.dispatch_format, cfg_.quant_params(), in.hidden, in.num_tokens, H, enc_);
+      const uint8_t* enc_payload = enc.payload;
+      const uint8_t* enc_scales = enc.scales;
       for (int d = 0; d < R_; ++d)
         if (plan.send_counts[d] > 0) write_region(plan, rank_, d, enc_payload, enc_scales, in.topk_weights, peers_[d]->recv);
       // Our own counts come from the gathered messages; only we write them.
@@ -165,7 +159,7 @@ class CpuDispatcher final : public Dispatcher {
   ExpertPlacement placement_;
   RankBuffers mine_;
   std::vector<RankBuffers*> peers_;
-  std::vector<uint8_t> enc_payload_, enc_scales_;
+  EncodeBuffers enc_;  // this rank's rows in the dispatch format
   DispatchPlan plan_;
   bool have_dispatch_ = false;
 };

@@ -36,16 +36,10 @@ class LocalDispatcher final : public Dispatcher {
                                               in.topk_ids, in.topk_weights);
     if (!problem.empty()) throw UsageError("dispatch: rank 0: " + problem + " (nothing was sent)");
     DispatchPlan plan = make_dispatch_plan(placement_, 0, in.topk_ids, in.num_tokens, K);
-    const ActFormat f = cfg_.dispatch_format;
-    const uint8_t* enc_payload = reinterpret_cast<const uint8_t*>(in.hidden);
-    const uint8_t* enc_scales = nullptr;
-    if (f != ActFormat::bf16 && in.num_tokens > 0) {
-      enc_payload_.resize(size_t(in.num_tokens) * payload_bytes(f, H));
-      enc_scales_.resize(size_t(in.num_tokens) * scale_bytes(f, H));
-      quantize_rows(f, cfg_.quant_params(), in.hidden, in.num_tokens, H, enc_payload_.data(), enc_scales_.data());
-      enc_payload = enc_payload_.data();
-      enc_scales = enc_scales_.data();
-    }
+    const EncodedRows enc =
+        encode_source_rows(cfg_.dispatch_format, cfg_.quant_params(), in.hidden, in.num_tokens, H, enc_);
+    const uint8_t* enc_payload = enc.payload;
+    const uint8_t* enc_scales = enc.scales;
     write_region(plan, 0, 0, enc_payload, enc_scales, in.topk_weights, recv_);
     recv_.counts[0] = plan.send_counts[0];
     finalize_receive(recv_);
@@ -75,7 +69,8 @@ class LocalDispatcher final : public Dispatcher {
   MoeConfig cfg_;
   ExpertPlacement placement_;
   HostRecvBuffers recv_;
-  std::vector<uint8_t> comb_payload_, comb_scales_, enc_payload_, enc_scales_;
+  std::vector<uint8_t> comb_payload_, comb_scales_;
+  EncodeBuffers enc_;
   DispatchPlan plan_;
   bool have_dispatch_ = false;
 };

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cstring>
 
+#include "epmoe/quant.h"
+
 namespace epmoe::detail {
 
 void DispatchPlan::translated_row(int64_t t, int d, int32_t* out) const {
@@ -124,6 +126,15 @@ void finalize_receive(HostRecvBuffers& buf) {
         if (ids[k] >= 0) ++buf.expert_counts[ids[k]];
     }
   }
+}
+
+EncodedRows encode_source_rows(ActFormat f, const QuantParams& q, const bf16_raw* hidden, int64_t num_tokens, int H,
+                               EncodeBuffers& buf) {
+  if (f == ActFormat::bf16 || num_tokens == 0) return {reinterpret_cast<const uint8_t*>(hidden), nullptr};
+  buf.payload.resize(size_t(num_tokens) * payload_bytes(f, H));
+  buf.scales.resize(size_t(num_tokens) * scale_bytes(f, H));
+  quantize_rows(f, q, hidden, num_tokens, H, buf.payload.data(), buf.scales.data());
+  return {buf.payload.data(), buf.scales.data()};
 }
 
 }  // namespace epmoe::detail

@@ -58,6 +58,19 @@ struct HostRecvBuffers {
   DispatchOutput view(const QuantParams& quant) const;
 };
 
+// A source's rows in the dispatch format, quantized once before they go to any destination:
+// [T][payload_bytes] and [T][scale_bytes] (scales null for bf16, whose rows pass through as they
+// are). `buf` keeps the encoded bytes alive between calls.
+struct EncodedRows {
+  const uint8_t* payload = nullptr;
+  const uint8_t* scales = nullptr;
+};
+struct EncodeBuffers {
+  std::vector<uint8_t> payload, scales;
+};
+EncodedRows encode_source_rows(ActFormat f, const QuantParams& q, const bf16_raw* hidden, int64_t num_tokens, int H,
+                               EncodeBuffers& buf);
+
 // Writes the tokens of `plan` (source `src`) that go to rank `d` into region `src` of `dst`:
 // payload and scale rows from the source's encoded rows ([T][payload_bytes], [T][scale_bytes]; scales
 // null for bf16), the row translated for d and all K weights ([T][K]).
