@@ -431,97 +431,89 @@ int bench_layer(const std::vector<std::string>& args) {
                 flags.help().c_str());
     return 0;
   }
-  try {
-    flags.parse(args);
-    Opts o;
-    const bool quick = flags.get_bool("quick", false);
-    o.decode = flags.get_bool("decode", false);
-    o.reps = flags.get_int("reps", quick ? 10 : 20);
-    o.check = flags.get_int("check-tokens", 64);
-    o.graph = !flags.get_bool("no-graph", false);
-    o.layers = flags.get_int("layers", 8);
-    o.seqs = flags.get_int("seqs", 64);
-    o.seed = uint64_t(flags.get_int("seed", 1));
-    if (o.reps < 1) throw UsageError("--reps=" + std::to_string(o.reps) + " must be at least 1");
-    if (o.check < 0) throw UsageError("--check-tokens=" + std::to_string(o.check) + " must be 0 or more");
-    if (o.layers < 1) throw UsageError("--layers=" + std::to_string(o.layers) + " must be at least 1");
-    if (o.seqs < 1) throw UsageError("--seqs=" + std::to_string(o.seqs) + " must be at least 1");
-    o.tokens = quick ? std::vector<long long>{128, 4096} : std::vector<long long>{128, 512, 4096, 16384};
-    if (flags.has("tokens")) o.tokens = parse_int_list(flags.get("tokens"), "tokens");
-    for (long long t : o.tokens)
-      if (t < 0 || t > (1 << 30)) throw UsageError("--tokens: " + std::to_string(t) + " is not a token count");
-    o.formats = parse_act_formats(flags.has("formats") ? flags.get("formats") : "bf16,fp8,nvfp4", "formats");
-    o.preset = flags.has("preset") ? flags.get("preset") : "deepseek-v3";
+  flags.parse(args);
+  Opts o;
+  const bool quick = flags.get_bool("quick", false);
+  o.decode = flags.get_bool("decode", false);
+  o.reps = flags.get_int("reps", quick ? 10 : 20);
+  o.check = flags.get_int("check-tokens", 64);
+  o.graph = !flags.get_bool("no-graph", false);
+  o.layers = flags.get_int("layers", 8);
+  o.seqs = flags.get_int("seqs", 64);
+  o.seed = uint64_t(flags.get_int("seed", 1));
+  if (o.reps < 1) throw UsageError("--reps=" + std::to_string(o.reps) + " must be at least 1");
+  if (o.check < 0) throw UsageError("--check-tokens=" + std::to_string(o.check) + " must be 0 or more");
+  if (o.layers < 1) throw UsageError("--layers=" + std::to_string(o.layers) + " must be at least 1");
+  if (o.seqs < 1) throw UsageError("--seqs=" + std::to_string(o.seqs) + " must be at least 1");
+  o.tokens = quick ? std::vector<long long>{128, 4096} : std::vector<long long>{128, 512, 4096, 16384};
+  if (flags.has("tokens")) o.tokens = parse_int_list(flags.get("tokens"), "tokens");
+  for (long long t : o.tokens)
+    if (t < 0 || t > (1 << 30)) throw UsageError("--tokens: " + std::to_string(t) + " is not a token count");
+  o.formats = parse_act_formats(flags.has("formats") ? flags.get("formats") : "bf16,fp8,nvfp4", "formats");
+  o.preset = flags.has("preset") ? flags.get("preset") : "deepseek-v3";
 
-    const int R = flags.get_int("ranks", default_gpu_ranks());
-    if (R < 1) {
-      std::fprintf(stderr, "bench layer: no CUDA device visible\n");
-      return 1;
-    }
-    MoeConfig& b = o.base;
-    b = preset(o.preset).config;
-    b.num_ranks = R;
-    b.placement.reset();
-    b.dispatcher = flags.has("dispatcher") ? flags.get("dispatcher") : (R == 1 ? "local" : "nvlink");
-    b.runner = "cuda";
-    if ((R == 1) != (b.dispatcher == "local"))
-      throw UsageError("--dispatcher=" + b.dispatcher + " with " + std::to_string(R) + " rank" + (R == 1 ? "" : "s") +
-                       ": one GPU runs dispatcher local, several run nvlink or nccl");
-    b.comm_sms = flags.get_int("comm-sms", b.comm_sms);
-    if (flags.has("combine")) {
-      const auto c = parse_act_format(flags.get("combine"));
-      if (!c) throw UsageError("--combine=" + flags.get("combine") + " is not a format; use bf16 or fp8");
-      b.combine_format = *c;
-    }
-    // Every configuration is checked here, the same way on every rank, before any collective.
-    const int64_t maxT = o.decode ? o.seqs : *std::max_element(o.tokens.begin(), o.tokens.end());
-    for (ActFormat f : o.formats) {
-      const MoeConfig c = format_config(o, f, maxT);
-      validate_or_throw(c);
-      Registry::global().resolve(c);
-    }
-
-    if (rank0_process()) {
-      cudaDeviceProp prop{};
-      EPMOE_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
-      std::string nccl;
-#if defined(EPMOE_WITH_NCCL)
-      if (R > 1) nccl = ", NCCL " + nccl_runtime_version();
-#endif
-      std::printf("# epmoe bench layer%s: %d x %s (%s), %s H=%d I=%d E=%d K=%d, dispatcher %s + runner cuda, "
-                  "combine %s%s, median of %d%s\n",
-                  o.decode ? " --decode" : "", R, prop.name,
-                  under_mpirun() ? "one process per GPU" : (R > 1 ? "one process, a thread per GPU" : "one process"),
-                  o.preset.c_str(), b.hidden, b.intermediate, b.num_experts, b.top_k, b.dispatcher.c_str(),
-                  format_name(b.combine_format), nccl.c_str(), o.reps,
-                  o.graph && capturable(b.dispatcher) ? " (CUDA graph replays)" : " (eager calls)");
-      if (o.decode) {
-        std::printf("# %d stacked layers sharing one weight set per format, %d sequences per rank per step; tok/s/GPU "
-                    "counts the MoE layers only\n\n| disp | format | layers | seqs/rank | step ms | per layer us | "
-                    "out tok/s/GPU |\n|---|---|---|---|---|---|---|\n",
-                    o.layers, o.seqs);
-      } else {
-        std::printf("# layer: MoeLayer::forward (route+quantize+dispatch+run+combine), slowest rank; runner: Runner::run "
-                    "alone on the same dispatched input, slowest rank; errors: first %lld tokens of every rank vs "
-                    "float64 (stored weights dequantized, activations unquantized)\n\n| disp | format | T/rank | layer "
-                    "us | tok/s/GPU | runner us | layer/runner | max rel err | 1-cos |\n|---|---|---|---|---|---|---|---"
-                    "|---|\n",
-                    static_cast<long long>(std::min<long long>(o.check, *std::min_element(o.tokens.begin(), o.tokens.end()))));
-      }
-      std::fflush(stdout);
-    }
-    launch_gpu_ranks(R, 120000, [&](Communicator& comm) { o.decode ? decode_rank(comm, o) : layer_rank(comm, o); });
-    if (rank0_process() && !o.decode)
-      std::printf("\nTarget: layer/runner <= 1.25x at fp8, 4096 tokens per rank. Weights: random, generated on the "
-                  "device in their storage format (bf16/fp8/nvfp4 of the dispatch format's family).\n");
-    return 0;
-  } catch (const UsageError& e) {
-    std::fprintf(stderr, "bench layer: %s\n", e.what());
-    return 2;
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "bench layer: %s\n", e.what());
+  const int R = flags.get_int("ranks", default_gpu_ranks());
+  if (R < 1) {
+    std::fprintf(stderr, "bench layer: no CUDA device visible\n");
     return 1;
   }
+  MoeConfig& b = o.base;
+  b = preset(o.preset).config;
+  b.num_ranks = R;
+  b.placement.reset();
+  b.dispatcher = flags.has("dispatcher") ? flags.get("dispatcher") : (R == 1 ? "local" : "nvlink");
+  b.runner = "cuda";
+  if ((R == 1) != (b.dispatcher == "local"))
+    throw UsageError("--dispatcher=" + b.dispatcher + " with " + std::to_string(R) + " rank" + (R == 1 ? "" : "s") +
+                     ": one GPU runs dispatcher local, several run nvlink or nccl");
+  b.comm_sms = flags.get_int("comm-sms", b.comm_sms);
+  if (flags.has("combine")) {
+    const auto c = parse_act_format(flags.get("combine"));
+    if (!c) throw UsageError("--combine=" + flags.get("combine") + " is not a format; use bf16 or fp8");
+    b.combine_format = *c;
+  }
+  // Every configuration is checked here, the same way on every rank, before any collective.
+  const int64_t maxT = o.decode ? o.seqs : *std::max_element(o.tokens.begin(), o.tokens.end());
+  for (ActFormat f : o.formats) {
+    const MoeConfig c = format_config(o, f, maxT);
+    validate_or_throw(c);
+    Registry::global().resolve(c);
+  }
+
+  if (rank0_process()) {
+    cudaDeviceProp prop{};
+    EPMOE_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
+    std::string nccl;
+#if defined(EPMOE_WITH_NCCL)
+    if (R > 1) nccl = ", NCCL " + nccl_runtime_version();
+#endif
+    std::printf("# epmoe bench layer%s: %d x %s (%s), %s H=%d I=%d E=%d K=%d, dispatcher %s + runner cuda, "
+                "combine %s%s, median of %d%s\n",
+                o.decode ? " --decode" : "", R, prop.name,
+                under_mpirun() ? "one process per GPU" : (R > 1 ? "one process, a thread per GPU" : "one process"),
+                o.preset.c_str(), b.hidden, b.intermediate, b.num_experts, b.top_k, b.dispatcher.c_str(),
+                format_name(b.combine_format), nccl.c_str(), o.reps,
+                o.graph && capturable(b.dispatcher) ? " (CUDA graph replays)" : " (eager calls)");
+    if (o.decode) {
+      std::printf("# %d stacked layers sharing one weight set per format, %d sequences per rank per step; tok/s/GPU "
+                  "counts the MoE layers only\n\n| disp | format | layers | seqs/rank | step ms | per layer us | "
+                  "out tok/s/GPU |\n|---|---|---|---|---|---|---|\n",
+                  o.layers, o.seqs);
+    } else {
+      std::printf("# layer: MoeLayer::forward (route+quantize+dispatch+run+combine), slowest rank; runner: Runner::run "
+                  "alone on the same dispatched input, slowest rank; errors: first %lld tokens of every rank vs "
+                  "float64 (stored weights dequantized, activations unquantized)\n\n| disp | format | T/rank | layer "
+                  "us | tok/s/GPU | runner us | layer/runner | max rel err | 1-cos |\n|---|---|---|---|---|---|---|---"
+                  "|---|\n",
+                  static_cast<long long>(std::min<long long>(o.check, *std::min_element(o.tokens.begin(), o.tokens.end()))));
+    }
+    std::fflush(stdout);
+  }
+  launch_gpu_ranks(R, 120000, [&](Communicator& comm) { o.decode ? decode_rank(comm, o) : layer_rank(comm, o); });
+  if (rank0_process() && !o.decode)
+    std::printf("\nTarget: layer/runner <= 1.25x at fp8, 4096 tokens per rank. Weights: random, generated on the "
+                "device in their storage format (bf16/fp8/nvfp4 of the dispatch format's family).\n");
+  return 0;
 }
 
 const BenchRegistrar reg{{"layer", "the full MoE layer on every GPU vs the runner alone, with accuracy (and --decode)",

@@ -127,193 +127,185 @@ int bench_runner(const std::vector<std::string>& args) {
     std::fprintf(stderr, "bench runner: no CUDA device (%s)\n", why.c_str());
     return 1;
   }
-  try {
-    const ModelPreset& pre = preset(flags.has("preset") ? flags.get("preset") : "deepseek-v3");
-    const int H = pre.config.hidden, I = pre.config.intermediate;
-    const int E = flags.get_int("local-experts", 128);
-    const bool quick = flags.get_bool("quick", false);
-    const int reps = flags.get_int("reps", quick ? 3 : 7);
-    std::vector<long long> Ms = quick ? std::vector<long long>{128, 2048, 32768}
-                                      : std::vector<long long>{128, 512, 2048, 8192, 32768, 131072};
-    if (flags.has("m")) Ms = parse_int_list(flags.get("m"), "--m");
-    std::vector<WeightFormat> fmts = {WeightFormat::bf16, WeightFormat::fp8, WeightFormat::nvfp4};
-    if (flags.has("formats")) {
-      fmts.clear();
-      std::string s = flags.get("formats");
-      size_t pos = 0;
-      while (pos <= s.size()) {
-        const size_t c = s.find(',', pos);
-        const std::string tok = s.substr(pos, c == std::string::npos ? std::string::npos : c - pos);
-        const auto f = parse_weight_format(tok);
-        if (!f) throw UsageError("--formats: unknown weight format '" + tok + "'; use bf16, fp8, nvfp4");
-        fmts.push_back(*f);
-        if (c == std::string::npos) break;
-        pos = c + 1;
-      }
+  const ModelPreset& pre = preset(flags.has("preset") ? flags.get("preset") : "deepseek-v3");
+  const int H = pre.config.hidden, I = pre.config.intermediate;
+  const int E = flags.get_int("local-experts", 128);
+  const bool quick = flags.get_bool("quick", false);
+  const int reps = flags.get_int("reps", quick ? 3 : 7);
+  std::vector<long long> Ms = quick ? std::vector<long long>{128, 2048, 32768}
+                                    : std::vector<long long>{128, 512, 2048, 8192, 32768, 131072};
+  if (flags.has("m")) Ms = parse_int_list(flags.get("m"), "--m");
+  std::vector<WeightFormat> fmts = {WeightFormat::bf16, WeightFormat::fp8, WeightFormat::nvfp4};
+  if (flags.has("formats")) {
+    fmts.clear();
+    std::string s = flags.get("formats");
+    size_t pos = 0;
+    while (pos <= s.size()) {
+      const size_t c = s.find(',', pos);
+      const std::string tok = s.substr(pos, c == std::string::npos ? std::string::npos : c - pos);
+      const auto f = parse_weight_format(tok);
+      if (!f) throw UsageError("--formats: unknown weight format '" + tok + "'; use bf16, fp8, nvfp4");
+      fmts.push_back(*f);
+      if (c == std::string::npos) break;
+      pos = c + 1;
     }
-    const long long maxM = *std::max_element(Ms.begin(), Ms.end());
-    const cuda::CudaRunner::Engine engine =
-        cuda::CudaRunner::parse_engine(flags.has("engine") ? flags.get("engine") : "auto", "--engine");
-    const std::string iq_name = flags.has("iq") ? flags.get("iq") : "none";
-    if (iq_name != "none" && iq_name != "fp8")
-      throw UsageError("--iq: '" + iq_name + "' is not an intermediate quantization; use none or fp8");
-    const IntermediateQuant iq = iq_name == "fp8" ? IntermediateQuant::fp8 : IntermediateQuant::none;
-    cudaDeviceProp prop{};
-    EPMOE_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
-    std::printf("# epmoe bench runner: %s, %s H=%d I=%d, %d local experts, median of %d, engine %s, iq %s\n",
-                prop.name, pre.name.c_str(), H, I, E, reps, flags.has("engine") ? flags.get("engine").c_str() : "auto",
-                iq_name.c_str());
+  }
+  const long long maxM = *std::max_element(Ms.begin(), Ms.end());
+  const cuda::CudaRunner::Engine engine =
+      cuda::CudaRunner::parse_engine(flags.has("engine") ? flags.get("engine") : "auto", "--engine");
+  const std::string iq_name = flags.has("iq") ? flags.get("iq") : "none";
+  if (iq_name != "none" && iq_name != "fp8")
+    throw UsageError("--iq: '" + iq_name + "' is not an intermediate quantization; use none or fp8");
+  const IntermediateQuant iq = iq_name == "fp8" ? IntermediateQuant::fp8 : IntermediateQuant::none;
+  cudaDeviceProp prop{};
+  EPMOE_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
+  std::printf("# epmoe bench runner: %s, %s H=%d I=%d, %d local experts, median of %d, engine %s, iq %s\n",
+              prop.name, pre.name.c_str(), H, I, E, reps, flags.has("engine") ? flags.get("engine").c_str() : "auto",
+              iq_name.c_str());
 
-    Timer timer;
-    // HBM ceiling: D2D copy of 2 GiB.
-    const size_t copy_bytes = size_t(2) << 30;
-    DeviceBuffer c0(copy_bytes), c1(copy_bytes);
-    EPMOE_CUDA_CHECK(cudaMemset(c0.get(), 1, copy_bytes));
-    const double copy_ms = timer.median_ms(
-        [&] { EPMOE_CUDA_CHECK(cudaMemcpyAsync(c1.get(), c0.get(), copy_bytes, cudaMemcpyDeviceToDevice)); }, 2, 5);
-    const double hbm_gbs = 2.0 * copy_bytes / (copy_ms * 1e6);
-    c0.release();
-    c1.release();
-    std::printf("# HBM copy (D2D, read+write): %.0f GB/s\n", hbm_gbs);
+  Timer timer;
+  // HBM ceiling: D2D copy of 2 GiB.
+  const size_t copy_bytes = size_t(2) << 30;
+  DeviceBuffer c0(copy_bytes), c1(copy_bytes);
+  EPMOE_CUDA_CHECK(cudaMemset(c0.get(), 1, copy_bytes));
+  const double copy_ms = timer.median_ms(
+      [&] { EPMOE_CUDA_CHECK(cudaMemcpyAsync(c1.get(), c0.get(), copy_bytes, cudaMemcpyDeviceToDevice)); }, 2, 5);
+  const double hbm_gbs = 2.0 * copy_bytes / (copy_ms * 1e6);
+  c0.release();
+  c1.release();
+  std::printf("# HBM copy (D2D, read+write): %.0f GB/s\n", hbm_gbs);
 
-    // Inputs: C = maxM slots, K = 1, slot j -> expert j % E, weight 1. Payload per format.
-    DeviceBuffer payload(size_t(maxM) * H * 2), scales(size_t(maxM) * (H / 16) * 4 + 16), ids(size_t(maxM) * 4),
-        wts(size_t(maxM) * 4), counts(4), y(size_t(maxM) * H * 2);
-    {
-      std::vector<int32_t> hid(maxM);
-      for (long long j = 0; j < maxM; ++j) hid[j] = int32_t(j % E);
-      EPMOE_CUDA_CHECK(cudaMemcpy(ids.get(), hid.data(), hid.size() * 4, cudaMemcpyHostToDevice));
-      cuda::fill_f32(wts.get<float>(), maxM, 1.f, nullptr);
-      cuda::fill_random_bf16(payload.get<bf16_raw>(), size_t(maxM) * H, 2.f, 99, nullptr);
-      cuda::fill_f32(scales.get<float>(), scales.size() / 4, 1.f / 64, nullptr);
+  // Inputs: C = maxM slots, K = 1, slot j -> expert j % E, weight 1. Payload per format.
+  DeviceBuffer payload(size_t(maxM) * H * 2), scales(size_t(maxM) * (H / 16) * 4 + 16), ids(size_t(maxM) * 4),
+      wts(size_t(maxM) * 4), counts(4), y(size_t(maxM) * H * 2);
+  {
+    std::vector<int32_t> hid(maxM);
+    for (long long j = 0; j < maxM; ++j) hid[j] = int32_t(j % E);
+    EPMOE_CUDA_CHECK(cudaMemcpy(ids.get(), hid.data(), hid.size() * 4, cudaMemcpyHostToDevice));
+    cuda::fill_f32(wts.get<float>(), maxM, 1.f, nullptr);
+    cuda::fill_random_bf16(payload.get<bf16_raw>(), size_t(maxM) * H, 2.f, 99, nullptr);
+    cuda::fill_f32(scales.get<float>(), scales.size() / 4, 1.f / 64, nullptr);
+  }
+
+  struct Row {
+    long long M;
+    WeightFormat f;
+    double ms;
+    std::string engines;  // the runner's GEMM engines, e.g. cutlass-fp8/cutlass-fp8
+  };
+  std::vector<Row> rows;
+  std::vector<double> cublas_ms(Ms.size(), 0.0);
+  for (WeightFormat f : fmts) {
+    DeviceWeights dw;
+    make_weights(dw, f, E, H, I, 1234 + int(f));
+    EPMOE_CUDA_CHECK(cudaDeviceSynchronize());
+    MoeConfig cfg = pre.config;
+    cfg.num_experts = E;
+    cfg.top_k = 1;
+    cfg.num_ranks = 1;
+    cfg.weight_format = f;
+    cfg.dispatch_format = f == WeightFormat::bf16 ? ActFormat::bf16 : ActFormat::fp8;
+    cfg.intermediate_quant = iq;
+    cuda::CudaRunner runner(cfg, 0);
+    runner.set_engine(engine);
+    for (long long M : Ms) {
+      cfg.capacity = int(M);
+      const int32_t m32 = int32_t(M);
+      EPMOE_CUDA_CHECK(cudaMemcpy(counts.get(), &m32, 4, cudaMemcpyHostToDevice));
+      DispatchOutput in;
+      in.num_ranks = 1;
+      in.capacity = int(M);
+      in.hidden = H;
+      in.top_k = 1;
+      in.num_local_experts = E;
+      in.format = cfg.dispatch_format;
+      in.quant = QuantParams{false, 448.f * 6.f / 8.f};
+      in.device = DeviceKind::cuda;
+      in.payload = payload.get<uint8_t>();
+      in.scales = scales.get<uint8_t>();
+      in.local_ids = ids.get<int32_t>();
+      in.weights = wts.get<float>();
+      in.counts = counts.get<int32_t>();
+      const int r = M >= 32768 ? std::max(3, reps / 2) : reps;
+      const double ms = timer.median_ms([&] { runner.run(in, dw.w, y.get<bf16_raw>(), nullptr); }, 2, r);
+      rows.push_back({M, f, ms, runner.last_engines()});
+      std::fprintf(stderr, "  %s M=%lld: %.3f ms (bm %d, %s)\n", format_name(f), M, ms, runner.last_block_m(),
+                   runner.last_engines());
     }
+  }
 
-    struct Row {
-      long long M;
-      WeightFormat f;
-      double ms;
-      std::string engines;  // the runner's GEMM engines, e.g. cutlass-fp8/cutlass-fp8
-    };
-    std::vector<Row> rows;
-    std::vector<double> cublas_ms(Ms.size(), 0.0);
-    for (WeightFormat f : fmts) {
-      DeviceWeights dw;
-      make_weights(dw, f, E, H, I, 1234 + int(f));
-      EPMOE_CUDA_CHECK(cudaDeviceSynchronize());
-      MoeConfig cfg = pre.config;
-      cfg.num_experts = E;
-      cfg.top_k = 1;
-      cfg.num_ranks = 1;
-      cfg.weight_format = f;
-      cfg.dispatch_format = f == WeightFormat::bf16 ? ActFormat::bf16 : ActFormat::fp8;
-      cfg.intermediate_quant = iq;
-      cuda::CudaRunner runner(cfg, 0);
-      runner.set_engine(engine);
-      for (long long M : Ms) {
-        cfg.capacity = int(M);
-        const int32_t m32 = int32_t(M);
-        EPMOE_CUDA_CHECK(cudaMemcpy(counts.get(), &m32, 4, cudaMemcpyHostToDevice));
-        DispatchOutput in;
-        in.num_ranks = 1;
-        in.capacity = int(M);
-        in.hidden = H;
-        in.top_k = 1;
-        in.num_local_experts = E;
-        in.format = cfg.dispatch_format;
-        in.quant = QuantParams{false, 448.f * 6.f / 8.f};
-        in.device = DeviceKind::cuda;
-        in.payload = payload.get<uint8_t>();
-        in.scales = scales.get<uint8_t>();
-        in.local_ids = ids.get<int32_t>();
-        in.weights = wts.get<float>();
-        in.counts = counts.get<int32_t>();
-        const int r = M >= 32768 ? std::max(3, reps / 2) : reps;
-        const double ms = timer.median_ms([&] { runner.run(in, dw.w, y.get<bf16_raw>(), nullptr); }, 2, r);
-        rows.push_back({M, f, ms, runner.last_engines()});
-        std::fprintf(stderr, "  %s M=%lld: %.3f ms (bm %d, %s)\n", format_name(f), M, ms, runner.last_block_m(),
-                     runner.last_engines());
-      }
-    }
-
-    // Baseline: cuBLAS bf16, one GEMM pair per expert (same FLOPs, no SwiGLU, no permute).
-    if (!flags.get_bool("no-cublas", false)) {
-      DeviceWeights dw;
-      make_weights(dw, WeightFormat::bf16, E, H, I, 777);
-      DeviceBuffer a(size_t(maxM) * H * 2), h(size_t(maxM) * 2 * I * 2), o(size_t(maxM) * H * 2);
-      cuda::fill_random_bf16(a.get<bf16_raw>(), size_t(maxM) * H, 1.f, 5, nullptr);
-      cuda::fill_random_bf16(h.get<bf16_raw>(), size_t(maxM) * 2 * I, 1.f, 6, nullptr);
-      cublasHandle_t handle;
-      check_cublas(cublasCreate(&handle), "create");
-      const float one = 1.f, zero = 0.f;
-      for (size_t mi = 0; mi < Ms.size(); ++mi) {
-        const long long M = Ms[mi];
-        auto run = [&] {
-          long long row = 0;
-          for (int e = 0; e < E; ++e) {
-            const int me = int(M / E + (e < M % E ? 1 : 0));
-            if (me == 0) continue;
-            const auto* w13 = dw.w.w13.data ? static_cast<const bf16_raw*>(dw.w.w13.data) + size_t(e) * 2 * I * H : nullptr;
-            const auto* w2 = static_cast<const bf16_raw*>(dw.w.w2.data) + size_t(e) * H * I;
-            // C^T [2I][me] = W13 [2I][H] . A^T (column-major view of row-major data).
-            check_cublas(cublasGemmEx(handle, CUBLAS_OP_T, CUBLAS_OP_N, 2 * I, me, H, &one, w13, CUDA_R_16BF, H,
-                                      a.get<bf16_raw>() + row * H, CUDA_R_16BF, H, &zero,
-                                      h.get<bf16_raw>() + row * 2 * I, CUDA_R_16BF, 2 * I, CUBLAS_COMPUTE_32F,
-                                      CUBLAS_GEMM_DEFAULT),
-                         "gemm1");
-            check_cublas(cublasGemmEx(handle, CUBLAS_OP_T, CUBLAS_OP_N, H, me, I, &one, w2, CUDA_R_16BF, I,
-                                      h.get<bf16_raw>() + row * 2 * I, CUDA_R_16BF, 2 * I, &zero,
-                                      o.get<bf16_raw>() + row * H, CUDA_R_16BF, H, CUBLAS_COMPUTE_32F,
-                                      CUBLAS_GEMM_DEFAULT),
-                         "gemm2");
-            row += me;
-          }
-        };
-        cublas_ms[mi] = timer.median_ms(run, 1, M >= 32768 ? 3 : std::max(3, reps / 2));
-      }
-      cublasDestroy(handle);
-    }
-
-    // Table.
-    auto wbytes = [&](WeightFormat f) {
-      const double el = 3.0 * H * I;
-      return f == WeightFormat::bf16 ? el * 2 : f == WeightFormat::fp8 ? el + el / (128 * 128) * 4 : el / 2 + el / 16;
-    };
-    std::printf("\n| M | format | engine | time ms | TFLOP/s | weight GB/s | weight GB/s / HBM copy | cuBLAS bf16 loop ms | "
-                "speedup vs cuBLAS | vs bf16 time | vs fp8 time |\n|---|---|---|---|---|---|---|---|---|---|---|\n");
+  // Baseline: cuBLAS bf16, one GEMM pair per expert (same FLOPs, no SwiGLU, no permute).
+  if (!flags.get_bool("no-cublas", false)) {
+    DeviceWeights dw;
+    make_weights(dw, WeightFormat::bf16, E, H, I, 777);
+    DeviceBuffer a(size_t(maxM) * H * 2), h(size_t(maxM) * 2 * I * 2), o(size_t(maxM) * H * 2);
+    cuda::fill_random_bf16(a.get<bf16_raw>(), size_t(maxM) * H, 1.f, 5, nullptr);
+    cuda::fill_random_bf16(h.get<bf16_raw>(), size_t(maxM) * 2 * I, 1.f, 6, nullptr);
+    cublasHandle_t handle;
+    check_cublas(cublasCreate(&handle), "create");
+    const float one = 1.f, zero = 0.f;
     for (size_t mi = 0; mi < Ms.size(); ++mi) {
       const long long M = Ms[mi];
-      double t_bf16 = 0, t_fp8 = 0;
-      for (const Row& r : rows) {
-        if (r.M == M && r.f == WeightFormat::bf16) t_bf16 = r.ms;
-        if (r.M == M && r.f == WeightFormat::fp8) t_fp8 = r.ms;
-      }
-      for (const Row& r : rows) {
-        if (r.M != M) continue;
-        const double flops = 2.0 * double(M) * 3.0 * H * I;
-        const double touched = double(std::min<long long>(M, E));
-        const double gbs = touched * wbytes(r.f) / (r.ms * 1e6);
-        char vs_bf16[32] = "-", vs_fp8[32] = "-", cub[32] = "-", spd[32] = "-";
-        if (r.f != WeightFormat::bf16 && t_bf16 > 0) std::snprintf(vs_bf16, sizeof vs_bf16, "%.2fx", r.ms / t_bf16);
-        if (r.f == WeightFormat::nvfp4 && t_fp8 > 0) std::snprintf(vs_fp8, sizeof vs_fp8, "%.2fx", r.ms / t_fp8);
-        if (cublas_ms[mi] > 0) {
-          std::snprintf(cub, sizeof cub, "%.3f", cublas_ms[mi]);
-          std::snprintf(spd, sizeof spd, "%.2fx", cublas_ms[mi] / r.ms);
+      auto run = [&] {
+        long long row = 0;
+        for (int e = 0; e < E; ++e) {
+          const int me = int(M / E + (e < M % E ? 1 : 0));
+          if (me == 0) continue;
+          const auto* w13 = dw.w.w13.data ? static_cast<const bf16_raw*>(dw.w.w13.data) + size_t(e) * 2 * I * H : nullptr;
+          const auto* w2 = static_cast<const bf16_raw*>(dw.w.w2.data) + size_t(e) * H * I;
+          // C^T [2I][me] = W13 [2I][H] . A^T (column-major view of row-major data).
+          check_cublas(cublasGemmEx(handle, CUBLAS_OP_T, CUBLAS_OP_N, 2 * I, me, H, &one, w13, CUDA_R_16BF, H,
+                                    a.get<bf16_raw>() + row * H, CUDA_R_16BF, H, &zero,
+                                    h.get<bf16_raw>() + row * 2 * I, CUDA_R_16BF, 2 * I, CUBLAS_COMPUTE_32F,
+                                    CUBLAS_GEMM_DEFAULT),
+                       "gemm1");
+          check_cublas(cublasGemmEx(handle, CUBLAS_OP_T, CUBLAS_OP_N, H, me, I, &one, w2, CUDA_R_16BF, I,
+                                    h.get<bf16_raw>() + row * 2 * I, CUDA_R_16BF, 2 * I, &zero,
+                                    o.get<bf16_raw>() + row * H, CUDA_R_16BF, H, CUBLAS_COMPUTE_32F,
+                                    CUBLAS_GEMM_DEFAULT),
+                       "gemm2");
+          row += me;
         }
-        std::printf("| %lld | %s | %s | %.3f | %.0f | %.0f | %.2f | %s | %s | %s | %s |\n", M, format_name(r.f),
-                    r.engines.c_str(), r.ms,
-                    flops / (r.ms * 1e9), gbs, gbs / hbm_gbs, cub, spd, vs_bf16, vs_fp8);
-      }
+      };
+      cublas_ms[mi] = timer.median_ms(run, 1, M >= 32768 ? 3 : std::max(3, reps / 2));
     }
-    std::printf("\nHBM copy %.0f GB/s. TFLOP/s counts 2*M*3*H*I; weight GB/s counts the weights (and scales) of "
-                "min(M, E) experts once.\n", hbm_gbs);
-    return 0;
-  } catch (const UsageError& e) {
-    std::fprintf(stderr, "bench runner: %s\n", e.what());
-    return 2;
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "bench runner: %s\n", e.what());
-    return 1;
+    cublasDestroy(handle);
   }
+
+  // Table.
+  auto wbytes = [&](WeightFormat f) {
+    const double el = 3.0 * H * I;
+    return f == WeightFormat::bf16 ? el * 2 : f == WeightFormat::fp8 ? el + el / (128 * 128) * 4 : el / 2 + el / 16;
+  };
+  std::printf("\n| M | format | engine | time ms | TFLOP/s | weight GB/s | weight GB/s / HBM copy | cuBLAS bf16 loop ms | "
+              "speedup vs cuBLAS | vs bf16 time | vs fp8 time |\n|---|---|---|---|---|---|---|---|---|---|---|\n");
+  for (size_t mi = 0; mi < Ms.size(); ++mi) {
+    const long long M = Ms[mi];
+    double t_bf16 = 0, t_fp8 = 0;
+    for (const Row& r : rows) {
+      if (r.M == M && r.f == WeightFormat::bf16) t_bf16 = r.ms;
+      if (r.M == M && r.f == WeightFormat::fp8) t_fp8 = r.ms;
+    }
+    for (const Row& r : rows) {
+      if (r.M != M) continue;
+      const double flops = 2.0 * double(M) * 3.0 * H * I;
+      const double touched = double(std::min<long long>(M, E));
+      const double gbs = touched * wbytes(r.f) / (r.ms * 1e6);
+      char vs_bf16[32] = "-", vs_fp8[32] = "-", cub[32] = "-", spd[32] = "-";
+      if (r.f != WeightFormat::bf16 && t_bf16 > 0) std::snprintf(vs_bf16, sizeof vs_bf16, "%.2fx", r.ms / t_bf16);
+      if (r.f == WeightFormat::nvfp4 && t_fp8 > 0) std::snprintf(vs_fp8, sizeof vs_fp8, "%.2fx", r.ms / t_fp8);
+      if (cublas_ms[mi] > 0) {
+        std::snprintf(cub, sizeof cub, "%.3f", cublas_ms[mi]);
+        std::snprintf(spd, sizeof spd, "%.2fx", cublas_ms[mi] / r.ms);
+      }
+      std::printf("| %lld | %s | %s | %.3f | %.0f | %.0f | %.2f | %s | %s | %s | %s |\n", M, format_name(r.f),
+                  r.engines.c_str(), r.ms,
+                  flops / (r.ms * 1e9), gbs, gbs / hbm_gbs, cub, spd, vs_bf16, vs_fp8);
+    }
+  }
+  std::printf("\nHBM copy %.0f GB/s. TFLOP/s counts 2*M*3*H*I; weight GB/s counts the weights (and scales) of "
+              "min(M, E) experts once.\n", hbm_gbs);
+  return 0;
 }
 
 const BenchRegistrar reg{{"runner", "routed runner cuda per weight format and M, vs HBM copy and a cuBLAS loop",

@@ -2,8 +2,10 @@
 // tools/bench_*.cpp through BenchRegistrar (see commands.h).
 #include <algorithm>
 #include <cstdio>
+#include <exception>
 
 #include "commands.h"
+#include "epmoe/error.h"
 
 namespace epmoe::cli {
 namespace {
@@ -26,8 +28,19 @@ int bench_main(const std::vector<std::string>& args) {
     list_subcommands(stdout);
     return 0;
   }
-  for (const auto& c : bench_commands())
-    if (c.name == args[0]) return c.run(std::vector<std::string>(args.begin() + 1, args.end()));
+  for (const auto& c : bench_commands()) {
+    if (c.name != args[0]) continue;
+    // Errors name the subcommand; UsageError is the caller's to fix (exit 2), the rest exit 1.
+    try {
+      return c.run(std::vector<std::string>(args.begin() + 1, args.end()));
+    } catch (const UsageError& e) {
+      std::fprintf(stderr, "epmoe bench %s: %s\n", c.name.c_str(), e.what());
+      return 2;
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "epmoe bench %s: error: %s\n", c.name.c_str(), e.what());
+      return 1;
+    }
+  }
   std::fprintf(stderr, "epmoe bench: unknown subcommand '%s'\n\n", args[0].c_str());
   list_subcommands(stderr);
   return 2;

@@ -24,6 +24,9 @@ expect 2 'hidden=7000 is not a multiple of 128, which dispatch format fp8 requir
 expect 2 'preset' -- validate --preset no-such-model
 expect 0 'R=2 C=128' -- validate --preset deepseek-v3 --ranks 2 --capacity 128
 expect 2 'legal pairs' -- validate --preset tiny --dispatcher cpu --runner nosuch
+# Bench subcommands exist in CUDA builds only; their usage errors are exit 2 either way.
+expect 2 "unknown format 'xx'|unknown subcommand 'layer'" -- bench layer --formats xx
+expect 2 "unknown flag --bogus|unknown subcommand 'runner'" -- bench runner --bogus
 expect 0 'nvfp4 +nvfp4' -- run --device cpu
 expect 0 'fp8 +fp8' -- run --device cpu --preset tiny --ranks 2 --tokens 5,0 --layers 2
 expect 2 'num_experts=16 is not divisible by num_ranks=3' -- run --device cpu --ranks 3 --tokens 5,0,7
