@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # On a GPU machine: build, run every GPU test and the benchmarks, and write a short summary.
-#   scripts/gpu_check.sh [--tests REGEX] [--no-bench] [--bench "ARGS"]...
+#   scripts/gpu_check.sh [--tests REGEX] [--no-bench] [--bench "ARGS"]... [--no-sanitize]
 # Output: $OUT (or ./out) gets summary.md, ctest.log, bench logs. The GPU machine keeps nothing, so
 # copy the summary into bench/results/ and commit it.
 set -uo pipefail
@@ -8,11 +8,12 @@ cd "$(dirname "$0")/.."
 out=${OUT:-$(pwd)/out}
 mkdir -p "$out"
 export NCCL_NVLS_ENABLE=0 NVSHMEM_DISABLE_NVLS=1 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
-tests_regex=""; run_bench=1; benches=()
+tests_regex=""; run_bench=1; benches=(); sanitize=1
 while [ $# -gt 0 ]; do
   case "$1" in
     --tests) tests_regex="$2"; shift 2 ;;
     --no-bench) run_bench=0; shift ;;
+    --no-sanitize) sanitize=0; shift ;;
     --bench) benches+=("$2"); shift 2 ;;
     *) echo "unknown argument $1"; exit 2 ;;
   esac
@@ -42,6 +43,16 @@ export EPMOE_CPU_THREADS=${EPMOE_CPU_THREADS:-$(( $(nproc) / ${EPMOE_TEST_JOBS:-
 (cd build-gpu && ctest -L gpu -j "${EPMOE_TEST_JOBS:-4}" --output-on-failure --timeout ${EPMOE_TEST_TIMEOUT:-300} ${tests_regex:+-R "$tests_regex"}) > "$out/ctest.log" 2>&1
 echo "- GPU tests: $(grep -E 'tests passed|tests failed' "$out/ctest.log" | tail -1)" >> "$summary"
 grep -E '^\s+[0-9]+ - .*\((Failed|Timeout|SEGFAULT|Subprocess)' "$out/ctest.log" | head -20 | sed 's/^/  - FAIL /' >> "$summary"
+
+# compute-sanitizer (memcheck) over the single-GPU tests that are quick under it: every kernel of
+# route, quantize, local dispatch/combine, the runner's engines on small problems, graph capture.
+if [ $sanitize -eq 1 ] && command -v compute-sanitizer >/dev/null 2>&1; then
+  filter='CudaQuant.*:CudaRoute.*:CudaLocalDispatch.*:CudaRunner.SkewedLoadsAndTinyBatches:CutlassEngine.GroupedGemmDirect:CutlassEngine.GraphReplayEqualsEager:CudaLayerGraph.*'
+  timeout 600 compute-sanitizer --tool memcheck --leak-check no --error-exitcode 99 \
+    build-gpu/tests/epmoe_gpu_tests --gtest_filter="$filter" > "$out/sanitizer.log" 2>&1
+  rc=$?
+  echo "- compute-sanitizer memcheck ($filter): $(grep -E 'ERROR SUMMARY' "$out/sanitizer.log" | tail -1) (exit $rc)" >> "$summary"
+fi
 
 if [ $run_bench -eq 1 ]; then
   for b in "${benches[@]}"; do
