@@ -7,6 +7,7 @@
 
 #include "core/cuda/check.h"
 #include "epmoe/error.h"
+#include "run/cuda/permute.cuh"
 
 #if defined(EPMOE_WITH_CUTLASS)
 #include "cutlass/detail/blockwise_scale_layout.hpp"
@@ -95,14 +96,8 @@ __global__ void permute_fp8_kernel(const uint8_t* __restrict__ payload, const fl
                                    int32_t* __restrict__ pair_pos, uint8_t* __restrict__ a8, float* __restrict__ sfa) {
   __shared__ int32_t pos[32];
   const int64_t i = blockIdx.x;
-  if ((i % C) >= counts[i / C]) return;
-  if (threadIdx.x < K) {
-    const int e = ids[i * K + threadIdx.x];
-    const int32_t q = (e >= 0 && e < E) ? offsets[e] + atomicAdd(&fill[e], 1) : -1;
-    pos[threadIdx.x] = q;
-    pair_pos[i * K + threadIdx.x] = q;
-  }
-  __syncthreads();
+  if (!slot_valid(i, C, counts)) return;
+  claim_rows(i, K, E, ids, offsets, fill, pair_pos, pos);
   const uint4* src = reinterpret_cast<const uint4*>(payload + i * int64_t(H));
   const float* ssrc = scales + i * int64_t(H / 128);
   for (int c = threadIdx.x; c < H / 16; c += blockDim.x) {

@@ -11,15 +11,12 @@
 #include "quant/cuda/quant_device.cuh"
 #include "run/cuda/cutlass_gemm.h"
 #include "run/cuda/gemm.h"
+#include "run/cuda/permute.cuh"
 
 namespace epmoe::cuda {
 namespace {
 
 constexpr int kScanThreads = 1024;
-
-__device__ __forceinline__ bool slot_valid(int64_t i, int C, const int32_t* counts) {
-  return (i % C) < counts[i / C];
-}
 
 __global__ void count_kernel(const int32_t* __restrict__ ids, const int32_t* __restrict__ counts, int64_t S, int C,
                              int K, int E, int32_t* __restrict__ cnt) {
@@ -83,13 +80,7 @@ __global__ void permute_kernel(ActFormat f, QuantParams p, const uint8_t* __rest
   __shared__ int32_t pos[32];
   const int64_t i = blockIdx.x;
   if (!slot_valid(i, C, counts)) return;
-  if (threadIdx.x < K) {
-    const int e = ids[i * K + threadIdx.x];
-    const int32_t q = (e >= 0 && e < E) ? offsets[e] + atomicAdd(&fill[e], 1) : -1;
-    pos[threadIdx.x] = q;
-    pair_pos[i * K + threadIdx.x] = q;
-  }
-  __syncthreads();
+  claim_rows(i, K, E, ids, offsets, fill, pair_pos, pos);
   const uint8_t* row = payload + i * int64_t(payload_bytes(f, H));
   const uint8_t* sc = scales ? scales + i * int64_t(scale_bytes(f, H)) : nullptr;
   for (int h = threadIdx.x * 2; h < H; h += blockDim.x * 2) {
@@ -110,13 +101,7 @@ __global__ void permute_fp8_kernel(const uint8_t* __restrict__ payload, const ui
   __shared__ int32_t pos[32];
   const int64_t i = blockIdx.x;
   if (!slot_valid(i, C, counts)) return;
-  if (threadIdx.x < K) {
-    const int e = ids[i * K + threadIdx.x];
-    const int32_t q = (e >= 0 && e < E) ? offsets[e] + atomicAdd(&fill[e], 1) : -1;
-    pos[threadIdx.x] = q;
-    pair_pos[i * K + threadIdx.x] = q;
-  }
-  __syncthreads();
+  claim_rows(i, K, E, ids, offsets, fill, pair_pos, pos);
   const uint8_t* row = payload + i * int64_t(H);
   if (aligned16) {
     for (int c = threadIdx.x; c < H / 16; c += blockDim.x) {
