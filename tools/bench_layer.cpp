@@ -419,6 +419,7 @@ int bench_layer(const std::vector<std::string>& args) {
   flags.add("no-graph", "", "time eager calls even where a CUDA graph is possible");
   flags.add("comm-sms", "N", "SMs for the nvlink kernels (default 24)");
   flags.add("combine", "FMT", "combine format bf16|fp8 (default bf16)");
+  flags.add("iq", "NAME", "intermediate_quant: none (default) or fp8 (the DeepSeek-V3 fp8 recipe: GEMM2 on fp8)");
   flags.add("quick", "", "tokens 128,4096 and fewer repetitions");
   flags.add("decode", "", "decode mode: --layers stacked layers, --seqs sequences per rank per step");
   flags.add("layers", "L", "decode: stacked layers (default 8)");
@@ -472,6 +473,12 @@ int bench_layer(const std::vector<std::string>& args) {
     if (!c) throw UsageError("--combine=" + flags.get("combine") + " is not a format; use bf16 or fp8");
     b.combine_format = *c;
   }
+  if (flags.has("iq")) {
+    const std::string iq = flags.get("iq");
+    if (iq != "none" && iq != "fp8")
+      throw UsageError("--iq=" + iq + " is not an intermediate quantization; use none or fp8");
+    b.intermediate_quant = iq == "fp8" ? IntermediateQuant::fp8 : IntermediateQuant::none;
+  }
   // Every configuration is checked here, the same way on every rank, before any collective.
   const int64_t maxT = o.decode ? o.seqs : *std::max_element(o.tokens.begin(), o.tokens.end());
   for (ActFormat f : o.formats) {
@@ -488,11 +495,12 @@ int bench_layer(const std::vector<std::string>& args) {
     if (R > 1) nccl = ", NCCL " + nccl_runtime_version();
 #endif
     std::printf("# epmoe bench layer%s: %d x %s (%s), %s H=%d I=%d E=%d K=%d, dispatcher %s + runner cuda, "
-                "combine %s%s, median of %d%s\n",
+                "combine %s, iq %s%s, median of %d%s\n",
                 o.decode ? " --decode" : "", R, prop.name,
                 under_mpirun() ? "one process per GPU" : (R > 1 ? "one process, a thread per GPU" : "one process"),
                 o.preset.c_str(), b.hidden, b.intermediate, b.num_experts, b.top_k, b.dispatcher.c_str(),
-                format_name(b.combine_format), nccl.c_str(), o.reps,
+                format_name(b.combine_format),
+                b.intermediate_quant == IntermediateQuant::fp8 ? "fp8" : "none", nccl.c_str(), o.reps,
                 o.graph && capturable(b.dispatcher) ? " (CUDA graph replays)" : " (eager calls)");
     if (o.decode) {
       std::printf("# %d stacked layers sharing one weight set per format, %d sequences per rank per step; tok/s/GPU "
