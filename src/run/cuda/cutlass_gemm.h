@@ -38,6 +38,11 @@ struct Grouped {
   const void* W = nullptr;           // [E][N][K]: bf16, or e4m3
   const float* sfw = nullptr;        // fp8: [E][N/128][K/128] fp32 (MatrixView's tile scales)
   bf16_raw* out = nullptr;           // [rows][N]
+  // Per-group factor of the fp32 accumulator before the bf16 store, alpha[e] for group e (device,
+  // [experts]); null = 1. The runner passes 1/global_scale of widened nvfp4 weights here. It is a
+  // runtime argument of the existing epilogue (LinearCombination's alpha_ptr with an L stride of
+  // 1), so it costs no extra CUTLASS instantiation.
+  const float* alpha = nullptr;
   void* workspace = nullptr;         // *_workspace_bytes(experts, sms) bytes, 256-byte aligned
   int sms = 0;                       // multiprocessors of the device (persistent grid)
 };
@@ -152,7 +157,7 @@ __global__ void fill_tables(T t, int E, int N, int K, const int32_t* __restrict_
 }
 
 template <class Gemm, bool kScaled>
-typename Gemm::Arguments make_args(const Tables<Gemm, kScaled>& t, int E, int sms, int device) {
+typename Gemm::Arguments make_args(const Tables<Gemm, kScaled>& t, int E, int sms, int device, const float* alpha) {
   typename Gemm::Arguments args{};
   args.mode = cutlass::gemm::GemmUniversalMode::kGrouped;
   args.problem_shape = {E, t.shapes, nullptr};  // device shapes only: the host never learns them
@@ -165,6 +170,11 @@ typename Gemm::Arguments make_args(const Tables<Gemm, kScaled>& t, int E, int sm
   args.epilogue.dD = t.sd;
   args.epilogue.thread.alpha = 1.0f;
   args.epilogue.thread.beta = 0.0f;
+  if (alpha) {
+    // The ptr-array scalar broadcast reads alpha_ptr[group * stride_L] for each tile's group.
+    args.epilogue.thread.alpha_ptr = alpha;
+    args.epilogue.thread.dAlpha = {cute::_0{}, cute::_0{}, int64_t(1)};
+  }
   args.hw_info.device_id = device;
   args.hw_info.sm_count = sms;
   return args;
@@ -174,7 +184,7 @@ template <class Gemm, bool kScaled>
 size_t workspace_bytes(int E, int sms) {
   using T = Tables<Gemm, kScaled>;
   const T t{};
-  const auto args = make_args<Gemm, kScaled>(t, E, sms, 0);
+  const auto args = make_args<Gemm, kScaled>(t, E, sms, 0, nullptr);
   return T::bytes(E) + T::round(Gemm::get_workspace_size(args)) + 256;
 }
 
@@ -190,7 +200,7 @@ void run(const Grouped& g, const char* what, cudaStream_t stream) {
   fill_tables<T><<<(g.experts + 127) / 128, 128, 0, stream>>>(t, g.experts, g.N, g.K, g.rows, g.offsets, g.A, g.sfa,
                                                                g.W, g.sfw, g.out);
   EPMOE_CUDA_CHECK_LAUNCH();
-  const auto args = make_args<Gemm, kScaled>(t, g.experts, g.sms, device);
+  const auto args = make_args<Gemm, kScaled>(t, g.experts, g.sms, device, g.alpha);
   Gemm gemm;
   auto fail = [&](cutlass::Status s, const char* step) {
     throw BackendError(std::string("cutlass ") + what + " grouped GEMM: " + step + " failed: " +

@@ -12,6 +12,7 @@
 #include "run/cuda/cutlass_gemm.h"
 #include "run/cuda/gemm.h"
 #include "run/cuda/permute.cuh"
+#include "run/cuda/widen.h"
 
 namespace epmoe::cuda {
 namespace {
@@ -224,6 +225,18 @@ CudaRunner::CudaRunner(const MoeConfig& cfg, int device_index) : cfg_(cfg), devi
                      std::to_string(cfg.intermediate));
   if (const char* env = std::getenv("EPMOE_RUNNER_ENGINE"); env && *env)
     set_engine(parse_engine(env, "environment variable EPMOE_RUNNER_ENGINE"));
+  if (const char* env = std::getenv("EPMOE_WIDEN_SCRATCH_MB"); env && *env)
+    widen_scratch_ = parse_scratch_mb(env, "environment variable EPMOE_WIDEN_SCRATCH_MB");
+}
+
+size_t CudaRunner::parse_scratch_mb(const std::string& s, const char* what) {
+  // Digits only (no sign, blanks or suffix), at most 2^24 MiB = 16 TiB.
+  const bool digits = !s.empty() && s.size() <= 8 && s.find_first_not_of("0123456789") == std::string::npos;
+  const long long mb = digits ? std::stoll(s) : 0;
+  if (mb <= 0 || mb > (1ll << 24))
+    throw UsageError(std::string("runner cuda: ") + what + "='" + s +
+                     "' is not a whole number of MiB in [1, 16777216]; give e.g. 1024 (the default) or unset it");
+  return size_t(mb) << 20;
 }
 
 void CudaRunner::check(const DispatchOutput& in, const ExpertWeights& w, const bf16_raw* y) const {
@@ -390,42 +403,112 @@ void CudaRunner::set_engine(Engine e) {
   engine_ = e;
 }
 
-// Host-side rule, no device data: the formats must suit a CUTLASS instantiation, and (automatic)
-// R*C*K / E_loc, the most rows an expert can get, must reach kCutlassMinRows: below that a 128-row
-// tile is mostly padding and the decode kernels (32-row tiles) stream the weights better.
-bool CudaRunner::use_cutlass(const DispatchOutput& in, const ExpertWeights& w) const {
-  if (engine_ == Engine::mma || !cutlass_engine::available()) return false;
-  const int H = in.hidden, I = w.intermediate, E = in.num_local_experts;
-  const WeightFormat wf = w.w13.format;
-  const bool bf16_ok = wf == WeightFormat::bf16;
-  // fp8: the dispatched e4m3 rows are the A operand as they are (16-byte row copies), scales whole.
-  const bool fp8_ok = wf == WeightFormat::fp8 && in.format == ActFormat::fp8 && H % 128 == 0 && I % 128 == 0 &&
-                      reinterpret_cast<uintptr_t>(in.payload) % 16 == 0 && w.w13.scales && w.w2.scales;
-  if (!bf16_ok && !fp8_ok) return false;
-  if (engine_ == Engine::cutlass) return true;
-  return double(in.slots()) * in.top_k >= double(kCutlassMinRows) * std::max(E, 1);
+void CudaRunner::set_widen_scratch_bytes(size_t bytes) {
+  if (bytes == 0)
+    throw UsageError("runner cuda: widen scratch of 0 bytes; give a positive size (default " +
+                     std::to_string(widen::kDefaultScratchBytes >> 20) + " MiB)");
+  widen_scratch_ = bytes;
 }
 
-// count -> offsets -> permute (bf16 rows, or the e4m3 rows + scales as dispatched) -> CUTLASS GEMM1
+// Host-side rule, no device data: (automatic) R*C*K / E_loc, the most rows an expert can get, must
+// reach kCutlassMinRows: below that a 128-row tile is mostly padding and the decode kernels (32-row
+// tiles) stream the weights better. Every weight format qualifies: what CUTLASS has no kernel for
+// is widened to bf16 (widen.h).
+bool CudaRunner::use_cutlass(const DispatchOutput& in, const ExpertWeights& w) const {
+  (void)w;
+  if (engine_ == Engine::mma || !cutlass_engine::available()) return false;
+  if (engine_ == Engine::cutlass) return true;
+  return double(in.slots()) * in.top_k >= double(kCutlassMinRows) * std::max(in.num_local_experts, 1);
+}
+
+namespace {
+
+// Operand path of one GEMM on the CUTLASS engine.
+enum class CutlassPath { bf16, fp8, widened };
+
+const char* path_name(CutlassPath p, WeightFormat wf) {
+  if (p == CutlassPath::fp8) return "cutlass-fp8";
+  if (p == CutlassPath::bf16) return "cutlass-bf16";
+  return wf == WeightFormat::nvfp4 ? "cutlass-bf16(widened nvfp4)" : "cutlass-bf16(widened fp8)";
+}
+
+}  // namespace
+
+// Runs grouped GEMM `g` (bf16 A) with the weights of `m` widened to bf16, a chunk of `chunk`
+// consecutive experts at a time through `scratch`. A chunk is the same grouped GEMM restricted to
+// experts [e0, e0 + n): rows + e0 and offsets + e0 still address the full A and out matrices (the
+// offsets are absolute), only W points at the chunk's widened copy. Chunks reuse one scratch
+// buffer: the next widen is stream-ordered after the previous GEMM, which is what bounds memory.
+// Returns the number of chunks (a host bound, independent of the device counts).
+int CudaRunner::run_widened(const cutlass_engine::Grouped& g, const MatrixView& m, const float* alpha, int chunk,
+                            cudaStream_t st) {
+  int chunks = 0;
+  for (int e0 = 0; e0 < g.experts; e0 += chunk, ++chunks) {
+    const int n = std::min(chunk, g.experts - e0);
+    widen::to_bf16(m, e0, n, g.rows + e0, scratch_.get<bf16_raw>(), st);
+    cutlass_engine::Grouped c = g;
+    c.experts = n;
+    c.rows = g.rows + e0;
+    c.offsets = g.offsets + e0;
+    c.W = scratch_.get();
+    c.sfa = nullptr;
+    c.sfw = nullptr;
+    c.alpha = alpha ? alpha + e0 : nullptr;
+    cutlass_engine::grouped_gemm_bf16(c, st);
+  }
+  return chunks;
+}
+
+// count -> offsets -> permute (bf16 rows, or the e4m3 rows + scales as dispatched) -> GEMM1
 // [rows][2I] (gate | up) -> SwiGLU (bf16; fp8 round trip or e4m3 + scales per intermediate_quant)
-// -> GEMM2 (CUTLASS bf16 or fp8; fp8 weights with a bf16 intermediate use the mma.sync kernel,
-// which widens the weights, so that intermediate_quant = none keeps its numerics) -> weighted sum.
+// -> GEMM2 -> weighted sum. Per GEMM the operand path is:
+//   bf16 weights: CUTLASS bf16;
+//   fp8 weights: CUTLASS fp8 where the other operand is e4m3 already (GEMM1: fp8 dispatch, GEMM2:
+//     intermediate_quant = fp8), else widened to bf16(e4m3 * tile scale) + CUTLASS bf16, so that a
+//     bf16 operand keeps its numerics (never requantized to e4m3);
+//   nvfp4 weights: widened to bf16(e2m1 * block scale) + CUTLASS bf16 with alpha = 1/gs per expert.
+// Where 1/gs goes: into the bf16 GEMM's epilogue as a per-group alpha (a runtime argument of the
+// existing instantiation), so it multiplies the fp32 accumulator before the one bf16 rounding,
+// exactly as the mma.sync and wgmma engines do; applying it later (in the SwiGLU pass, or in the
+// weighted sum, which would need each row's expert) would scale an already rounded value.
+// Widened GEMMs run as all GEMM1 chunks, the SwiGLU pass once over all rows, then all GEMM2 chunks:
+// the SwiGLU pass and the intermediate's fp8 quantization stay one launch each, and both GEMMs
+// share one scratch buffer (W13 chunks, then W2 chunks).
 void CudaRunner::run_cutlass(const DispatchOutput& in, const ExpertWeights& w, bf16_raw* y, cudaStream_t st) {
   const int64_t S = in.slots();
   const int C = in.capacity, K = in.top_k, E = in.num_local_experts, H = in.hidden, I = w.intermediate;
   const int64_t max_rows = S * K;
-  const bool fp8 = w.w13.format == WeightFormat::fp8;
+  const WeightFormat wf = w.w13.format;
   const bool iq8 = cfg_.intermediate_quant == IntermediateQuant::fp8;
-  const bool fp8_gemm2 = fp8 && iq8;
-  const bool mma_gemm2 = fp8 && !iq8;
-  const int bm = 128;  // m-tile table, used only by the mma.sync GEMM2
+  const bool fp8w = wf == WeightFormat::fp8;
+  const bool whole_tiles = H % 128 == 0 && I % 128 == 0;
+  // fp8 GEMM1: the dispatched e4m3 rows are the A operand as they are (16-byte row copies).
+  const bool fp8_1 = fp8w && in.format == ActFormat::fp8 && whole_tiles &&
+                     reinterpret_cast<uintptr_t>(in.payload) % 16 == 0 && w.w13.scales;
+  const bool fp8_2 = fp8w && iq8 && whole_tiles && w.w2.scales;
+  const CutlassPath p1 = wf == WeightFormat::bf16 ? CutlassPath::bf16 : fp8_1 ? CutlassPath::fp8 : CutlassPath::widened;
+  const CutlassPath p2 = wf == WeightFormat::bf16 ? CutlassPath::bf16 : fp8_2 ? CutlassPath::fp8 : CutlassPath::widened;
+  const bool nvfp4 = wf == WeightFormat::nvfp4;
+  const int bm = 128;  // the offsets kernel also writes an m-tile table; CUTLASS does not read it
   const int64_t max_tiles = (max_rows + bm - 1) / bm + E;
   last_bm_ = bm;
-  last_engines_ = !fp8 ? "cutlass-bf16/cutlass-bf16" : fp8_gemm2 ? "cutlass-fp8/cutlass-fp8" : "cutlass-fp8/mma";
+  engines_ = std::string(path_name(p1, wf)) + "/" + path_name(p2, wf);
+  last_engines_ = engines_.c_str();
 
   if (sms_ == 0) EPMOE_CUDA_CHECK(cudaDeviceGetAttribute(&sms_, cudaDevAttrMultiProcessorCount, device_));
-  // Both GEMMs use one instantiation (GEMM2 runs after GEMM1 on the stream, so they share it).
-  cws_.reserve(fp8 ? cutlass_engine::fp8_workspace_bytes(E, sms_) : cutlass_engine::bf16_workspace_bytes(E, sms_));
+  // GEMMs run one after the other on the stream, so they share one workspace (sized for a full
+  // group count; a chunk has fewer groups).
+  const bool any_fp8 = p1 == CutlassPath::fp8 || p2 == CutlassPath::fp8;
+  const bool any_bf16 = p1 != CutlassPath::fp8 || p2 != CutlassPath::fp8;
+  cws_.reserve(std::max(any_fp8 ? cutlass_engine::fp8_workspace_bytes(E, sms_) : 0,
+                        any_bf16 ? cutlass_engine::bf16_workspace_bytes(E, sms_) : 0));
+  // Widening scratch: whole experts, as many as fit in the bound (at least one), sized from the
+  // configuration alone so that graph replays see the same chunks.
+  const size_t b13 = widen::expert_bytes(w.w13), b2 = widen::expert_bytes(w.w2);
+  const int chunk1 = std::min(widen::chunk_experts(widen_scratch_, b13, E), 65535);
+  const int chunk2 = std::min(widen::chunk_experts(widen_scratch_, b2, E), 65535);
+  scratch_.reserve(std::max(p1 == CutlassPath::widened ? size_t(chunk1) * b13 : 0,
+                            p2 == CutlassPath::widened ? size_t(chunk2) * b2 : 0));
   cnt_.reserve(size_t(E) * 4);
   offsets_.reserve(size_t(E) * 4);
   fill_.reserve(size_t(E) * 4);
@@ -434,17 +517,22 @@ void CudaRunner::run_cutlass(const DispatchOutput& in, const ExpertWeights& w, b
   pair_pos_.reserve(size_t(max_rows) * 4);
   gu_.reserve(size_t(max_rows) * 2 * I * 2);
   o_.reserve(size_t(max_rows) * H * 2);
-  if (fp8) {
+  if (fp8_1) {
     a8_.reserve(size_t(max_rows) * H);
     as_.reserve(size_t(max_rows) * (H / 128) * 4);
   } else {
     a_.reserve(size_t(max_rows) * H * 2);
   }
-  if (fp8_gemm2) {
+  if (fp8_2) {
     h8_.reserve(size_t(max_rows) * I);
     hs_.reserve(size_t(max_rows) * (I / 128) * 4);
   } else {
     h_.reserve(size_t(max_rows) * I * 2);
+  }
+  if (nvfp4) {
+    inv_gs_.reserve(size_t(E) * 2 * sizeof(float));
+    widen::inverse_scales(w.w13.global_scale, E, inv_gs_.get<float>(), st);
+    widen::inverse_scales(w.w2.global_scale, E, inv_gs_.get<float>() + E, st);
   }
 
   EPMOE_CUDA_CHECK(cudaMemsetAsync(cnt_.get(), 0, size_t(E) * 4, st));
@@ -453,7 +541,7 @@ void CudaRunner::run_cutlass(const DispatchOutput& in, const ExpertWeights& w, b
   offsets_kernel<<<1, kScanThreads, 0, st>>>(cnt_.get<int32_t>(), E, bm, offsets_.get<int32_t>(), fill_.get<int32_t>(),
                                              tiles_.get<MTile>(), num_tiles_.get<int32_t>());
   EPMOE_CUDA_CHECK_LAUNCH();
-  if (fp8) {
+  if (fp8_1) {
     cutlass_engine::permute_fp8(in.payload, reinterpret_cast<const float*>(in.scales), in.local_ids, in.counts, S, C, K,
                                 E, H, offsets_.get<int32_t>(), fill_.get<int32_t>(), pair_pos_.get<int32_t>(),
                                 a8_.get<uint8_t>(), as_.get<float>(), st);
@@ -464,6 +552,7 @@ void CudaRunner::run_cutlass(const DispatchOutput& in, const ExpertWeights& w, b
     EPMOE_CUDA_CHECK_LAUNCH();
   }
 
+  last_widen_chunks_ = 0;
   cutlass_engine::Grouped g1;
   g1.experts = E;
   g1.N = 2 * I;
@@ -474,49 +563,41 @@ void CudaRunner::run_cutlass(const DispatchOutput& in, const ExpertWeights& w, b
   g1.out = gu_.get<bf16_raw>();
   g1.workspace = cws_.get();
   g1.sms = sms_;
-  if (fp8) {
+  if (p1 == CutlassPath::fp8) {
     g1.A = a8_.get<uint8_t>();
     g1.sfa = as_.get<float>();
     g1.sfw = static_cast<const float*>(w.w13.scales);
     cutlass_engine::grouped_gemm_fp8(g1, st);
   } else {
     g1.A = a_.get<bf16_raw>();
-    cutlass_engine::grouped_gemm_bf16(g1, st);
+    if (p1 == CutlassPath::bf16)
+      cutlass_engine::grouped_gemm_bf16(g1, st);
+    else
+      last_widen_chunks_ += run_widened(g1, w.w13, nvfp4 ? inv_gs_.get<float>() : nullptr, chunk1, st);
   }
 
   cutlass_engine::swiglu(gu_.get<bf16_raw>(), offsets_.get<int32_t>(), cnt_.get<int32_t>(), E, I, max_rows,
-                         iq8 && !fp8_gemm2, in.quant.ue8m0, fp8_gemm2 ? nullptr : h_.get<bf16_raw>(),
-                         fp8_gemm2 ? h8_.get<uint8_t>() : nullptr, fp8_gemm2 ? hs_.get<float>() : nullptr, st);
+                         iq8 && !fp8_2, in.quant.ue8m0, fp8_2 ? nullptr : h_.get<bf16_raw>(),
+                         fp8_2 ? h8_.get<uint8_t>() : nullptr, fp8_2 ? hs_.get<float>() : nullptr, st);
 
-  if (mma_gemm2) {
-    GemmArgs g2;
-    g2.A = h_.get<bf16_raw>();
-    g2.K = I;
-    g2.W = w.w2;
-    g2.fused = false;
-    g2.N = H;
-    g2.out = o_.get<bf16_raw>();
-    g2.tiles = tiles_.get<MTile>();
-    g2.num_tiles = num_tiles_.get<int32_t>();
-    g2.max_tiles = static_cast<int>(max_tiles);
-    launch_grouped_gemm(g2, bm, st);
+  cutlass_engine::Grouped g2 = g1;
+  g2.N = H;
+  g2.K = I;
+  g2.W = w.w2.data;
+  g2.out = o_.get<bf16_raw>();
+  if (p2 == CutlassPath::fp8) {
+    g2.A = h8_.get<uint8_t>();
+    g2.sfa = hs_.get<float>();
+    g2.sfw = static_cast<const float*>(w.w2.scales);
+    cutlass_engine::grouped_gemm_fp8(g2, st);
   } else {
-    cutlass_engine::Grouped g2 = g1;
-    g2.N = H;
-    g2.K = I;
-    g2.W = w.w2.data;
-    g2.out = o_.get<bf16_raw>();
-    if (fp8_gemm2) {
-      g2.A = h8_.get<uint8_t>();
-      g2.sfa = hs_.get<float>();
-      g2.sfw = static_cast<const float*>(w.w2.scales);
-      cutlass_engine::grouped_gemm_fp8(g2, st);
-    } else {
-      g2.A = h_.get<bf16_raw>();
-      g2.sfa = nullptr;
-      g2.sfw = nullptr;
+    g2.A = h_.get<bf16_raw>();
+    g2.sfa = nullptr;
+    g2.sfw = nullptr;
+    if (p2 == CutlassPath::bf16)
       cutlass_engine::grouped_gemm_bf16(g2, st);
-    }
+    else
+      last_widen_chunks_ += run_widened(g2, w.w2, nvfp4 ? inv_gs_.get<float>() + E : nullptr, chunk2, st);
   }
 
   reduce_kernel<<<unsigned(S), 256, 0, st>>>(o_.get<bf16_raw>(), pair_pos_.get<int32_t>(), in.weights, in.counts, C, K,

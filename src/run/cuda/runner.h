@@ -9,19 +9,24 @@
 //   4. GEMM2 with W2 -> o [rows][H] bf16;
 //   5. per slot: y = bf16(sum over k ascending of w_k * o[row(slot, k)]), fp32, one pass.
 // Numerics (documented in docs/RUNNER.md): activations and the intermediate are rounded to bf16;
-// fp8 weights become bf16(e4m3 * tile scale); nvfp4 weights are exact in bf16 up to the global
-// scale, which divides the fp32 accumulator. Exception, the decode fp8 path (m-tile 32, fp8
-// weights): with an fp8 dispatch the activations stay e4m3 and GEMM1 runs on fp8 wgmma with both
-// scales applied in fp32 per 128-K block; with intermediate_quant = fp8 the intermediate becomes
-// e4m3 codes + block scales and GEMM2 does the same.
+// fp8 weights become bf16(e4m3 * fp32 tile scale) (one rounding); nvfp4 weights become
+// bf16(e2m1 * e4m3 block scale), exact, and the per-expert global scale divides the fp32 accumulator
+// (it is multiplied by 1/gs before the bf16 store). This holds on every engine: mma.sync widens in
+// its B fragments, nvfp4 wgmma in registers, the CUTLASS engine into a scratch buffer (widen.h) with
+// 1/gs as the bf16 GEMM's per-group epilogue alpha. Exception, the fp8 x fp8 paths (decode wgmma
+// m-tile 32, and CUTLASS fp8): with an fp8 dispatch the activations stay e4m3 and GEMM1 runs on fp8
+// tensor cores with both scales applied in fp32 per 128-K block; with intermediate_quant = fp8 the
+// intermediate becomes e4m3 codes + block scales and GEMM2 does the same.
 #pragma once
 #include <cuda_runtime.h>
 
+#include <cstddef>
 #include <string>
 
 #include "core/cuda/check.h"
 #include "epmoe/config.h"
 #include "epmoe/runner.h"
+#include "run/cuda/cutlass_gemm.h"
 
 namespace epmoe::cuda {
 
@@ -43,10 +48,15 @@ class CudaRunner final : public Runner {
 
   // Large-M engine choice. automatic: the CUTLASS grouped GEMMs (cutlass_gemm.h) when the host's
   // bound on rows per expert, R*C*K / E_loc, is >= kCutlassMinRows, else the mma.sync/wgmma
-  // kernels; cutlass: CUTLASS whenever the formats allow it (bf16 weights; fp8 weights with an fp8
-  // dispatch), whatever M; mma: never CUTLASS. The constructor reads EPMOE_RUNNER_ENGINE
-  // (auto|mma|cutlass); set_engine overrides it. Asking for cutlass in a build without CUTLASS
-  // throws UsageError.
+  // kernels; cutlass: CUTLASS whatever M; mma: never CUTLASS. CUTLASS takes every weight format:
+  // bf16 weights on the bf16 GEMM; fp8 weights on the fp8 x fp8 GEMM where the other operand is
+  // e4m3 (GEMM1: fp8 dispatch with H, I % 128 == 0 and a 16-byte aligned payload; GEMM2:
+  // intermediate_quant = fp8); otherwise (fp8 with a bf16 operand, and nvfp4 always) the weights
+  // are widened to bf16 in a scratch buffer, a chunk of whole experts at a time, and run on the
+  // bf16 GEMM: last_engines() then says e.g. "cutlass-fp8/cutlass-bf16(widened fp8)" or
+  // "cutlass-bf16(widened nvfp4)/cutlass-bf16(widened nvfp4)". The constructor reads
+  // EPMOE_RUNNER_ENGINE (auto|mma|cutlass); set_engine overrides it. Asking for cutlass in a build
+  // without CUTLASS throws UsageError.
   enum class Engine { automatic, mma, cutlass };
   static constexpr int kCutlassMinRows = 128;
   void set_engine(Engine e);
@@ -54,11 +64,23 @@ class CudaRunner final : public Runner {
   // "auto", "mma", "cutlass" -> Engine; anything else throws UsageError naming `what`.
   static Engine parse_engine(const std::string& s, const char* what);
 
+  // Bound of the widening scratch (bytes; default widen::kDefaultScratchBytes = 1 GiB, or
+  // EPMOE_WIDEN_SCRATCH_MB read by the constructor). A chunk holds as many whole experts as fit,
+  // at least one. Tests shrink it to force several chunks; 0 throws UsageError.
+  void set_widen_scratch_bytes(size_t bytes);
+  size_t widen_scratch_bytes() const { return widen_scratch_; }
+  // Widen-and-GEMM chunks of the last CUTLASS run (both GEMMs together; 0 when nothing was widened).
+  int last_widen_chunks() const { return last_widen_chunks_; }
+  // "<n>" (MiB, 1..2^24) -> bytes; anything else throws UsageError naming `what`.
+  static size_t parse_scratch_mb(const std::string& s, const char* what);
+
  private:
   void check(const DispatchOutput& in, const ExpertWeights& w, const bf16_raw* y) const;
   // Whether this call runs on the CUTLASS engine (host-side rule above), and that engine's run.
   bool use_cutlass(const DispatchOutput& in, const ExpertWeights& w) const;
   void run_cutlass(const DispatchOutput& in, const ExpertWeights& w, bf16_raw* y, cudaStream_t st);
+  int run_widened(const cutlass_engine::Grouped& g, const MatrixView& m, const float* alpha, int chunk,
+                  cudaStream_t st);
 
   MoeConfig cfg_;
   int device_ = 0;
@@ -70,6 +92,10 @@ class CudaRunner final : public Runner {
   Engine engine_ = Engine::automatic;
   int sms_ = 0;
   DeviceBuffer gu_, cws_;  // CUTLASS engine: GEMM1 output [rows][2I] (gate | up), GEMM tables/workspace
+  DeviceBuffer scratch_, inv_gs_;  // widened weights of one chunk; 1/gs of W13 and W2 (nvfp4) [2][E]
+  size_t widen_scratch_ = size_t(1) << 30;
+  int last_widen_chunks_ = 0;
+  std::string engines_;  // last_engines() of the CUTLASS engine (built per run)
 };
 
 }  // namespace epmoe::cuda

@@ -1,7 +1,10 @@
 // Runner "cuda" on its CUTLASS engine (src/run/cuda/cutlass_*.cu) vs the CPU reference runner, with
 // the bound of test_runner_cuda.cpp (max|a-b|/max|ref| <= 3e-2, 1-cos <= 1e-3): bf16 weights (bf16,
 // fp8 and nvfp4 dispatch), fp8 weights with an fp8 dispatch (GEMM1 on e4m3 x e4m3 with block
-// scales; GEMM2 fp8 with intermediate_quant = fp8, else the mma.sync kernel), uneven expert loads,
+// scales; GEMM2 fp8 with intermediate_quant = fp8, else bf16 on W2 widened to bf16), fp8 weights
+// with a bf16 dispatch (W13 widened), nvfp4 weights (both widened, 1/gs as the epilogue alpha) with
+// bf16, fp8 and nvfp4 dispatch; the widening alone bitwise vs the host dequantization; widening in
+// several scratch chunks bitwise equal to one chunk; uneven expert loads,
 // experts with no rows, everything on one expert (odd m-tile counts, so a cluster of two m-tiles
 // has an empty half), T = 1 and tokens with no expert. Large M at DeepSeek-V3 expert shapes: the
 // whole output against the mma engine (itself checked against the reference in
@@ -12,6 +15,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <random>
 #include <string>
 #include <vector>
@@ -22,6 +26,7 @@
 #include "quant/cuda/gpu_test_util.h"
 #include "run/cuda/cutlass_gemm.h"
 #include "run/cuda/runner.h"
+#include "run/cuda/widen.h"
 #include "run/reference.h"
 
 namespace epmoe::test {
@@ -63,6 +68,9 @@ struct Problem {
   bool vs_mma;           // also compare every token with the mma engine
   const char* expect;    // expected last_engines()
   const char* name;
+  // Also run with a widening scratch of one W13 expert (several chunks per GEMM) and require the
+  // output to equal the default (one chunk) run bitwise.
+  bool chunk_check = false;
 };
 
 MoeConfig make_cfg(const Problem& p) {
@@ -157,19 +165,37 @@ void run_problem(const Problem& p, uint32_t seed) {
   dout.counts = cnt.get();
   dout.expert_counts = ecnt.get();
 
-  auto run_engine = [&](Engine eng, std::string* engines) {
+  auto run_engine = [&](Engine eng, std::string* engines, size_t scratch = 0, int* chunks = nullptr) {
     Dev<bf16_raw> y(size_t(C) * H);
     y.poison();
     cuda::CudaRunner runner(cfg, 0);
     runner.set_engine(eng);
+    if (scratch) runner.set_widen_scratch_bytes(scratch);
     runner.run(dout, dw, y.get(), nullptr);
     EPMOE_CUDA_CHECK(cudaDeviceSynchronize());
     *engines = runner.last_engines();
+    if (chunks) *chunks = runner.last_widen_chunks();
     return y.download();
   };
   std::string engines;
-  const auto yc = run_engine(Engine::cutlass, &engines);
+  int chunks = -1;
+  const auto yc = run_engine(Engine::cutlass, &engines, 0, &chunks);
   EXPECT_EQ(engines, p.expect);
+  // One chunk per widened GEMM with the default 1 GiB scratch (these problems are far smaller).
+  const std::string expect(p.expect);
+  const bool wide1 = expect.rfind("cutlass-bf16(widened", 0) == 0;
+  const bool wide2 = expect.find("/cutlass-bf16(widened") != std::string::npos;
+  EXPECT_EQ(chunks, int(wide1) + int(wide2));
+  if (p.chunk_check) {
+    // Scratch = one W13 expert: W13 goes one expert per chunk, W2 (half the size) two.
+    std::string e2;
+    int small_chunks = -1;
+    const auto ys = run_engine(Engine::cutlass, &e2, size_t(2) * I * H * sizeof(bf16_raw), &small_chunks);
+    EXPECT_EQ(e2, p.expect);
+    EXPECT_EQ(small_chunks, (wide1 ? E : 0) + (wide2 ? (E + 1) / 2 : 0));
+    EXPECT_GT(small_chunks, 1);
+    EXPECT_EQ(first_diff(ys, yc), -1) << "several widening chunks differ from one chunk";
+  }
   for (size_t i = size_t(n) * H; i < yc.size(); ++i)
     if (yc[i] != 0xffff) {
       ADD_FAILURE() << "invalid slot " << i / H << " was written";
@@ -211,7 +237,10 @@ constexpr auto kNone = IntermediateQuant::none;
 constexpr auto kFp8 = IntermediateQuant::fp8;
 constexpr const char* kBf16 = "cutlass-bf16/cutlass-bf16";
 constexpr const char* kFp8Both = "cutlass-fp8/cutlass-fp8";
-constexpr const char* kFp8Mma = "cutlass-fp8/mma";
+constexpr const char* kFp8W2 = "cutlass-fp8/cutlass-bf16(widened fp8)";
+constexpr const char* kW8W8 = "cutlass-bf16(widened fp8)/cutlass-bf16(widened fp8)";
+constexpr const char* kW8Fp8 = "cutlass-bf16(widened fp8)/cutlass-fp8";
+constexpr const char* kW4 = "cutlass-bf16(widened nvfp4)/cutlass-bf16(widened nvfp4)";
 
 TEST(CutlassEngine, MatchesReference) {
   EPMOE_REQUIRE_GPU();
@@ -221,22 +250,108 @@ TEST(CutlassEngine, MatchesReference) {
       // Several m-tiles per expert, uneven, two experts without rows.
       {1024, 512, 8, 2, 700, A::bf16, W::bf16, kNone, Load::uneven, -1, -1, false, kBf16, "uneven"},
       {1024, 512, 8, 2, 700, A::fp8, W::fp8, kFp8, Load::uneven, -1, -1, false, kFp8Both, "uneven"},
-      {1024, 512, 8, 2, 700, A::fp8, W::fp8, kNone, Load::uneven, -1, -1, false, kFp8Mma, "uneven"},
+      {1024, 512, 8, 2, 700, A::fp8, W::fp8, kNone, Load::uneven, -1, -1, false, kFp8W2, "uneven"},
       {1024, 512, 8, 2, 700, A::fp8, W::bf16, kFp8, Load::uneven, -1, -1, false, kBf16, "uneven iq=fp8"},
       {1024, 512, 8, 2, 500, A::nvfp4, W::bf16, kNone, Load::uneven, -1, -1, false, kBf16, "uneven"},
+      // Widened weights: fp8 with a bf16 operand, nvfp4 always (also against the mma engine, which
+      // widens to the same bf16 values in its B fragments).
+      {1024, 512, 8, 2, 600, A::bf16, W::fp8, kNone, Load::uneven, -1, -1, true, kW8W8, "uneven"},
+      {1024, 512, 8, 2, 600, A::nvfp4, W::fp8, kFp8, Load::uneven, -1, -1, false, kW8Fp8, "uneven iq=fp8"},
+      {1024, 512, 8, 2, 600, A::bf16, W::nvfp4, kNone, Load::uneven, -1, -1, true, kW4, "uneven"},
+      {1024, 512, 8, 2, 600, A::nvfp4, W::nvfp4, kNone, Load::uneven, -1, -1, false, kW4, "uneven"},
+      {1024, 512, 8, 2, 600, A::fp8, W::nvfp4, kFp8, Load::uneven, -1, -1, false, kW4, "uneven iq=fp8"},
       // 300 rows on expert 0 = 3 m-tiles (a cluster pair with an empty half), 7 empty experts.
       {1024, 512, 8, 4, 300, A::bf16, W::bf16, kNone, Load::one_expert, -1, -1, false, kBf16, "one expert"},
       {1024, 512, 8, 4, 300, A::fp8, W::fp8, kFp8, Load::one_expert, -1, -1, false, kFp8Both, "one expert"},
+      {1024, 512, 8, 4, 300, A::bf16, W::nvfp4, kNone, Load::one_expert, -1, -1, false, kW4, "one expert"},
+      {1024, 512, 8, 4, 300, A::fp8, W::fp8, kNone, Load::one_expert, -1, -1, false, kFp8W2, "one expert"},
       // Partial tiles: GEMM1 N = 2I = 1152 is 4.5 n-tiles of 256, GEMM2 K = I = 576 is 9 k-steps of 64.
       {2880, 576, 4, 2, 200, A::bf16, W::bf16, kNone, Load::uneven, -1, -1, false, kBf16, "odd tiles"},
+      // fp8 weights whose dims are not whole 128-tiles (H 2880 = 22.5 tiles): widened, partial scale tiles.
+      {2880, 576, 4, 2, 200, A::bf16, W::fp8, kNone, Load::uneven, -1, -1, false, kW8W8, "odd tiles"},
+      {2880, 576, 4, 2, 200, A::bf16, W::nvfp4, kNone, Load::uneven, -1, -1, false, kW4, "odd tiles"},
       // Qwen3-30B experts, top-8.
       {2048, 768, 16, 8, 256, A::fp8, W::fp8, kFp8, Load::uneven, -1, -1, false, kFp8Both, "qwen3-30b"},
       {2048, 768, 16, 8, 256, A::bf16, W::bf16, kNone, Load::uniform, -1, -1, false, kBf16, "qwen3-30b"},
       // One token; a batch whose tokens all miss (T = 0 is a no-op before any engine runs).
       {1024, 512, 8, 2, 16, A::fp8, W::fp8, kFp8, Load::uniform, 1, -1, false, kFp8Both, "T=1"},
       {1024, 512, 8, 2, 16, A::bf16, W::bf16, kNone, Load::uniform, 1, -1, false, kBf16, "T=1"},
+      {1024, 512, 8, 2, 16, A::bf16, W::nvfp4, kNone, Load::uniform, 1, -1, false, kW4, "T=1"},
   };
   for (const Problem& p : problems) run_problem(p, seed++);
+}
+
+// Widening in several scratch chunks (one W13 expert of scratch: 8 + 4 chunks) gives the same
+// output bitwise as one chunk: a chunk is the same grouped GEMM on fewer groups, each output tile
+// computed whole by one CTA in the same K order. Uneven loads (two experts without rows, which the
+// widening skips) and everything on one expert.
+TEST(CutlassEngine, WidenChunksEqualOneChunk) {
+  EPMOE_REQUIRE_GPU();
+  EPMOE_REQUIRE_CUTLASS();
+  uint32_t seed = std::random_device{}();
+  const std::vector<Problem> problems = {
+      {1024, 512, 8, 2, 400, A::bf16, W::nvfp4, kNone, Load::uneven, -1, 16, false, kW4, "chunks", true},
+      {1024, 512, 8, 2, 400, A::nvfp4, W::nvfp4, kFp8, Load::uneven, -1, 16, false, kW4, "chunks iq=fp8", true},
+      {1024, 512, 8, 2, 400, A::fp8, W::fp8, kNone, Load::uneven, -1, 16, false, kFp8W2, "chunks", true},
+      {1024, 512, 8, 2, 400, A::bf16, W::fp8, kNone, Load::uneven, -1, 16, false, kW8W8, "chunks", true},
+      {1024, 512, 8, 4, 200, A::bf16, W::nvfp4, kNone, Load::one_expert, -1, 16, false, kW4, "chunks one expert", true},
+  };
+  for (const Problem& p : problems) run_problem(p, seed++);
+}
+
+// The widening kernels alone, bitwise against the host: fp8 -> bf16(e4m3 * tile scale) (partial
+// 128-tiles: 200 x 320), nvfp4 -> bf16(e2m1 * e4m3 scale); a chunk that starts at expert 1; experts
+// whose row count is 0 are skipped (their scratch stays as it was).
+TEST(CutlassEngine, WidenMatchesHostDequant) {
+  EPMOE_REQUIRE_GPU();
+  const int E = 4, rows = 200, cols = 320, e0 = 1, n = 3;
+  std::mt19937 rng(5);
+  std::normal_distribution<float> nd(0.f, 1.f);
+  std::vector<float> w(size_t(E) * rows * cols);
+  for (size_t i = 0; i < w.size(); ++i) w[i] = nd(rng) * std::ldexp(1.f, int(i / cols % 9) - 4);
+  const std::vector<int32_t> cnt = {5, 3, 0, 7};  // expert 2 has no rows
+  Dev<int32_t> dcnt(cnt);
+  for (const W wf : {W::fp8, W::nvfp4}) {
+    SCOPED_TRACE(format_name(wf));
+    const HostMatrix h = quantize_matrix(w.data(), E, rows, cols, wf);
+    DevMatrix d(h);
+    Dev<bf16_raw> out(size_t(n) * rows * cols);
+    out.poison();
+    cuda::widen::to_bf16(d.view, e0, n, dcnt.get(), out.get(), nullptr);
+    EPMOE_CUDA_CHECK(cudaDeviceSynchronize());
+    const auto o = out.download();
+    const int rb = (rows + 127) / 128, cb = (cols + 127) / 128;
+    int64_t bad = -1;
+    for (int j = 0; j < n && bad < 0; ++j) {
+      const int e = e0 + j;
+      for (int r = 0; r < rows && bad < 0; ++r)
+        for (int c = 0; c < cols; ++c) {
+          const size_t i = (size_t(e) * rows + r) * cols + c;
+          bf16_raw want = 0xffff;  // untouched
+          if (cnt[e] != 0) {
+            if (wf == W::fp8) {
+              float s;
+              std::memcpy(&s, &h.scales[((size_t(e) * rb + r / 128) * cb + c / 128) * 4], 4);
+              want = num::f32_to_bf16(num::e4m3_to_f32(h.data[i]) * s);
+            } else {
+              const uint8_t b = h.data[i / 2];
+              const float q = num::e2m1_to_f32((c & 1) ? b >> 4 : b & 0xf);
+              want = num::f32_to_bf16(q * num::e4m3_to_f32(h.scales[i / 16]));
+            }
+          }
+          const size_t oi = (size_t(j) * rows + r) * cols + c;
+          if (o[oi] != want) {
+            bad = int64_t(oi);
+            ADD_FAILURE() << "expert " << e << " row " << r << " col " << c << ": got " << o[oi] << " want " << want;
+            break;
+          }
+        }
+    }
+  }
+  // Chunk sizing: whole experts, at least one, at most all.
+  EXPECT_EQ(cuda::widen::chunk_experts(size_t(1) << 30, size_t(2) * 2048 * 7168 * 2, 128), 18);
+  EXPECT_EQ(cuda::widen::chunk_experts(100, 200, 8), 1);
+  EXPECT_EQ(cuda::widen::chunk_experts(5000, 100, 8), 8);
 }
 
 // DeepSeek-V3 expert shapes (H 7168, I 2048) at large M: 8 experts, top-2, 8192 tokens (about
@@ -248,13 +363,14 @@ TEST(CutlassEngine, LargeMDeepSeekShapes) {
   const std::vector<Problem> problems = {
       {7168, 2048, 8, 2, 8192, A::bf16, W::bf16, kNone, Load::uneven, -1, 24, true, kBf16, "deepseek-v3 large M"},
       {7168, 2048, 8, 2, 8192, A::fp8, W::fp8, kFp8, Load::uneven, -1, 24, true, kFp8Both, "deepseek-v3 large M"},
-      {7168, 2048, 8, 2, 4096, A::fp8, W::fp8, kNone, Load::uniform, -1, 24, true, kFp8Mma, "deepseek-v3 large M"},
+      {7168, 2048, 8, 2, 4096, A::fp8, W::fp8, kNone, Load::uniform, -1, 24, true, kFp8W2, "deepseek-v3 large M"},
+      {7168, 2048, 8, 2, 4096, A::bf16, W::nvfp4, kNone, Load::uneven, -1, 24, true, kW4, "deepseek-v3 large M"},
   };
   for (const Problem& p : problems) run_problem(p, seed++);
 }
 
-// The automatic rule: CUTLASS from R*C*K / E_loc >= kCutlassMinRows on, and only for the formats it
-// has (nvfp4 weights, or fp8 weights without an fp8 dispatch, stay on the other engines).
+// The automatic rule: CUTLASS from R*C*K / E_loc >= kCutlassMinRows on, for every weight format
+// (nvfp4 weights and fp8 weights with a bf16 operand are widened).
 TEST(CutlassEngine, AutomaticChoice) {
   EPMOE_REQUIRE_GPU();
   EPMOE_REQUIRE_CUTLASS();
@@ -268,8 +384,8 @@ TEST(CutlassEngine, AutomaticChoice) {
   const std::vector<Case> cases = {
       {256, A::bf16, W::bf16, true},   // 256*2/4 = 128 rows per expert
       {255, A::bf16, W::bf16, false},  // 127.5
-      {256, A::fp8, W::fp8, true},     {256, A::bf16, W::fp8, false},
-      {256, A::fp8, W::nvfp4, false},  {256, A::nvfp4, W::bf16, true},
+      {256, A::fp8, W::fp8, true},     {256, A::bf16, W::fp8, true},   {255, A::bf16, W::fp8, false},
+      {256, A::fp8, W::nvfp4, true},   {255, A::fp8, W::nvfp4, false}, {256, A::nvfp4, W::bf16, true},
   };
   std::mt19937 rng(7);
   for (const Case& c : cases) {
@@ -411,14 +527,25 @@ TEST(CutlassEngine, GroupedGemmDirect) {
 }
 
 // The CUTLASS engine inside a CUDA graph (no host synchronization, device-side shapes): replays
-// equal the eager run bitwise, also after the routing changes in place.
+// equal the eager run bitwise, also after the routing changes in place. Widened weights run with a
+// small scratch (several chunks), whose count depends on the configuration only.
 TEST(CutlassEngine, GraphReplayEqualsEager) {
   EPMOE_REQUIRE_GPU();
   EPMOE_REQUIRE_CUTLASS();
-  for (const bool fp8 : {false, true}) {
-    SCOPED_TRACE(fp8 ? "fp8" : "bf16");
-    Problem p{1024, 512, 8, 2, 400, fp8 ? A::fp8 : A::bf16, fp8 ? W::fp8 : W::bf16, fp8 ? kFp8 : kNone,
-              Load::uneven, -1, 0, false, "", "graph"};
+  struct Case {
+    A act;
+    W wf;
+    IntermediateQuant iq;
+    size_t scratch;  // 0 = default
+    const char* name;
+  };
+  const size_t one13 = size_t(2) * 512 * 1024 * 2;
+  for (const Case& c : {Case{A::bf16, W::bf16, kNone, 0, "bf16"}, Case{A::fp8, W::fp8, kFp8, 0, "fp8"},
+                        Case{A::fp8, W::fp8, kNone, one13, "fp8 widened W2"},
+                        Case{A::bf16, W::nvfp4, kNone, one13, "nvfp4 widened"}}) {
+    SCOPED_TRACE(c.name);
+    const bool fp8 = c.act == A::fp8;
+    Problem p{1024, 512, 8, 2, 400, c.act, c.wf, c.iq, Load::uneven, -1, 0, false, "", "graph"};
     const MoeConfig cfg = make_cfg(p);
     std::mt19937 rng(3);
     std::normal_distribution<float> nd(0.f, 1.f);
@@ -452,6 +579,7 @@ TEST(CutlassEngine, GraphReplayEqualsEager) {
     d.counts = cnt.get();
     cuda::CudaRunner runner(cfg, 0);
     runner.set_engine(Engine::cutlass);
+    if (c.scratch) runner.set_widen_scratch_bytes(c.scratch);
     Dev<bf16_raw> y(size_t(p.C) * p.H);
     cudaStream_t st;
     EPMOE_CUDA_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
@@ -461,6 +589,7 @@ TEST(CutlassEngine, GraphReplayEqualsEager) {
       return y.download();
     };
     const auto e1 = eager();  // also grows every workspace to this step's size
+    if (c.scratch) EXPECT_GT(runner.last_widen_chunks(), 2);
     cudaGraph_t graph;
     cudaGraphExec_t exec;
     EPMOE_CUDA_CHECK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
@@ -497,6 +626,19 @@ TEST(CutlassEngine, EngineNames) {
     EXPECT_NE(m.find("EPMOE_RUNNER_ENGINE"), std::string::npos) << m;
     EXPECT_NE(m.find("cublas"), std::string::npos) << m;
     EXPECT_NE(m.find("auto, mma or cutlass"), std::string::npos) << m;
+  }
+  // EPMOE_WIDEN_SCRATCH_MB: whole MiB, positive.
+  EXPECT_EQ(R::parse_scratch_mb("1024", "x"), size_t(1) << 30);
+  EXPECT_EQ(R::parse_scratch_mb("3", "x"), size_t(3) << 20);
+  for (const char* bad : {"0", "-5", "12x", "1.5", " 7", "99999999999"}) {
+    try {
+      R::parse_scratch_mb(bad, "EPMOE_WIDEN_SCRATCH_MB");
+      ADD_FAILURE() << "no UsageError for '" << bad << "'";
+    } catch (const UsageError& e) {
+      const std::string m = e.what();
+      EXPECT_NE(m.find("EPMOE_WIDEN_SCRATCH_MB"), std::string::npos) << m;
+      EXPECT_NE(m.find(std::string("'") + bad + "'"), std::string::npos) << m;
+    }
   }
 }
 
