@@ -445,7 +445,7 @@ int CudaRunner::run_widened(const cutlass_engine::Grouped& g, const MatrixView& 
   int chunks = 0;
   for (int e0 = 0; e0 < g.experts; e0 += chunk, ++chunks) {
     const int n = std::min(chunk, g.experts - e0);
-    widen::to_bf16(m, e0, n, g.rows + e0, scratch_.get<bf16_raw>(), st);
+    widen::to_bf16(m, e0, n, g.rows, scratch_.get<bf16_raw>(), st);  // rows indexed by absolute expert
     cutlass_engine::Grouped c = g;
     c.experts = n;
     c.rows = g.rows + e0;

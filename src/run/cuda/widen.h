@@ -29,9 +29,10 @@ size_t expert_bytes(const MatrixView& m);
 // alone exceeds the bound), at most `experts`.
 int chunk_experts(size_t scratch_bytes, size_t expert_bytes, int experts);
 
-// out[e - e0][r][c] = widened m[e][r][c] for e in [e0, e0 + n). Experts whose rows[e] is 0 (read
-// on the device; rows may be null = widen all) are skipped: their GEMM gets no tiles and never
-// reads the scratch. m must be fp8 or nvfp4 on the device; out 16-byte aligned.
+// out[e - e0][r][c] = widened m[e][r][c] for e in [e0, e0 + n). Experts whose rows[e] is 0 (the
+// full per-expert count array, indexed by the absolute expert e; read on the device; null = widen
+// all) are skipped: their GEMM gets no tiles and never reads the scratch. m must be fp8 or nvfp4 on
+// the device; out 16-byte aligned.
 void to_bf16(const MatrixView& m, int e0, int n, const int32_t* rows, bf16_raw* out, cudaStream_t stream);
 
 // inv[e] = 1 / gs[e] (IEEE fp32 division, as the mma.sync engine computes it) for e < experts.
