@@ -275,7 +275,7 @@ void CudaRunner::run(const DispatchOutput& in, const ExpertWeights& w, bf16_raw*
   cudaStream_t st = static_cast<cudaStream_t>(stream);
   const int C = in.capacity, K = in.top_k, E = in.num_local_experts, H = in.hidden, I = w.intermediate;
   const int64_t max_rows = S * K;
-  const double avg = double(max_rows) / std::max(E, 1);
+  const double avg = expected_rows(in);
   const int bm = force_bm_ ? force_bm_ : (avg <= 48.0 ? 32 : 128);
   last_bm_ = bm;
   const int64_t max_tiles = (max_rows + bm - 1) / bm + E;
@@ -410,15 +410,23 @@ void CudaRunner::set_widen_scratch_bytes(size_t bytes) {
   widen_scratch_ = bytes;
 }
 
-// Host-side rule, no device data: (automatic) R*C*K / E_loc, the most rows an expert can get, must
-// reach kCutlassMinRows: below that a 128-row tile is mostly padding and the decode kernels (32-row
-// tiles) stream the weights better. Every weight format qualifies: what CUTLASS has no kernel for
-// is widened to bf16 (widen.h).
+// Host-side rule, no device data. The rows an expert can expect when every slot is full and the
+// routing is balanced: the S*K (slot, k) pairs spread over all cfg.num_experts experts, so
+// S*K / E_total per local expert (with several ranks, most of a slot's K ids name other ranks'
+// experts: R*C*K / E_loc would overstate it R times). Up to 32 such rows an expert fits one 32-row
+// m-tile of the decode kernels, which stream each weight once; beyond, they would stream it twice
+// and CUTLASS's 128-row tiles win (kCutlassMinRows). Every weight format qualifies: what CUTLASS
+// has no kernel for is widened to bf16 (widen.h).
+double CudaRunner::expected_rows(const DispatchOutput& in) const {
+  const int experts = std::max({cfg_.num_experts, in.num_local_experts, 1});
+  return double(in.slots()) * in.top_k / experts;
+}
+
 bool CudaRunner::use_cutlass(const DispatchOutput& in, const ExpertWeights& w) const {
   (void)w;
   if (engine_ == Engine::mma || !cutlass_engine::available()) return false;
   if (engine_ == Engine::cutlass) return true;
-  return double(in.slots()) * in.top_k >= double(kCutlassMinRows) * std::max(in.num_local_experts, 1);
+  return expected_rows(in) >= double(kCutlassMinRows);
 }
 
 namespace {

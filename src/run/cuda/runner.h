@@ -46,8 +46,8 @@ class CudaRunner final : public Runner {
   // Engines of the last run's two GEMMs, e.g. "wgmma-fp8/mma-fp8".
   const char* last_engines() const { return last_engines_; }
 
-  // Large-M engine choice. automatic: the CUTLASS grouped GEMMs (cutlass_gemm.h) when the host's
-  // bound on rows per expert, R*C*K / E_loc, is >= kCutlassMinRows, else the mma.sync/wgmma
+  // Large-M engine choice. automatic: the CUTLASS grouped GEMMs (cutlass_gemm.h) when the rows an
+  // expert can expect, S*K / E_total (expected_rows), are >= kCutlassMinRows, else the mma.sync/wgmma
   // kernels; cutlass: CUTLASS whatever M; mma: never CUTLASS. CUTLASS takes every weight format:
   // bf16 weights on the bf16 GEMM; fp8 weights on the fp8 x fp8 GEMM where the other operand is
   // e4m3 (GEMM1: fp8 dispatch with H, I % 128 == 0 and a 16-byte aligned payload; GEMM2:
@@ -58,7 +58,10 @@ class CudaRunner final : public Runner {
   // EPMOE_RUNNER_ENGINE (auto|mma|cutlass); set_engine overrides it. Asking for cutlass in a build
   // without CUTLASS throws UsageError.
   enum class Engine { automatic, mma, cutlass };
-  static constexpr int kCutlassMinRows = 128;
+  // 33 = more than one 32-row decode m-tile: measured on an H200 (DeepSeek-V3 experts, 128 local),
+  // 32 rows per expert: decode wgmma 3.3 ms vs CUTLASS 3.9 ms (bf16); 64 rows: CUTLASS 4.0 ms vs
+  // 6.6 ms for the mma.sync kernel (bench/results/2026-11-29-run7-8-2xh200.md).
+  static constexpr int kCutlassMinRows = 33;
   void set_engine(Engine e);
   Engine engine() const { return engine_; }
   // "auto", "mma", "cutlass" -> Engine; anything else throws UsageError naming `what`.
@@ -78,6 +81,8 @@ class CudaRunner final : public Runner {
   void check(const DispatchOutput& in, const ExpertWeights& w, const bf16_raw* y) const;
   // Whether this call runs on the CUTLASS engine (host-side rule above), and that engine's run.
   bool use_cutlass(const DispatchOutput& in, const ExpertWeights& w) const;
+  // Rows per local expert with full slots and balanced routing: S*K / max(cfg.num_experts, E_loc).
+  double expected_rows(const DispatchOutput& in) const;
   void run_cutlass(const DispatchOutput& in, const ExpertWeights& w, bf16_raw* y, cudaStream_t st);
   int run_widened(const cutlass_engine::Grouped& g, const MatrixView& m, const float* alpha, int chunk,
                   cudaStream_t st);

@@ -382,10 +382,10 @@ TEST(CutlassEngine, AutomaticChoice) {
   };
   const int H = 256, I = 128, E = 4, K = 2;
   const std::vector<Case> cases = {
-      {256, A::bf16, W::bf16, true},   // 256*2/4 = 128 rows per expert
-      {255, A::bf16, W::bf16, false},  // 127.5
-      {256, A::fp8, W::fp8, true},     {256, A::bf16, W::fp8, true},   {255, A::bf16, W::fp8, false},
-      {256, A::fp8, W::nvfp4, true},   {255, A::fp8, W::nvfp4, false}, {256, A::nvfp4, W::bf16, true},
+      {66, A::bf16, W::bf16, true},   // 66*2/4 = 33 rows per expert
+      {64, A::bf16, W::bf16, false},  // 32: one decode m-tile
+      {66, A::fp8, W::fp8, true},     {66, A::bf16, W::fp8, true},   {64, A::bf16, W::fp8, false},
+      {66, A::fp8, W::nvfp4, true},   {64, A::fp8, W::nvfp4, false}, {66, A::nvfp4, W::bf16, true},
   };
   std::mt19937 rng(7);
   for (const Case& c : cases) {

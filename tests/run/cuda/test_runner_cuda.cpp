@@ -135,6 +135,9 @@ void run_problem(const Problem& p, uint32_t seed) {
   y.poison();
   cuda::CudaRunner runner(cfg, 0);
   runner.set_block_m(p.bm);
+  // An explicit m-tile tests the mma.sync / decode wgmma kernels: keep CUTLASS (which the automatic
+  // rule picks from 33 rows per expert on) out of it. bm = 0 runs the automatic choice.
+  if (p.bm != 0) runner.set_engine(cuda::CudaRunner::Engine::mma);
   runner.set_wgmma_decode(p.wgmma);
   runner.run(dout, dw, y.get(), nullptr);
   EPMOE_CUDA_CHECK(cudaDeviceSynchronize());
