@@ -423,10 +423,10 @@ double CudaRunner::expected_rows(const DispatchOutput& in) const {
 }
 
 bool CudaRunner::use_cutlass(const DispatchOutput& in, const ExpertWeights& w) const {
-  (void)w;
   if (engine_ == Engine::mma || !cutlass_engine::available()) return false;
   if (engine_ == Engine::cutlass) return true;
-  return expected_rows(in) >= double(kCutlassMinRows);
+  const int min_rows = w.w13.format == WeightFormat::nvfp4 ? kCutlassMinRowsNvfp4 : kCutlassMinRows;
+  return expected_rows(in) >= double(min_rows);
 }
 
 namespace {

@@ -385,7 +385,8 @@ TEST(CutlassEngine, AutomaticChoice) {
       {66, A::bf16, W::bf16, true},   // 66*2/4 = 33 rows per expert
       {64, A::bf16, W::bf16, false},  // 32: one decode m-tile
       {66, A::fp8, W::fp8, true},     {66, A::bf16, W::fp8, true},   {64, A::bf16, W::fp8, false},
-      {66, A::fp8, W::nvfp4, true},   {64, A::fp8, W::nvfp4, false}, {66, A::nvfp4, W::bf16, true},
+      {256, A::fp8, W::nvfp4, true},  {254, A::fp8, W::nvfp4, false},  // nvfp4: from 128 rows
+      {66, A::nvfp4, W::bf16, true},
   };
   std::mt19937 rng(7);
   for (const Case& c : cases) {
