@@ -60,7 +60,7 @@ class CudaRunner final : public Runner {
   enum class Engine { automatic, mma, cutlass };
   // 33 = more than one 32-row decode m-tile: measured on an H200 (DeepSeek-V3 experts, 128 local),
   // 32 rows per expert: decode wgmma 3.3 ms vs CUTLASS 3.9 ms (bf16); 64 rows: CUTLASS 4.0 ms vs
-  // 6.6 ms for the mma.sync kernel (bench/results/2026-11-29-run7-8-2xh200.md).
+  // 6.6 ms for the mma.sync kernel (bench/results/2026-11-29-run7-10-2xh200.md).
   static constexpr int kCutlassMinRows = 33;
   // nvfp4 weights are widened to bf16 first (~6 ms for 128 DeepSeek-V3 experts), which the GEMMs
   // only repay at larger M: 64 rows per expert measured 10.3 ms widened vs 8.6 ms on mma.sync,
