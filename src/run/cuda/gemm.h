@@ -46,6 +46,11 @@ void launch_grouped_gemm_nvfp4(const GemmArgs& a, int bm, cudaStream_t stream);
 // in fp32 per 128-K block. See gemm_wgmma.cuh.
 void launch_grouped_gemm_wgmma_bf16(const GemmArgs& a, cudaStream_t stream);
 void launch_grouped_gemm_wgmma_fp8(const GemmArgs& a, cudaStream_t stream);
+// Pipeline of those two: plain (default) or deferred wait, the same results bitwise (see
+// gemm_wgmma.cuh). EPMOE_WGMMA_DEFER=0|1 sets it at the first launch; set_wgmma_defer overrides it
+// for the whole process (tests and benchmarks compare the two).
+void set_wgmma_defer(bool on);
+bool wgmma_defer();
 // nvfp4: W nvfp4 (e4m3 block-16 scales, per-expert global scale) x A bf16, the weights decoded to
 // bf16 in registers as wgmma's A operand (gemm_nvfp4_wgmma.cu). Needs K % 128 == 0 (and N % 64
 // for the fused GEMM1): wgmma_nvfp4_supports says whether a GEMM qualifies.

@@ -1,11 +1,49 @@
-// Instantiations of the decode wgmma engine (bf16 and fp8 x fp8), one translation unit.
+// Instantiations of the decode wgmma engine (bf16 and fp8 x fp8), one translation unit, and the
+// choice between its plain and deferred-wait pipelines (gemm_wgmma.cuh).
+#include <atomic>
+#include <cstdlib>
+#include <string>
+
 #include "run/cuda/gemm_wgmma.cuh"
 
 namespace epmoe::cuda {
 
 static_assert(kWgmmaBlockM == wg::kBT, "the runner's decode m-tile must match the wgmma token tile");
 
-void launch_grouped_gemm_wgmma_bf16(const GemmArgs& a, cudaStream_t stream) { wg::launch<false>(a, stream); }
-void launch_grouped_gemm_wgmma_fp8(const GemmArgs& a, cudaStream_t stream) { wg::launch<true>(a, stream); }
+namespace {
+
+// -1: not yet read from EPMOE_WGMMA_DEFER; 0: plain; 1: deferred.
+std::atomic<int> g_defer{-1};
+
+bool defer_now() {
+  int d = g_defer.load(std::memory_order_relaxed);
+  if (d < 0) {
+    d = 0;
+    if (const char* env = std::getenv("EPMOE_WGMMA_DEFER"); env && *env) {
+      const std::string v = env;
+      if (v != "0" && v != "1")
+        throw UsageError("environment variable EPMOE_WGMMA_DEFER='" + v +
+                         "' is not 0 or 1 (1: the decode wgmma engine waits for a stage's MMAs one "
+                         "iteration later)");
+      d = v == "1" ? 1 : 0;
+    }
+    g_defer.store(d, std::memory_order_relaxed);
+  }
+  return d == 1;
+}
+
+}  // namespace
+
+void set_wgmma_defer(bool on) { g_defer.store(on ? 1 : 0, std::memory_order_relaxed); }
+bool wgmma_defer() { return defer_now(); }
+
+void launch_grouped_gemm_wgmma_bf16(const GemmArgs& a, cudaStream_t stream) {
+  if (defer_now()) wg::launch<false, true>(a, stream);
+  else wg::launch<false, false>(a, stream);
+}
+void launch_grouped_gemm_wgmma_fp8(const GemmArgs& a, cudaStream_t stream) {
+  if (defer_now()) wg::launch<true, true>(a, stream);
+  else wg::launch<true, false>(a, stream);
+}
 
 }  // namespace epmoe::cuda

@@ -21,6 +21,15 @@
 // 4 stages deep, two CTAs per SM; the grid is persistent over (m-tile, n-tile) pairs read from the
 // device tile table (so launches never need the host to know the counts), and the pipeline runs on
 // across tile boundaries.
+//
+// Two pipelines, the same arithmetic in the same order (so bitwise the same results):
+//   plain    : issue stage s's wgmmas, wait for them, (fp8) promote, next stage;
+//   deferred : issue stage s's wgmmas and go on; the wait (and fp8 promotion) for stage s happens
+//              in the next iteration after its barrier and load issue, so the MMAs of one stage
+//              run while the CTA synchronizes and issues the loads of the next. The stage being
+//              computed may still be read while the loads of s + 3 land, hence a fifth ring slot
+//              (5 x 21 KB, still two CTAs per SM). Tile ends wait at once (the epilogue needs the
+//              sums). Chosen by EPMOE_WGMMA_DEFER (see gemm_wgmma.cu).
 #pragma once
 #include "epmoe/numeric.h"
 #include "run/cuda/gemm_kernel.cuh"
@@ -47,7 +56,9 @@ struct Layout {
   static constexpr int SA = A + kBT * kRowBytes;   // fp8: 32 activation scales (fp32)
   static constexpr int SW = SA + kBT * 4;          // fp8: 2 weight scales (fp32), one per half
   static constexpr int STAGE = 21 * 1024;
-  static constexpr int TOTAL = STAGE * kStages + 1024;  // + slack to align the base to 1024
+  // Ring slots: kStages, plus one in the deferred pipeline; + slack to align the base to 1024.
+  static constexpr int slots(bool defer) { return kStages + (defer ? 1 : 0); }
+  static constexpr int total(bool defer) { return STAGE * slots(defer) + 1024; }
 };
 static_assert(Layout::SW + 16 <= Layout::STAGE, "stage layout overflows");
 static_assert(Layout::A % 1024 == 0 && Layout::STAGE % 1024 == 0, "SW128 tiles need 1024-byte alignment");
@@ -95,8 +106,9 @@ __device__ __forceinline__ void wgmma_bf16(float (&d)[16], uint64_t da, uint64_t
 
 // Accumulator fragment of m64n32 (f32): register i of thread (warp w, lane l) holds weight row
 // 16w + l/4 + 8*((i >> 1) & 1) and token 8*(i >> 2) + 2*(l % 4) + (i & 1).
-template <bool FP8>
+template <bool FP8, bool DEFER>
 __global__ void __launch_bounds__(kThreads) wgmma_gemm_kernel(GemmArgs p) {
+  constexpr int kSlots = Layout::slots(DEFER);
   extern __shared__ uint8_t smem_raw[];
   const uint32_t raw = smem_u32(smem_raw);
   const uint32_t base = (raw + 1023u) & ~1023u;
@@ -139,7 +151,7 @@ __global__ void __launch_bounds__(kThreads) wgmma_gemm_kernel(GemmArgs p) {
     const int kt = int(s % KT);
     const int e = c.mt.expert;
     const uint8_t* W = static_cast<const uint8_t*>(p.W.data) + int64_t(e) * rows_w * w_row_bytes;
-    const uint32_t st = base + uint32_t(s % kStages) * Layout::STAGE;
+    const uint32_t st = base + uint32_t(s % kSlots) * Layout::STAGE;
     const int64_t k0 = int64_t(kt) * kRowBytes;
 #pragma unroll 4
     for (int i = tid; i < kRowsW * 8; i += kThreads) {
@@ -179,34 +191,8 @@ __global__ void __launch_bounds__(kThreads) wgmma_gemm_kernel(GemmArgs p) {
     cp_commit();
   }
 
-  Cur cur = my_tiles > 0 ? tile_of(0) : Cur{};
-  for (int64_t s = 0; s < steps; ++s) {
-    const int kt = int(s % KT);
-    cp_wait<kStages - 2>();
-    fence_proxy_async();
-    __syncthreads();  // stage s is visible to all; stage s-1 (overwritten next) is no longer read
-    {
-      const int64_t ns = s + kStages - 1;
-      if (ns < steps) load_step(ns);
-      cp_commit();
-    }
-    const int slot = int(s % kStages);
-    const uint32_t st = base + uint32_t(slot) * Layout::STAGE;
-    wgmma_fence();
-#pragma unroll
-    for (int ks = 0; ks < 4; ++ks) {  // 4 x 32 bytes of K per 128-byte row
-      const uint64_t db = desc_sw128(st + Layout::A + ks * 32);
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const uint64_t da = desc_sw128(st + Layout::W + h * 64 * kRowBytes + ks * 32);
-        if constexpr (FP8)
-          wgmma_fp8(part[h], da, db, ks);
-        else
-          wgmma_bf16(acc[h], da, db, 1);
-      }
-    }
-    wgmma_commit();
-    wgmma_wait0();
+  // fp8: acc += part * (w_scale * a_scale[token]) with the scales of ring slot `slot`.
+  auto promote = [&](int slot) {
     if constexpr (FP8) {
       reg_fence(part[0]);
       reg_fence(part[1]);
@@ -225,9 +211,59 @@ __global__ void __launch_bounds__(kThreads) wgmma_gemm_kernel(GemmArgs p) {
           }
         }
     } else {
+      (void)slot;
       reg_fence(acc[0]);
       reg_fence(acc[1]);
     }
+  };
+
+  Cur cur = my_tiles > 0 ? tile_of(0) : Cur{};
+  int pending = -1;  // deferred: the ring slot whose wgmmas are issued but not yet waited for
+  for (int64_t s = 0; s < steps; ++s) {
+    const int kt = int(s % KT);
+    cp_wait<kStages - 2>();
+    fence_proxy_async();
+    // Stage s is visible to all. Plain: stage s-1 (overwritten next) is no longer read. Deferred:
+    // every warp has waited for stage s-2's wgmmas, whose slot the next load takes.
+    __syncthreads();
+    {
+      const int64_t ns = s + kStages - 1;
+      if (ns < steps) load_step(ns);
+      cp_commit();
+    }
+    if constexpr (DEFER) {  // the previous stage's MMAs ran during the barrier and loads
+      // Unconditional (a no-op when nothing is in flight): a wait on only some paths makes ptxas
+      // add its own after the issue (C7517).
+      wgmma_wait0();
+      if (pending >= 0) promote(pending);
+      pending = -1;
+    }
+    const int slot = int(s % kSlots);
+    const uint32_t st = base + uint32_t(slot) * Layout::STAGE;
+    wgmma_fence();
+#pragma unroll
+    for (int ks = 0; ks < 4; ++ks) {  // 4 x 32 bytes of K per 128-byte row
+      const uint64_t db = desc_sw128(st + Layout::A + ks * 32);
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const uint64_t da = desc_sw128(st + Layout::W + h * 64 * kRowBytes + ks * 32);
+        if constexpr (FP8)
+          wgmma_fp8(part[h], da, db, ks);
+        else
+          // Deferred: a tile's first stage starts from zero in the MMA itself (scale-d 0) rather
+          // than by zeroing acc after the epilogue: a second definition of acc would put
+          // register copies on the loop's back edge, right after the issue, and ptxas would
+          // wait there for the MMAs (C7517), undoing the deferral.
+          wgmma_bf16(acc[h], da, db, DEFER ? int(kt > 0 || ks > 0) : 1);
+      }
+    }
+    wgmma_commit();
+    if (DEFER && kt != KT - 1) {
+      pending = slot;
+      continue;
+    }
+    wgmma_wait0();
+    promote(slot);
     if (kt != KT - 1) continue;
 
     // Epilogue of the tile: bf16 out[row0 + token][n]. The volume is tokens x N (small in
@@ -256,16 +292,19 @@ __global__ void __launch_bounds__(kThreads) wgmma_gemm_kernel(GemmArgs p) {
           }
         }
       }
+    if constexpr (FP8 || !DEFER) {
 #pragma unroll
-    for (int h = 0; h < 2; ++h)
+      for (int h = 0; h < 2; ++h)
 #pragma unroll
-      for (int i = 0; i < 16; ++i) acc[h][i] = 0.f;
+        for (int i = 0; i < 16; ++i) acc[h][i] = 0.f;
+    }
     if (s + 1 < steps) cur = tile_of(int((s + 1) / KT));
   }
+  if constexpr (DEFER) wgmma_wait0();  // the last step waited already; this covers every exit path
   cp_wait<0>();
 }
 
-template <bool FP8>
+template <bool FP8, bool DEFER>
 void launch(const GemmArgs& a, cudaStream_t stream) {
   const char* what = FP8 ? "cuda runner (wgmma fp8)" : "cuda runner (wgmma bf16)";
   const int kps = FP8 ? 128 : 64;
@@ -280,14 +319,14 @@ void launch(const GemmArgs& a, cudaStream_t stream) {
   if (FP8 ? (!a.A8 || !a.a_scales || a.a_scales_ld <= 0 || !a.W.scales) : !a.A)
     throw UsageError(std::string(what) + ": missing operand (fp8 needs A8, a_scales with a_scales_ld > 0 and "
                      "weight scales; bf16 needs A)");
-  constexpr int smem = Layout::TOTAL;
-  const KernelFit fit = fit_kernel(reinterpret_cast<const void*>(wgmma_gemm_kernel<FP8>), kThreads, smem);
+  constexpr int smem = Layout::total(DEFER);
+  const KernelFit fit = fit_kernel(reinterpret_cast<const void*>(wgmma_gemm_kernel<FP8, DEFER>), kThreads, smem);
   const int sms = fit.sms, per_sm = fit.per_sm;
   const int n_per_tile = a.fused ? kRowsW / 2 : kRowsW;
   const int64_t work = int64_t(a.max_tiles) * ((a.N + n_per_tile - 1) / n_per_tile);
   const int grid = static_cast<int>(std::min<int64_t>(work, int64_t(sms) * per_sm));
   if (grid <= 0) return;
-  wgmma_gemm_kernel<FP8><<<grid, kThreads, smem, stream>>>(a);
+  wgmma_gemm_kernel<FP8, DEFER><<<grid, kThreads, smem, stream>>>(a);
   EPMOE_CUDA_CHECK_LAUNCH();
 }
 
