@@ -125,6 +125,19 @@ __global__ void permute_fp8_kernel(const uint8_t* __restrict__ payload, const ui
   }
 }
 
+// Block b (128 elements) of an intermediate row, read by one warp: this lane's 4 values into v, and
+// the block's fp8 parameters from the warp-wide amax. Both intermediate kernels start so.
+__device__ __forceinline__ dev::Fp8Block load_block128(const bf16_raw* row, int b, int lane, bool ue8m0,
+                                                        float (&v)[4]) {
+  float amax = 0.f;
+#pragma unroll
+  for (int q = 0; q < 4; ++q) {
+    v[q] = num::bf16_to_f32(row[b * 128 + lane * 4 + q]);
+    amax = fmaxf(amax, fabsf(v[q]));
+  }
+  return dev::fp8_block_params(dev::warp_max(amax), ue8m0);
+}
+
 // h rows (bf16) to e4m3 codes + block-128 scales (intermediate_quant = fp8) for the wgmma fp8
 // GEMM2: the same codes and scales as the round trip below, kept as codes. One warp per block.
 __global__ void intermediate_to_fp8_kernel(const bf16_raw* __restrict__ h, const int32_t* __restrict__ offsets,
@@ -136,13 +149,8 @@ __global__ void intermediate_to_fp8_kernel(const bf16_raw* __restrict__ h, const
   const bf16_raw* row = h + r * I;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
   for (int b = warp; b < I / 128; b += warps) {
-    float v[4], amax = 0.f;
-#pragma unroll
-    for (int q = 0; q < 4; ++q) {
-      v[q] = num::bf16_to_f32(row[b * 128 + lane * 4 + q]);
-      amax = fmaxf(amax, fabsf(v[q]));
-    }
-    const dev::Fp8Block bp = dev::fp8_block_params(dev::warp_max(amax), ue8m0);
+    float v[4];
+    const dev::Fp8Block bp = load_block128(row, b, lane, ue8m0, v);
     uint32_t packed = 0;
 #pragma unroll
     for (int q = 0; q < 4; ++q) packed |= uint32_t(dev::fp8_code(v[q], bp)) << (8 * q);
@@ -160,13 +168,8 @@ __global__ void intermediate_fp8_kernel(bf16_raw* __restrict__ h, const int32_t*
   bf16_raw* row = h + r * I;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
   for (int b = warp; b < I / 128; b += warps) {
-    float v[4], amax = 0.f;
-#pragma unroll
-    for (int q = 0; q < 4; ++q) {
-      v[q] = num::bf16_to_f32(row[b * 128 + lane * 4 + q]);
-      amax = fmaxf(amax, fabsf(v[q]));
-    }
-    const dev::Fp8Block bp = dev::fp8_block_params(dev::warp_max(amax), ue8m0);
+    float v[4];
+    const dev::Fp8Block bp = load_block128(row, b, lane, ue8m0, v);
 #pragma unroll
     for (int q = 0; q < 4; ++q)
       row[b * 128 + lane * 4 + q] = num::f32_to_bf16(dev::fp8_dequant(dev::fp8_code(v[q], bp), bp.scale));
@@ -203,6 +206,48 @@ std::string mat_desc(const MatrixView& m) {
   return std::string(format_name(m.format)) + "[" + std::to_string(m.experts) + ", " + std::to_string(m.rows) + ", " +
          std::to_string(m.cols) + "] on " + device_name(m.device);
 }
+
+// The tables both engines route rows with: rows per expert (cnt) and their offsets, the permute's
+// fill counters and (slot, k) -> row positions, and the m-tile table.
+struct Routing {
+  DeviceBuffer &cnt, &offsets, &fill, &tiles, &num_tiles, &pair_pos;
+
+  void reserve(int E, int64_t max_tiles, int64_t max_rows) {
+    cnt.reserve(size_t(E) * 4);
+    offsets.reserve(size_t(E) * 4);
+    fill.reserve(size_t(E) * 4);
+    tiles.reserve(size_t(max_tiles) * sizeof(MTile));
+    num_tiles.reserve(4);
+    pair_pos.reserve(size_t(max_rows) * 4);
+  }
+  // count -> offsets (and the m-tiles of bm rows).
+  void count(const DispatchOutput& in, int bm, cudaStream_t st) {
+    const int64_t S = in.slots();
+    const int C = in.capacity, K = in.top_k, E = in.num_local_experts;
+    EPMOE_CUDA_CHECK(cudaMemsetAsync(cnt.get(), 0, size_t(E) * 4, st));
+    count_kernel<<<unsigned((S + 255) / 256), 256, 0, st>>>(in.local_ids, in.counts, S, C, K, E, cnt.get<int32_t>());
+    EPMOE_CUDA_CHECK_LAUNCH();
+    offsets_kernel<<<1, kScanThreads, 0, st>>>(cnt.get<int32_t>(), E, bm, offsets.get<int32_t>(), fill.get<int32_t>(),
+                                               tiles.get<MTile>(), num_tiles.get<int32_t>());
+    EPMOE_CUDA_CHECK_LAUNCH();
+  }
+  // The slots' activations as bf16 rows of A (any dispatch format).
+  void permute_bf16(const DispatchOutput& in, bf16_raw* A, cudaStream_t st) {
+    const int64_t S = in.slots();
+    const int C = in.capacity, K = in.top_k, E = in.num_local_experts, H = in.hidden;
+    permute_kernel<<<unsigned(S), 256, 0, st>>>(in.format, in.quant, in.payload, in.scales, in.local_ids, in.counts, C,
+                                                K, E, H, offsets.get<int32_t>(), fill.get<int32_t>(),
+                                                pair_pos.get<int32_t>(), A);
+    EPMOE_CUDA_CHECK_LAUNCH();
+  }
+  // y[slot] = the routing-weighted sum of the slot's expert rows of o.
+  void reduce(const DispatchOutput& in, const bf16_raw* o, bf16_raw* y, cudaStream_t st) {
+    const int64_t S = in.slots();
+    const int C = in.capacity, K = in.top_k, H = in.hidden;
+    reduce_kernel<<<unsigned(S), 256, 0, st>>>(o, pair_pos.get<int32_t>(), in.weights, in.counts, C, K, H, y);
+    EPMOE_CUDA_CHECK_LAUNCH();
+  }
+};
 
 // One grouped GEMM on the engine chosen for it (decode wgmma variants, else mma.sync).
 void launch_on_engine(const GemmArgs& g, bool wgmma_fp8, bool wgmma_bf16, bool wgmma_nvfp4, int bm, cudaStream_t st) {
@@ -282,12 +327,8 @@ void CudaRunner::run(const DispatchOutput& in, const ExpertWeights& w, bf16_raw*
   if (max_rows > INT32_MAX) throw UsageError("runner cuda: R*C*K=" + std::to_string(max_rows) + " rows exceed 2^31");
   if (use_cutlass(in, w)) return run_cutlass(in, w, y, st);
 
-  cnt_.reserve(size_t(E) * 4);
-  offsets_.reserve(size_t(E) * 4);
-  fill_.reserve(size_t(E) * 4);
-  tiles_.reserve(size_t(max_tiles) * sizeof(MTile));
-  num_tiles_.reserve(4);
-  pair_pos_.reserve(size_t(max_rows) * 4);
+  Routing rt{cnt_, offsets_, fill_, tiles_, num_tiles_, pair_pos_};
+  rt.reserve(E, max_tiles, max_rows);
   a_.reserve(size_t(max_rows) * H * 2);
   h_.reserve(size_t(max_rows) * I * 2);
   o_.reserve(size_t(max_rows) * H * 2);
@@ -318,24 +359,17 @@ void CudaRunner::run(const DispatchOutput& in, const ExpertWeights& w, bf16_raw*
     hs_.reserve(size_t(max_rows) * (I / 128) * 4);
   }
 
-  EPMOE_CUDA_CHECK(cudaMemsetAsync(cnt_.get(), 0, size_t(E) * 4, st));
-  count_kernel<<<unsigned((S + 255) / 256), 256, 0, st>>>(in.local_ids, in.counts, S, C, K, E, cnt_.get<int32_t>());
-  EPMOE_CUDA_CHECK_LAUNCH();
-  offsets_kernel<<<1, kScanThreads, 0, st>>>(cnt_.get<int32_t>(), E, bm, offsets_.get<int32_t>(), fill_.get<int32_t>(),
-                                             tiles_.get<MTile>(), num_tiles_.get<int32_t>());
-  EPMOE_CUDA_CHECK_LAUNCH();
+  rt.count(in, bm, st);
   if (wg_fp8_1) {
     const bool aligned16 = reinterpret_cast<uintptr_t>(in.payload) % 16 == 0;
     permute_fp8_kernel<<<unsigned(S), 256, 0, st>>>(in.payload, in.scales, in.local_ids, in.counts, C, K, E, H, aligned16,
                                                     offsets_.get<int32_t>(), fill_.get<int32_t>(),
                                                     pair_pos_.get<int32_t>(), a8_.get<uint8_t>(), as_.get<float>(),
                                                     max_rows);
+    EPMOE_CUDA_CHECK_LAUNCH();
   } else {
-    permute_kernel<<<unsigned(S), 256, 0, st>>>(in.format, in.quant, in.payload, in.scales, in.local_ids, in.counts, C,
-                                                K, E, H, offsets_.get<int32_t>(), fill_.get<int32_t>(),
-                                                pair_pos_.get<int32_t>(), a_.get<bf16_raw>());
+    rt.permute_bf16(in, a_.get<bf16_raw>(), st);
   }
-  EPMOE_CUDA_CHECK_LAUNCH();
 
   GemmArgs g1;
   g1.A = a_.get<bf16_raw>();
@@ -382,9 +416,7 @@ void CudaRunner::run(const DispatchOutput& in, const ExpertWeights& w, bf16_raw*
   }
   launch_on_engine(g2, wg_fp8_2, wg_bf16, wg_f4_2, bm, st);
 
-  reduce_kernel<<<unsigned(S), 256, 0, st>>>(o_.get<bf16_raw>(), pair_pos_.get<int32_t>(), in.weights, in.counts, C, K,
-                                             H, y);
-  EPMOE_CUDA_CHECK_LAUNCH();
+  rt.reduce(in, o_.get<bf16_raw>(), y, st);
 }
 
 // ---- CUTLASS engine (large M) ---------------------------------------------------------------------
@@ -517,12 +549,8 @@ void CudaRunner::run_cutlass(const DispatchOutput& in, const ExpertWeights& w, b
   const int chunk2 = std::min(widen::chunk_experts(widen_scratch_, b2, E), 65535);
   scratch_.reserve(std::max(p1 == CutlassPath::widened ? size_t(chunk1) * b13 : 0,
                             p2 == CutlassPath::widened ? size_t(chunk2) * b2 : 0));
-  cnt_.reserve(size_t(E) * 4);
-  offsets_.reserve(size_t(E) * 4);
-  fill_.reserve(size_t(E) * 4);
-  tiles_.reserve(size_t(max_tiles) * sizeof(MTile));
-  num_tiles_.reserve(4);
-  pair_pos_.reserve(size_t(max_rows) * 4);
+  Routing rt{cnt_, offsets_, fill_, tiles_, num_tiles_, pair_pos_};
+  rt.reserve(E, max_tiles, max_rows);
   gu_.reserve(size_t(max_rows) * 2 * I * 2);
   o_.reserve(size_t(max_rows) * H * 2);
   if (fp8_1) {
@@ -543,21 +571,13 @@ void CudaRunner::run_cutlass(const DispatchOutput& in, const ExpertWeights& w, b
     widen::inverse_scales(w.w2.global_scale, E, inv_gs_.get<float>() + E, st);
   }
 
-  EPMOE_CUDA_CHECK(cudaMemsetAsync(cnt_.get(), 0, size_t(E) * 4, st));
-  count_kernel<<<unsigned((S + 255) / 256), 256, 0, st>>>(in.local_ids, in.counts, S, C, K, E, cnt_.get<int32_t>());
-  EPMOE_CUDA_CHECK_LAUNCH();
-  offsets_kernel<<<1, kScanThreads, 0, st>>>(cnt_.get<int32_t>(), E, bm, offsets_.get<int32_t>(), fill_.get<int32_t>(),
-                                             tiles_.get<MTile>(), num_tiles_.get<int32_t>());
-  EPMOE_CUDA_CHECK_LAUNCH();
+  rt.count(in, bm, st);
   if (fp8_1) {
     cutlass_engine::permute_fp8(in.payload, reinterpret_cast<const float*>(in.scales), in.local_ids, in.counts, S, C, K,
                                 E, H, offsets_.get<int32_t>(), fill_.get<int32_t>(), pair_pos_.get<int32_t>(),
                                 a8_.get<uint8_t>(), as_.get<float>(), st);
   } else {
-    permute_kernel<<<unsigned(S), 256, 0, st>>>(in.format, in.quant, in.payload, in.scales, in.local_ids, in.counts, C,
-                                                K, E, H, offsets_.get<int32_t>(), fill_.get<int32_t>(),
-                                                pair_pos_.get<int32_t>(), a_.get<bf16_raw>());
-    EPMOE_CUDA_CHECK_LAUNCH();
+    rt.permute_bf16(in, a_.get<bf16_raw>(), st);
   }
 
   last_widen_chunks_ = 0;
@@ -608,9 +628,7 @@ void CudaRunner::run_cutlass(const DispatchOutput& in, const ExpertWeights& w, b
       last_widen_chunks_ += run_widened(g2, w.w2, nvfp4 ? inv_gs_.get<float>() + E : nullptr, chunk2, st);
   }
 
-  reduce_kernel<<<unsigned(S), 256, 0, st>>>(o_.get<bf16_raw>(), pair_pos_.get<int32_t>(), in.weights, in.counts, C, K,
-                                             H, y);
-  EPMOE_CUDA_CHECK_LAUNCH();
+  rt.reduce(in, o_.get<bf16_raw>(), y, st);
 }
 
 }  // namespace epmoe::cuda
