@@ -65,6 +65,21 @@ void* upload(const std::vector<T>& v) {
   return p;
 }
 
+// Uploads one rank's tokens into dv (hidden, ids, weights) and returns the DispatchInput over
+// them, on dv's stream.
+DispatchInput upload_input(DevRank& dv, const RankInput& in) {
+  dv.hidden = upload(in.hidden);
+  dv.ids = upload(in.ids);
+  dv.w = upload(in.weights);
+  DispatchInput di;
+  di.num_tokens = in.T;
+  di.hidden = static_cast<const bf16_raw*>(dv.hidden);
+  di.topk_ids = static_cast<const int32_t*>(dv.ids);
+  di.topk_weights = static_cast<const float*>(dv.w);
+  di.stream = dv.stream;
+  return di;
+}
+
 Received download(const MoeConfig& cfg, const DispatchOutput& o) {
   Received r;
   const size_t slots = size_t(o.slots());
@@ -141,15 +156,7 @@ RoundTrip gpu_round_trip(const MoeConfig& cfg, std::vector<std::unique_ptr<Commu
     cudaSetDevice(comm.device_index());
     DevRank dv;
     cudaStreamCreateWithFlags(&dv.stream, cudaStreamNonBlocking);
-    dv.hidden = upload(in[r].hidden);
-    dv.ids = upload(in[r].ids);
-    dv.w = upload(in[r].weights);
-    DispatchInput di;
-    di.num_tokens = in[r].T;
-    di.hidden = static_cast<const bf16_raw*>(dv.hidden);
-    di.topk_ids = static_cast<const int32_t*>(dv.ids);
-    di.topk_weights = static_cast<const float*>(dv.w);
-    di.stream = dv.stream;
+    const DispatchInput di = upload_input(dv, in[r]);
     const DispatchOutput o = disps[r]->dispatch(di);
     detail::gpu_dispatcher_sync(*disps[r], dv.stream);
     rt.recv[r] = download(cfg, o);
@@ -185,6 +192,20 @@ void expect_same(const MoeConfig& cfg, const std::vector<RankInput>& in, const R
     EXPECT_TRUE(cpu.out[r] == gpu.out[r]) << ctx << " combine output of rank " << r << " differs from the cpu fabric";
     EXPECT_TRUE(expected_combine(cfg, in, r) == gpu.out[r]) << ctx << " combine output of rank " << r << " vs oracle";
   }
+}
+
+// The ranks (of 2) that token t of rank r goes to: what a combine of y = 1 everywhere sums.
+int ranks_reached(const MoeConfig& cfg, const RankInput& in, int r, int64_t t) {
+  int n = 0;
+  for (int d = 0; d < 2; ++d) {
+    bool goes = false;
+    for (int k = 0; k < cfg.top_k; ++k) {
+      const int e = in.ids[t * cfg.top_k + k];
+      if (e >= 0 && oracle_copy(cfg, e, r, t).rank == d) goes = true;
+    }
+    n += goes;
+  }
+  return n;
 }
 
 MoeConfig small_config(const std::string& dispatcher, ActFormat f, ActFormat cf, int C = 96) {
@@ -283,14 +304,7 @@ TEST(NcclNvlinkDispatch, CapacityAndBadIdErrorsOnEveryRank) {
         const int r = comm.rank();
         cudaSetDevice(comm.device_index());
         DevRank dv;
-        dv.hidden = upload(in[r].hidden);
-        dv.ids = upload(in[r].ids);
-        dv.w = upload(in[r].weights);
-        DispatchInput di;
-        di.num_tokens = in[r].T;
-        di.hidden = static_cast<const bf16_raw*>(dv.hidden);
-        di.topk_ids = static_cast<const int32_t*>(dv.ids);
-        di.topk_weights = static_cast<const float*>(dv.w);
+        const DispatchInput di = upload_input(dv, in[r]);  // default stream
         try {
           disps[r]->dispatch(di);
           detail::gpu_dispatcher_sync(*disps[r], nullptr);
@@ -346,25 +360,19 @@ TEST(NcclNvlinkDispatch, ThousandBackToBackCalls) {
       const int r = comm.rank();
       cudaSetDevice(comm.device_index());
       std::vector<std::unique_ptr<DevRank>> dv(4);
+      std::vector<DispatchInput> di(4);
       cudaStream_t st;
       cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking);
       void* y = upload(std::vector<bf16_raw>(size_t(2) * cfg.capacity * cfg.hidden, num::f32_to_bf16(0.5f)));
       for (int i = 0; i < 4; ++i) {
         dv[i] = std::make_unique<DevRank>();
-        dv[i]->hidden = upload(ins[i][r].hidden);
-        dv[i]->ids = upload(ins[i][r].ids);
-        dv[i]->w = upload(ins[i][r].weights);
+        di[i] = upload_input(*dv[i], ins[i][r]);
+        di[i].stream = st;  // all four inputs go on one stream
         dv[i]->out = upload(std::vector<bf16_raw>(size_t(64) * cfg.hidden));
       }
       for (int it = 0; it < 1000; ++it) {
         const int i = it % 4;
-        DispatchInput di;
-        di.num_tokens = ins[i][r].T;
-        di.hidden = static_cast<const bf16_raw*>(dv[i]->hidden);
-        di.topk_ids = static_cast<const int32_t*>(dv[i]->ids);
-        di.topk_weights = static_cast<const float*>(dv[i]->w);
-        di.stream = st;
-        disps[r]->dispatch(di);
+        disps[r]->dispatch(di[i]);
         CombineInput ci;
         ci.y = static_cast<const bf16_raw*>(y);
         ci.stream = st;
@@ -380,15 +388,7 @@ TEST(NcclNvlinkDispatch, ThousandBackToBackCalls) {
     const auto& in = ins[3];
     for (int r = 0; r < 2; ++r)
       for (int64_t t = 0; t < in[r].T; ++t) {
-        int n = 0;
-        for (int d = 0; d < 2; ++d) {
-          bool goes = false;
-          for (int k = 0; k < cfg.top_k; ++k) {
-            const int e = in[r].ids[t * cfg.top_k + k];
-            if (e >= 0 && oracle_copy(cfg, e, r, t).rank == d) goes = true;
-          }
-          n += goes;
-        }
+        const int n = ranks_reached(cfg, in[r], r, t);
         ASSERT_EQ(num::f32_to_bf16(0.5f * n), outs[r][t * cfg.hidden]) << name << " rank " << r << " token " << t;
         ASSERT_EQ(num::f32_to_bf16(0.5f * n), outs[r][t * cfg.hidden + cfg.hidden - 1]) << name;
       }
@@ -414,17 +414,9 @@ TEST(NvlinkDispatch, CudaGraphReplay) {
     cudaSetDevice(comm.device_index());
     DevRank dv;
     cudaStreamCreateWithFlags(&dv.stream, cudaStreamNonBlocking);
-    dv.hidden = upload(in[r].hidden);
-    dv.ids = upload(in[r].ids);
-    dv.w = upload(in[r].weights);
+    const DispatchInput di = upload_input(dv, in[r]);
     dv.y = upload(std::vector<bf16_raw>(size_t(2) * cfg.capacity * cfg.hidden, num::f32_to_bf16(1.0f)));
     dv.out = upload(std::vector<bf16_raw>(size_t(in[r].T) * cfg.hidden, 0xdead));
-    DispatchInput di;
-    di.num_tokens = in[r].T;
-    di.hidden = static_cast<const bf16_raw*>(dv.hidden);
-    di.topk_ids = static_cast<const int32_t*>(dv.ids);
-    di.topk_weights = static_cast<const float*>(dv.w);
-    di.stream = dv.stream;
     CombineInput ci;
     ci.y = static_cast<const bf16_raw*>(dv.y);
     ci.stream = dv.stream;
@@ -450,15 +442,7 @@ TEST(NvlinkDispatch, CudaGraphReplay) {
   for (int r = 0; r < 2; ++r) {
     ASSERT_EQ("", errs[r]);
     for (int64_t t = 0; t < in[r].T; ++t) {
-      int n = 0;
-      for (int d = 0; d < 2; ++d) {
-        bool goes = false;
-        for (int k = 0; k < cfg.top_k; ++k) {
-          const int e = in[r].ids[t * cfg.top_k + k];
-          if (e >= 0 && oracle_copy(cfg, e, r, t).rank == d) goes = true;
-        }
-        n += goes;
-      }
+      const int n = ranks_reached(cfg, in[r], r, t);
       for (int h = 0; h < cfg.hidden; h += 37)
         ASSERT_EQ(num::f32_to_bf16(float(n)), outs[r][t * cfg.hidden + h]) << "rank " << r << " token " << t;
     }
@@ -541,14 +525,7 @@ TEST(NvlinkDispatch, MissingPeerIsNamedInTimeout) {
     if (comm.rank() != 0) return;  // rank 1 never comes
     cudaSetDevice(comm.device_index());
     DevRank dv;
-    dv.hidden = upload(in[0].hidden);
-    dv.ids = upload(in[0].ids);
-    dv.w = upload(in[0].weights);
-    DispatchInput di;
-    di.num_tokens = in[0].T;
-    di.hidden = static_cast<const bf16_raw*>(dv.hidden);
-    di.topk_ids = static_cast<const int32_t*>(dv.ids);
-    di.topk_weights = static_cast<const float*>(dv.w);
+    const DispatchInput di = upload_input(dv, in[0]);  // default stream
     try {
       disps[0]->dispatch(di);
       detail::gpu_dispatcher_sync(*disps[0], nullptr);
