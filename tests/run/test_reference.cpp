@@ -5,6 +5,7 @@
 #include <cmath>
 #include <random>
 
+#include "common/received_batch.h"
 #include "epmoe/error.h"
 #include "epmoe/numeric.h"
 #include "run/oracle.h"
@@ -15,44 +16,15 @@ namespace {
 
 constexpr bf16_raw kSentinel = 0x7e7e;  // a value the runner never writes by accident
 
-// A hand-made DispatchOutput: R source regions of capacity C, random tokens and routing rows.
-struct Received {
-  int R = 2, C = 6, H = 256, K = 3, El = 4;
-  ActFormat format = ActFormat::bf16;
-  QuantParams quant;
-  std::vector<int32_t> counts;
-  std::vector<bf16_raw> x;  // [R*C][H]
-  std::vector<uint8_t> payload, scales;
-  std::vector<int32_t> ids;
-  std::vector<float> w;
-
-  Received(ActFormat f, std::vector<int32_t> cnt, uint64_t seed) : format(f), counts(std::move(cnt)) {
-    std::mt19937_64 rng(seed);
-    std::normal_distribution<float> nd(0.f, 1.f);
-    std::uniform_int_distribution<int> id(-1, El - 1);
-    std::uniform_real_distribution<float> ud(0.05f, 1.f);
+// A random received batch of R = counts.size() source regions (common/received_batch.h).
+struct Received : test::ReceivedBatch {
+  Received(ActFormat f, std::vector<int32_t> cnt, uint64_t seed) {
+    C = 6, H = 256, K = 3, El = 4;
+    format = f;
+    counts = std::move(cnt);
     R = int(counts.size());
-    x.resize(size_t(R) * C * H);
-    for (auto& v : x) v = num::f32_to_bf16(nd(rng));
-    if (f == ActFormat::nvfp4) quant.nvfp4_global_scale = nvfp4_global_scale_bf16(x.data(), x.size());
-    payload.resize(size_t(R) * C * payload_bytes(f, H));
-    scales.resize(size_t(R) * C * scale_bytes(f, H));
-    quantize_rows(f, quant, x.data(), int64_t(R) * C, H, payload.data(), scales.data());
-    ids.assign(size_t(R) * C * K, -1);
-    w.resize(size_t(R) * C * K);
-    for (int s = 0; s < R; ++s)
-      for (int j = 0; j < counts[s]; ++j)
-        for (int k = 0; k < K; ++k) ids[(size_t(s) * C + j) * K + k] = id(rng);
-    for (auto& v : w) v = ud(rng);
-  }
-  DispatchOutput view() const {
-    DispatchOutput d;
-    d.num_ranks = R, d.capacity = C, d.hidden = H, d.top_k = K, d.num_local_experts = El;
-    d.format = format, d.quant = quant, d.device = DeviceKind::cpu;
-    d.payload = payload.data();
-    d.scales = scales.empty() ? nullptr : scales.data();
-    d.local_ids = ids.data(), d.weights = w.data(), d.counts = counts.data();
-    return d;
+    std::mt19937_64 rng(seed);
+    draw(rng);
   }
 };
 
@@ -61,11 +33,7 @@ struct Weights {
   HostMatrix q13, q2;
   Weights(int El, int H, int I, WeightFormat f, uint64_t seed) {
     std::mt19937_64 rng(seed);
-    std::normal_distribution<float> nd(0.f, 1.f);
-    w13.resize(size_t(El) * 2 * I * H);
-    w2.resize(size_t(El) * H * I);
-    for (auto& v : w13) v = nd(rng) / std::sqrt(float(H));
-    for (auto& v : w2) v = nd(rng) / std::sqrt(float(I));
+    test::random_expert_weights(rng, El, H, I, w13, w2);
     q13 = quantize_matrix(w13.data(), El, 2 * I, H, f);
     q2 = quantize_matrix(w2.data(), El, H, I, f);
   }

@@ -12,6 +12,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/received_batch.h"
 #include "core/parallel.h"
 #include "epmoe/error.h"
 #include "epmoe/numeric.h"
@@ -101,40 +102,22 @@ TEST(Parallel, RejectsBadThreadCount) {
 
 // A random received batch and random weights, large enough that the runner cuts its GEMMs into
 // several row and column tasks.
-struct Problem {
-  int R, C, H, I, K, El;
-  ActFormat act;
+struct Problem : test::ReceivedBatch {
+  int I;
   WeightFormat wf;
   IntermediateQuant iq;
-  QuantParams quant;
-  std::vector<int32_t> counts, ids;
-  std::vector<float> w;
-  std::vector<uint8_t> payload, scales;
   HostMatrix q13, q2;
 
   Problem(int R_, int C_, int H_, int I_, int K_, int El_, ActFormat a, WeightFormat f, IntermediateQuant q,
           uint64_t seed)
-      : R(R_), C(C_), H(H_), I(I_), K(K_), El(El_), act(a), wf(f), iq(q) {
-    std::mt19937_64 rng(seed);
-    std::normal_distribution<float> nd(0.f, 1.f);
-    std::uniform_real_distribution<float> ud(0.05f, 1.f);
-    std::uniform_int_distribution<int> id(-1, El - 1);
-    std::vector<bf16_raw> x(size_t(R) * C * H);
-    for (auto& v : x) v = num::f32_to_bf16(nd(rng));
-    if (a == ActFormat::nvfp4) quant.nvfp4_global_scale = nvfp4_global_scale_bf16(x.data(), x.size());
-    payload.resize(size_t(R) * C * payload_bytes(a, H));
-    scales.resize(size_t(R) * C * scale_bytes(a, H));
-    quantize_rows(a, quant, x.data(), int64_t(R) * C, H, payload.data(), scales.data());
+      : I(I_), wf(f), iq(q) {
+    R = R_, C = C_, H = H_, K = K_, El = El_;
+    format = a;
     for (int s = 0; s < R; ++s) counts.push_back(s % 2 == 1 ? 0 : C - s);  // an empty region too
-    ids.assign(size_t(R) * C * K, -1);
-    w.resize(size_t(R) * C * K);
-    for (int s = 0; s < R; ++s)
-      for (int j = 0; j < counts[s]; ++j)
-        for (int k = 0; k < K; ++k) ids[(size_t(s) * C + j) * K + k] = id(rng);
-    for (auto& v : w) v = ud(rng);
-    std::vector<float> w13(size_t(El) * 2 * I * H), w2(size_t(El) * H * I);
-    for (auto& v : w13) v = nd(rng) / std::sqrt(float(H));
-    for (auto& v : w2) v = nd(rng) / std::sqrt(float(I));
+    std::mt19937_64 rng(seed);
+    draw(rng);
+    std::vector<float> w13, w2;
+    test::random_expert_weights(rng, El, H, I, w13, w2);
     q13 = quantize_matrix(w13.data(), El, 2 * I, H, f);
     q2 = quantize_matrix(w2.data(), El, H, I, f);
   }
@@ -143,15 +126,6 @@ struct Problem {
     MoeConfig c;
     c.hidden = H, c.intermediate = I, c.weight_format = wf, c.intermediate_quant = iq;
     return c;
-  }
-  DispatchOutput view() const {
-    DispatchOutput d;
-    d.num_ranks = R, d.capacity = C, d.hidden = H, d.top_k = K, d.num_local_experts = El;
-    d.format = act, d.quant = quant, d.device = DeviceKind::cpu;
-    d.payload = payload.data();
-    d.scales = scales.empty() ? nullptr : scales.data();
-    d.local_ids = ids.data(), d.weights = w.data(), d.counts = counts.data();
-    return d;
   }
   std::vector<bf16_raw> run() const {
     detail::ReferenceRunner runner(config());
