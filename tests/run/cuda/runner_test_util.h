@@ -73,6 +73,17 @@ inline HostWeights random_weights(std::mt19937& rng, int E, int H, int I, Weight
   return hw;
 }
 
+// Random weights (random_weights) on the host, for the reference runner, and their device copy,
+// for runner "cuda".
+struct TestWeights {
+  HostWeights host;
+  DevMatrix d13, d2;
+  ExpertWeights on_host, on_device;
+  TestWeights(std::mt19937& rng, int E, int H, int I, WeightFormat wf)
+      : host(random_weights(rng, E, H, I, wf)), d13(host.w13), d2(host.w2),
+        on_host{E, H, I, host.w13.view(), host.w2.view()}, on_device{E, H, I, d13.view, d2.view} {}
+};
+
 // What the local dispatcher would hand the runner for T tokens x with routing (ids, tw): the real
 // dispatch plan writes region 0 of a one-rank receive buffer of capacity cfg.capacity.
 inline detail::HostRecvBuffers local_receive(const MoeConfig& cfg, const std::vector<bf16_raw>& x, int64_t T,

@@ -89,11 +89,8 @@ void run_problem(const Problem& p, uint32_t seed) {
   const int H = p.H, I = p.I, E = p.E, K = p.K, C = p.C;
   const int64_t T = p.T < 0 ? C : p.T;
 
-  const HostWeights hq = random_weights(rng, E, H, I, p.wf);
-  const HostMatrix &h13 = hq.w13, &h2 = hq.w2;
-  ExpertWeights hw{E, H, I, h13.view(), h2.view()};
-  DevMatrix d13(h13), d2(h2);
-  ExpertWeights dw{E, H, I, d13.view, d2.view};
+  const TestWeights wt(rng, E, H, I, p.wf);
+  const ExpertWeights &hw = wt.on_host, &dw = wt.on_device;
 
   const auto x = random_bf16(rng, T, H);
   const std::vector<int32_t> ids = make_ids(p, T, rng);

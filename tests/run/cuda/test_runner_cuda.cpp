@@ -41,11 +41,8 @@ void run_problem(const Problem& p, uint32_t seed) {
   const int H = p.H, I = p.I, E = p.E, K = p.K, C = p.C;
   const int64_t T = p.T < 0 ? C : p.T;
   // Weights ~ N(0, 1/sqrt(fan_in)).
-  const HostWeights hq = random_weights(rng, E, H, I, p.wf);
-  const HostMatrix &h13 = hq.w13, &h2 = hq.w2;
-  ExpertWeights hw{E, H, I, h13.view(), h2.view()};
-  DevMatrix d13(h13), d2(h2);
-  ExpertWeights dw{E, H, I, d13.view, d2.view};
+  const TestWeights wt(rng, E, H, I, p.wf);
+  const ExpertWeights &hw = wt.on_host, &dw = wt.on_device;
 
   // Tokens: x ~ N(0, 1) (scaled per row), K distinct experts (or all on expert 0), some -1.
   const auto x = random_bf16(rng, T, H);
