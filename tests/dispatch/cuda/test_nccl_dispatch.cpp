@@ -6,6 +6,7 @@
 
 #include <chrono>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <ostream>
 #include <string>
@@ -194,6 +195,20 @@ void expect_same(const MoeConfig& cfg, const std::vector<RankInput>& in, const R
   }
 }
 
+// Runs fn on every rank; each rank's UsageError message, "" where fn returned normally.
+std::vector<std::string> usage_errors(std::vector<std::unique_ptr<Communicator>>& comms,
+                                      const std::function<void(Communicator&)>& fn) {
+  std::vector<std::string> msgs(comms.size());
+  run_ranks(comms, [&](Communicator& comm) {
+    try {
+      fn(comm);
+    } catch (const UsageError& e) {
+      msgs[comm.rank()] = e.what();
+    }
+  });
+  return msgs;
+}
+
 // The ranks (of 2) that token t of rank r goes to: what a combine of y = 1 everywhere sums.
 int ranks_reached(const MoeConfig& cfg, const RankInput& in, int r, int64_t t) {
   int n = 0;
@@ -299,18 +314,13 @@ TEST(NcclNvlinkDispatch, CapacityAndBadIdErrorsOnEveryRank) {
     for (int which = 0; which < 2; ++which) {
       auto in = random_inputs(cfg, {which == 0 ? 33 : 20, 20}, 3);
       if (which == 1) in[1].ids[7 * cfg.top_k + 2] = 16;  // E = 16: out of range
-      std::vector<std::string> msgs(2);
-      run_ranks(comms, [&](Communicator& comm) {
+      const std::vector<std::string> msgs = usage_errors(comms, [&](Communicator& comm) {
         const int r = comm.rank();
         cudaSetDevice(comm.device_index());
         DevRank dv;
         const DispatchInput di = upload_input(dv, in[r]);  // default stream
-        try {
-          disps[r]->dispatch(di);
-          detail::gpu_dispatcher_sync(*disps[r], nullptr);
-        } catch (const UsageError& e) {
-          msgs[r] = e.what();
-        }
+        disps[r]->dispatch(di);
+        detail::gpu_dispatcher_sync(*disps[r], nullptr);
       });
       for (int r = 0; r < 2; ++r) {
         if (which == 0) {
@@ -332,14 +342,9 @@ TEST(NcclNvlinkDispatch, MismatchedConfigurationIsAnError) {
   NEED_GPUS(2);
   auto comms = group(2);
   for (const char* name : {"nccl", "nvlink"}) {
-    std::vector<std::string> msgs(2);
-    run_ranks(comms, [&](Communicator& c) {
+    const std::vector<std::string> msgs = usage_errors(comms, [&](Communicator& c) {
       MoeConfig cfg = small_config(name, ActFormat::bf16, ActFormat::bf16, c.rank() == 0 ? 64 : 65);
-      try {
-        Registry::global().find_dispatcher(name)->create(cfg, c);
-      } catch (const UsageError& e) {
-        msgs[c.rank()] = e.what();
-      }
+      Registry::global().find_dispatcher(name)->create(cfg, c);
     });
     for (int r = 0; r < 2; ++r) EXPECT_NE(msgs[r].find("differs between ranks"), std::string::npos) << name << ": " << msgs[r];
   }
