@@ -39,6 +39,23 @@ struct RankData {
   cudaEvent_t ev[3] = {};
 };
 
+// Times op on d's stream `reps` + 3 times, each between d.ev[0] and d.ev[1] and synchronized;
+// returns the last `reps` times in us (the first 3 warm up).
+template <class F>
+std::vector<double> time_each_us(RankData& d, int reps, F&& op) {
+  std::vector<double> t;
+  for (int i = 0; i < reps + 3; ++i) {
+    EPMOE_CUDA_CHECK(cudaEventRecord(d.ev[0], d.st));
+    op();
+    EPMOE_CUDA_CHECK(cudaEventRecord(d.ev[1], d.st));
+    EPMOE_CUDA_CHECK(cudaEventSynchronize(d.ev[1]));
+    float a = 0;
+    EPMOE_CUDA_CHECK(cudaEventElapsedTime(&a, d.ev[0], d.ev[1]));
+    if (i >= 3) t.push_back(a * 1e3);
+  }
+  return t;
+}
+
 struct Point {
   double dispatch_us = 0, combine_us = 0, ce_us = 0, nccl_us = 0;
   double link_bytes = 0, logical_bytes = 0;  // dispatch, rank 0's view, per call
@@ -243,15 +260,9 @@ int bench_a2a(const std::vector<std::string>& args) {
           // Copy-engine peer copy of the same link bytes (rank 0 -> 1 only).
           std::vector<double> tce;
           if (r == 0) {
-            for (int i = 0; i < reps + 3; ++i) {
-              EPMOE_CUDA_CHECK(cudaEventRecord(d.ev[0], d.st));
+            tce = time_each_us(d, reps, [&] {
               EPMOE_CUDA_CHECK(cudaMemcpyPeerAsync(rd[1].peer_buf, 1, d.a2a_send, 0, size_t(link), d.st));
-              EPMOE_CUDA_CHECK(cudaEventRecord(d.ev[1], d.st));
-              EPMOE_CUDA_CHECK(cudaEventSynchronize(d.ev[1]));
-              float a = 0;
-              EPMOE_CUDA_CHECK(cudaEventElapsedTime(&a, d.ev[0], d.ev[1]));
-              if (i >= 3) tce.push_back(a * 1e3);
-            }
+            });
           }
           std::lock_guard<std::mutex> lk(mu);
           if (r == 0) {
@@ -270,9 +281,7 @@ int bench_a2a(const std::vector<std::string>& args) {
           EPMOE_CUDA_CHECK(cudaSetDevice(comm.device_index()));
           RankData& d = rd[r];
           ncclComm_t nc = nccl_handle(comm);
-          std::vector<double> tn;
-          for (int i = 0; i < reps + 3; ++i) {
-            EPMOE_CUDA_CHECK(cudaEventRecord(d.ev[0], d.st));
+          const std::vector<double> tn = time_each_us(d, reps, [&] {
             ncclGroupStart();
             for (int p = 0; p < R; ++p) {
               if (p == r) continue;
@@ -280,12 +289,7 @@ int bench_a2a(const std::vector<std::string>& args) {
               ncclRecv(static_cast<uint8_t*>(d.a2a_recv) + p * per_peer, per_peer, ncclUint8, p, nc, d.st);
             }
             ncclGroupEnd();
-            EPMOE_CUDA_CHECK(cudaEventRecord(d.ev[1], d.st));
-            EPMOE_CUDA_CHECK(cudaEventSynchronize(d.ev[1]));
-            float a = 0;
-            EPMOE_CUDA_CHECK(cudaEventElapsedTime(&a, d.ev[0], d.ev[1]));
-            if (i >= 3) tn.push_back(a * 1e3);
-          }
+          });
           std::lock_guard<std::mutex> lk(mu);
           if (r == 0) pt.nccl_us = median(tn);
         });
