@@ -46,7 +46,7 @@ void launch_grouped_gemm_nvfp4(const GemmArgs& a, int bm, cudaStream_t stream);
 // in fp32 per 128-K block. See gemm_wgmma.cuh.
 void launch_grouped_gemm_wgmma_bf16(const GemmArgs& a, cudaStream_t stream);
 void launch_grouped_gemm_wgmma_fp8(const GemmArgs& a, cudaStream_t stream);
-// Pipeline of those two: plain (default) or deferred wait, the same results bitwise (see
+// Pipeline of those two: deferred wait (default) or plain, the same results bitwise (see
 // gemm_wgmma.cuh). EPMOE_WGMMA_DEFER=0|1 sets it at the first launch; set_wgmma_defer overrides it
 // for the whole process (tests and benchmarks compare the two).
 void set_wgmma_defer(bool on);
