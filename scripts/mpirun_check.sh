@@ -3,6 +3,7 @@
 # Runs, under Open MPI's mpirun,
 #   epmoe run                   (qwen3-30b-a3b stack, nvlink + cuda, accuracy table + tokens/s per GPU)
 #   epmoe bench layer --quick   (DeepSeek-V3 shapes, 128 and 4096 tokens per rank)
+#   epmoe bench layer --quick --dispatcher nccl --formats fp8   (the host-driven dispatcher)
 # and prints their output. Exits non-zero when mpirun is missing, when it is not Open MPI (the
 # ranks find each other through OMPI_COMM_WORLD_*), when there are too few GPUs, or when a run fails.
 #   scripts/mpirun_check.sh [NP]      (default 2; builds build-gpu/epmoe when it is missing)
@@ -47,7 +48,9 @@ run() {  # run <name> <epmoe args...>
 }
 run run run
 run bench bench layer --quick
+# The host-driven dispatcher across processes (the path that also runs across nodes).
+run nccl bench layer --quick --dispatcher nccl --formats fp8
 
 echo
-if [ "$failed" -ne 0 ]; then die "$failed of 2 mpirun runs failed (see above)"; fi
-echo "mpirun_check: both runs passed under mpirun -np $np"
+if [ "$failed" -ne 0 ]; then die "$failed of 3 mpirun runs failed (see above)"; fi
+echo "mpirun_check: all 3 runs passed under mpirun -np $np"
