@@ -33,7 +33,9 @@ struct Problem {
   bool wgmma = true;   // decode (m-tile 32) GEMMs on the wgmma engine; false: mma.sync
 };
 
-void run_problem(const Problem& p, uint32_t seed) {
+// both_decode_engines: run the runner twice on the same data and reference, decode GEMMs on the
+// wgmma engines and then on mma.sync (the CPU reference, the slow part, is computed once).
+void run_problem(const Problem& p, uint32_t seed, bool both_decode_engines = false) {
   SCOPED_TRACE(std::string(p.name) + " act " + format_name(p.act) + " weights " + format_name(p.wf) + " seed " +
                std::to_string(seed));
   std::mt19937 rng(seed);
@@ -71,30 +73,34 @@ void run_problem(const Problem& p, uint32_t seed) {
   // Device copy of the same DispatchOutput.
   DevDispatch dd(recv, cfg.quant_params());
   const DispatchOutput& dout = dd.view;
-  Dev<bf16_raw> y(size_t(C) * H);
-  y.poison();
-  cuda::CudaRunner runner(cfg, 0);
-  runner.set_block_m(p.bm);
-  // An explicit m-tile tests the mma.sync / decode wgmma kernels: keep CUTLASS (which the automatic
-  // rule picks from 33 rows per expert on) out of it. bm = 0 runs the automatic choice.
-  if (p.bm != 0) runner.set_engine(cuda::CudaRunner::Engine::mma);
-  runner.set_wgmma_decode(p.wgmma);
-  runner.run(dout, dw, y.get(), nullptr);
-  EPMOE_CUDA_CHECK(cudaDeviceSynchronize());
-  const auto yg = y.download();
+  const std::vector<bool> modes = both_decode_engines ? std::vector<bool>{true, false} : std::vector<bool>{p.wgmma};
+  for (const bool wgmma : modes) {
+    SCOPED_TRACE(wgmma ? "decode GEMMs on wgmma" : "decode GEMMs on mma.sync");
+    Dev<bf16_raw> y(size_t(C) * H);
+    y.poison();
+    cuda::CudaRunner runner(cfg, 0);
+    runner.set_block_m(p.bm);
+    // An explicit m-tile tests the mma.sync / decode wgmma kernels: keep CUTLASS (which the
+    // automatic rule picks from 33 rows per expert on) out of it. bm = 0 runs the automatic choice.
+    if (p.bm != 0) runner.set_engine(cuda::CudaRunner::Engine::mma);
+    runner.set_wgmma_decode(wgmma);
+    runner.run(dout, dw, y.get(), nullptr);
+    EPMOE_CUDA_CHECK(cudaDeviceSynchronize());
+    const auto yg = y.download();
 
-  const Diff d = compare_rows(yg, y_ref, n, H);
-  std::printf("[runner] %-22s act %-5s w %-5s bm %3d %-22s n=%d  max|a-b|/max|ref| %.3e  1-cos %.3e\n", p.name,
-              format_name(p.act), format_name(p.wf), runner.last_block_m(), runner.last_engines(), n, d.rel(),
-              d.one_minus_cos);
-  // nvfp4 weights in decode take the register-decode wgmma engine wherever its K % 128 rule allows.
-  if (p.wf == WeightFormat::nvfp4 && p.wgmma && runner.last_block_m() == 32) {
-    const std::string e = runner.last_engines();
-    EXPECT_EQ(e.substr(0, e.find('/')), H % 128 == 0 ? "wgmma-nvfp4" : "mma");
-    EXPECT_EQ(e.substr(e.find('/') + 1), p.I % 128 == 0 ? "wgmma-nvfp4" : "mma");
+    const Diff d = compare_rows(yg, y_ref, n, H);
+    std::printf("[runner] %-22s act %-5s w %-5s bm %3d %-22s n=%d  max|a-b|/max|ref| %.3e  1-cos %.3e\n", p.name,
+                format_name(p.act), format_name(p.wf), runner.last_block_m(), runner.last_engines(), n, d.rel(),
+                d.one_minus_cos);
+    // nvfp4 weights in decode take the register-decode wgmma engine wherever its K % 128 rule allows.
+    if (p.wf == WeightFormat::nvfp4 && wgmma && runner.last_block_m() == 32) {
+      const std::string e = runner.last_engines();
+      EXPECT_EQ(e.substr(0, e.find('/')), H % 128 == 0 ? "wgmma-nvfp4" : "mma");
+      EXPECT_EQ(e.substr(e.find('/') + 1), p.I % 128 == 0 ? "wgmma-nvfp4" : "mma");
+    }
+    expect_within_bound(d);
+    expect_poison_after(yg, n, H);
   }
-  expect_within_bound(d);
-  expect_poison_after(yg, n, H);
 }
 
 TEST(CudaRunner, MatchesReferenceOnModelShapes) {
@@ -136,7 +142,7 @@ TEST(CudaRunner, SkewedLoadsAndTinyBatches) {
 }
 
 // The decode engines (m-tile 32): wgmma bf16, fp8 x fp8 wgmma for GEMM1 (fp8 dispatch) and GEMM2
-// (intermediate_quant = fp8), and the mma.sync engine on the same problems. Shapes cover several
+// (intermediate_quant = fp8), and the mma.sync engine on the same data (one reference for both). Shapes cover several
 // m-tiles per expert (up to 70 rows on one expert), a partial last n-tile of GEMM2 (H = 2880 is not
 // a multiple of 128, bf16 only), I = 768 (GEMM1 n-tiles of 64 whose up rows start mid 128-block),
 // and 64 experts with top-1.
@@ -146,28 +152,26 @@ TEST(CudaRunner, DecodeEnginesMatchReference) {
   using A = ActFormat;
   using W = WeightFormat;
   using IQ = IntermediateQuant;
-  for (bool wg : {true, false}) {
-    const std::vector<Problem> problems = {
-        {7168, 2048, 4, 2, 12, A::fp8, W::fp8, IQ::fp8, 32, -1, false, "dsv3 fp8 iq=fp8", wg},
-        {7168, 2048, 4, 2, 12, A::fp8, W::fp8, IQ::none, 32, -1, false, "dsv3 fp8", wg},
-        {7168, 2048, 4, 2, 12, A::bf16, W::bf16, IQ::none, 32, -1, false, "dsv3 bf16", wg},
-        {2048, 768, 16, 8, 40, A::fp8, W::fp8, IQ::fp8, 32, -1, false, "qwen3 fp8 iq=fp8", wg},
-        {2048, 768, 16, 8, 40, A::bf16, W::fp8, IQ::fp8, 32, -1, false, "qwen3 bf16-act iq=fp8", wg},
-        {2048, 768, 16, 8, 40, A::nvfp4, W::bf16, IQ::none, 32, -1, false, "qwen3 nvfp4-act", wg},
-        {2048, 768, 16, 4, 70, A::fp8, W::fp8, IQ::fp8, 32, -1, true, "skew fp8 iq=fp8", wg},
-        {2048, 768, 16, 4, 70, A::bf16, W::bf16, IQ::none, 32, -1, true, "skew bf16", wg},
-        {2880, 2880, 4, 4, 10, A::bf16, W::bf16, IQ::none, 32, -1, false, "gpt-oss bf16", wg},
-        {1024, 512, 64, 1, 64, A::fp8, W::fp8, IQ::fp8, 32, -1, false, "E=64 K=1", wg},
-        {7168, 2048, 4, 2, 12, A::bf16, W::nvfp4, IQ::none, 32, -1, false, "dsv3 nvfp4", wg},
-        {7168, 2048, 4, 2, 12, A::nvfp4, W::nvfp4, IQ::none, 32, -1, false, "dsv3 nvfp4 nvfp4-act", wg},
-        {2048, 768, 16, 8, 40, A::nvfp4, W::nvfp4, IQ::none, 32, -1, false, "qwen3 nvfp4 nvfp4-act", wg},
-        {4096, 1536, 16, 8, 20, A::bf16, W::nvfp4, IQ::fp8, 32, 13, false, "qwen3-235b nvfp4 iq=fp8", wg},
-        {2048, 768, 16, 4, 70, A::bf16, W::nvfp4, IQ::none, 32, -1, true, "skew nvfp4", wg},
-        {1024, 576, 8, 2, 16, A::nvfp4, W::nvfp4, IQ::none, 32, -1, false, "nvfp4 wgmma/mma mix", wg},
-        {2880, 2880, 4, 4, 10, A::bf16, W::nvfp4, IQ::none, 32, -1, false, "gpt-oss nvfp4 (mma)", wg},
-    };
-    for (const Problem& p : problems) run_problem(p, seed++);
-  }
+  const std::vector<Problem> problems = {
+      {7168, 2048, 4, 2, 12, A::fp8, W::fp8, IQ::fp8, 32, -1, false, "dsv3 fp8 iq=fp8"},
+      {7168, 2048, 4, 2, 12, A::fp8, W::fp8, IQ::none, 32, -1, false, "dsv3 fp8"},
+      {7168, 2048, 4, 2, 12, A::bf16, W::bf16, IQ::none, 32, -1, false, "dsv3 bf16"},
+      {2048, 768, 16, 8, 40, A::fp8, W::fp8, IQ::fp8, 32, -1, false, "qwen3 fp8 iq=fp8"},
+      {2048, 768, 16, 8, 40, A::bf16, W::fp8, IQ::fp8, 32, -1, false, "qwen3 bf16-act iq=fp8"},
+      {2048, 768, 16, 8, 40, A::nvfp4, W::bf16, IQ::none, 32, -1, false, "qwen3 nvfp4-act"},
+      {2048, 768, 16, 4, 70, A::fp8, W::fp8, IQ::fp8, 32, -1, true, "skew fp8 iq=fp8"},
+      {2048, 768, 16, 4, 70, A::bf16, W::bf16, IQ::none, 32, -1, true, "skew bf16"},
+      {2880, 2880, 4, 4, 10, A::bf16, W::bf16, IQ::none, 32, -1, false, "gpt-oss bf16"},
+      {1024, 512, 64, 1, 64, A::fp8, W::fp8, IQ::fp8, 32, -1, false, "E=64 K=1"},
+      {7168, 2048, 4, 2, 12, A::bf16, W::nvfp4, IQ::none, 32, -1, false, "dsv3 nvfp4"},
+      {7168, 2048, 4, 2, 12, A::nvfp4, W::nvfp4, IQ::none, 32, -1, false, "dsv3 nvfp4 nvfp4-act"},
+      {2048, 768, 16, 8, 40, A::nvfp4, W::nvfp4, IQ::none, 32, -1, false, "qwen3 nvfp4 nvfp4-act"},
+      {4096, 1536, 16, 8, 20, A::bf16, W::nvfp4, IQ::fp8, 32, 13, false, "qwen3-235b nvfp4 iq=fp8"},
+      {2048, 768, 16, 4, 70, A::bf16, W::nvfp4, IQ::none, 32, -1, true, "skew nvfp4"},
+      {1024, 576, 8, 2, 16, A::nvfp4, W::nvfp4, IQ::none, 32, -1, false, "nvfp4 wgmma/mma mix"},
+      {2880, 2880, 4, 4, 10, A::bf16, W::nvfp4, IQ::none, 32, -1, false, "gpt-oss nvfp4 (mma)"},
+  };
+  for (const Problem& p : problems) run_problem(p, seed++, /*both_decode_engines=*/true);
 }
 
 TEST(CudaRunner, RejectsMismatchedWeights) {
