@@ -37,10 +37,52 @@ __device__ __forceinline__ void copy_row_bf16(const bf16_raw* src, uint8_t* dst,
   }
 }
 
+// One pushed row: valid row i (of `total`, regions in the order me+1, me+2, ...) goes to its home
+// rank's region [me] at the same slot. Returns the row's flag in the home window.
+template <ActFormat CF>
+__device__ __forceinline__ uint64_t* push_row(const Args& a, int64_t i) {
+  const int R = a.R, me = a.me;
+  const size_t ps = payload_bytes(CF, a.H), ss = scale_bytes(CF, a.H);
+  int64_t j = i;
+  int s = 0;
+  for (int k = 0; k < R; ++k) {
+    s = (me + 1 + k) % R;
+    if (CF == ActFormat::bf16 && s == me) continue;
+    const int n = a.S->counts[s];
+    if (j < n) break;
+    j -= n;
+  }
+  const bf16_raw* src = a.y + (size_t(s) * a.C + j) * a.H;
+  uint8_t* home = a.peer_base[s];
+  const size_t row = size_t(me) * a.C + j;
+  if constexpr (CF == ActFormat::bf16) {
+    copy_row_bf16(src, home + a.L.cpayload + row * ps, a.H);
+  } else {
+    uint8_t* prow = home + a.L.cpayload + row * ps;
+    uint8_t* srow = home + a.L.cscales + row * ss;
+    const int P = a2a::units_per_row(a.H);
+    a2a::UnitRaw cur;
+    a2a::unit_load<CF>(src, a.H, 0, cur);
+    for (int p = 0; p < P; ++p) {
+      a2a::UnitRaw nxt;
+      if (p + 1 < P) a2a::unit_load<CF>(src, a.H, (p + 1) * a2a::kUnitElems, nxt);
+      a2a::UnitEnc enc;
+      a2a::unit_encode<CF>(cur, a.q, enc);
+      a2a::unit_store<CF>(cur, enc, a.H, p * a2a::kUnitElems, prow, srow);
+      cur = nxt;
+    }
+  }
+  return reinterpret_cast<uint64_t*>(home + a.L.cflag) + row;
+}
+
 // Combine push (warps [0, kPushWarps) of every CTA): one warp per valid slot row; the row goes to
 // its home rank's region [me] at the same slot, then the warp releases the row's flag with the
 // combine epoch. bf16: rows of this rank's own tokens stay where they are (the sum reads y).
-template <ActFormat CF>
+// BATCH > 1 (experiment, EPMOE_NVL_COMBINE_BATCH): a warp pushes its next BATCH rows, then lane 0
+// issues one system-scope release fence and the BATCH flags as relaxed stores, so the wait for the
+// remote writes to be acknowledged is paid once per BATCH rows instead of once per row; the
+// summing side is unchanged (an acquire load per row's flag).
+template <ActFormat CF, int BATCH>
 __device__ void combine_push(const Args& a, uint64_t e) {
   const int R = a.R, me = a.me, lane = threadIdx.x & 31;
   const int64_t gw = int64_t(blockIdx.x) * kPushWarps + (threadIdx.x >> 5);
@@ -53,38 +95,61 @@ __device__ void combine_push(const Args& a, uint64_t e) {
     if (CF == ActFormat::bf16 && s == me) continue;
     total += a.S->counts[s];
   }
-  for (int64_t i = gw; i < total; i += nw) {
-    int64_t j = i;
-    int s = 0;
-    for (int k = 0; k < R; ++k) {
-      s = (me + 1 + k) % R;
-      if (CF == ActFormat::bf16 && s == me) continue;
-      const int n = a.S->counts[s];
-      if (j < n) break;
-      j -= n;
+  if constexpr (BATCH == 1) {
+    // The tested default, kept as it was written (the same code as push_row, not a call of it:
+    // the call compiles differently, and this path has passed the bitwise tests on GPUs).
+    for (int64_t i = gw; i < total; i += nw) {
+      int64_t j = i;
+      int s = 0;
+      for (int k = 0; k < R; ++k) {
+        s = (me + 1 + k) % R;
+        if (CF == ActFormat::bf16 && s == me) continue;
+        const int n = a.S->counts[s];
+        if (j < n) break;
+        j -= n;
+      }
+      const bf16_raw* src = a.y + (size_t(s) * a.C + j) * a.H;
+      uint8_t* home = a.peer_base[s];
+      const size_t row = size_t(me) * a.C + j;
+      if constexpr (CF == ActFormat::bf16) {
+        copy_row_bf16(src, home + a.L.cpayload + row * ps, a.H);
+      } else {
+        uint8_t* prow = home + a.L.cpayload + row * ps;
+        uint8_t* srow = home + a.L.cscales + row * ss;
+        const int P = a2a::units_per_row(a.H);
+        a2a::UnitRaw cur;
+        a2a::unit_load<CF>(src, a.H, 0, cur);
+        for (int p = 0; p < P; ++p) {
+          a2a::UnitRaw nxt;
+          if (p + 1 < P) a2a::unit_load<CF>(src, a.H, (p + 1) * a2a::kUnitElems, nxt);
+          a2a::UnitEnc enc;
+          a2a::unit_encode<CF>(cur, a.q, enc);
+          a2a::unit_store<CF>(cur, enc, a.H, p * a2a::kUnitElems, prow, srow);
+          cur = nxt;
+        }
+      }
+      __syncwarp();  // the whole warp's stores are ordered before lane 0's release
+      if (lane == 0) st_release_sys(reinterpret_cast<uint64_t*>(home + a.L.cflag) + row, e);
     }
-    const bf16_raw* src = a.y + (size_t(s) * a.C + j) * a.H;
-    uint8_t* home = a.peer_base[s];
-    const size_t row = size_t(me) * a.C + j;
-    if constexpr (CF == ActFormat::bf16) {
-      copy_row_bf16(src, home + a.L.cpayload + row * ps, a.H);
-    } else {
-      uint8_t* prow = home + a.L.cpayload + row * ps;
-      uint8_t* srow = home + a.L.cscales + row * ss;
-      const int P = a2a::units_per_row(a.H);
-      a2a::UnitRaw cur;
-      a2a::unit_load<CF>(src, a.H, 0, cur);
-      for (int p = 0; p < P; ++p) {
-        a2a::UnitRaw nxt;
-        if (p + 1 < P) a2a::unit_load<CF>(src, a.H, (p + 1) * a2a::kUnitElems, nxt);
-        a2a::UnitEnc enc;
-        a2a::unit_encode<CF>(cur, a.q, enc);
-        a2a::unit_store<CF>(cur, enc, a.H, p * a2a::kUnitElems, prow, srow);
-        cur = nxt;
+  } else {
+    (void)ps;
+    (void)ss;
+    for (int64_t i0 = gw; i0 < total; i0 += nw * BATCH) {
+      uint64_t* flags[BATCH];
+      int nb = 0;
+#pragma unroll
+      for (int b = 0; b < BATCH; ++b) {
+        const int64_t i = i0 + b * nw;
+        if (i < total) flags[nb++] = push_row<CF>(a, i);
+      }
+      __syncwarp();  // the whole warp's stores are ordered before lane 0's fence
+      if (lane == 0) {
+        fence_acq_rel_sys();
+#pragma unroll
+        for (int b = 0; b < BATCH; ++b)
+          if (b < nb) st_relaxed_sys(flags[b], e);
       }
     }
-    __syncwarp();  // the whole warp's stores are ordered before lane 0's release
-    if (lane == 0) st_release_sys(reinterpret_cast<uint64_t*>(home + a.L.cflag) + row, e);
   }
 }
 
@@ -295,7 +360,7 @@ __device__ inline void combine_sum_r2_bf16(const Args& a, uint64_t e) {
   a2a::cp_async_wait_all();
 }
 
-template <ActFormat CF>
+template <ActFormat CF, int BATCH>
 __global__ void __launch_bounds__(kThreads, 1) combine_kernel(Args a) {
   // The epoch of this combine's rows: dispatches that succeeded so far (a rejected dispatch has a
   // combine that moves nothing, on every rank alike).
@@ -307,7 +372,7 @@ __global__ void __launch_bounds__(kThreads, 1) combine_kernel(Args a) {
       reinterpret_cast<uint4*>(a.out)[i] = a2a::zero4();
     return;
   }
-  if ((threadIdx.x >> 5) < kPushWarps) combine_push<CF>(a, e);
+  if ((threadIdx.x >> 5) < kPushWarps) combine_push<CF, BATCH>(a, e);
   else if (CF == ActFormat::bf16 && a.R == 2) combine_sum_r2_bf16(a, e);
   else combine_sum<CF>(a, e);
 }

@@ -14,6 +14,7 @@
 
 #include "dispatch/dispatch_harness.h"
 #include "dispatch/nccl/a2a_host.h"
+#include "dispatch/nvlink/nvlink_tuning.h"
 #include "epmoe/error.h"
 #include "epmoe/nccl_comm.h"
 
@@ -493,6 +494,46 @@ TEST(NvlinkDispatch, WideAndOddRowsMatchCpuFabric) {
       if (HasFatalFailure()) return;
     }
   }
+}
+
+// nvlink, combine flags released 4 rows per fence (EPMOE_NVL_COMBINE_BATCH=4, an experiment): the
+// same bytes as the cpu fabric, with the batch cut short at the end of a warp's rows (row counts
+// that are not multiples of 4 x warps), T = 0, and DeepSeek-V3 rows; then the default again.
+TEST(NvlinkDispatch, BatchedCombineFlagsMatchCpuFabric) {
+  NEED_GPUS(2);
+  const int before = detail::nvlink_combine_batch();
+  detail::set_nvlink_combine_batch(4);
+  auto comms = group(2);
+  struct Shape {
+    int H;
+    ActFormat f, cf;
+    int sms;
+    std::vector<std::vector<int64_t>> T;
+  };
+  const std::vector<Shape> shapes = {
+      {256, ActFormat::fp8, ActFormat::bf16, 8, {{37, 50}, {0, 61}, {96, 1}, {0, 0}}},
+      {256, ActFormat::nvfp4, ActFormat::fp8, 8, {{96, 96}, {5, 0}}},
+      {7168, ActFormat::fp8, ActFormat::bf16, 24, {{700, 513}, {64, 700}}},
+      {1152, ActFormat::bf16, ActFormat::fp8, 5, {{333, 700}}},
+  };
+  uint32_t seed = 1300;
+  for (const Shape& sh : shapes) {
+    MoeConfig cfg = make_config(2, 32, 8, sh.H, 700, sh.f, sh.cf);
+    cfg.dispatcher = "nvlink";
+    cfg.runner = "cuda";
+    cfg.comm_sms = sh.sms;
+    auto disps = create_all(cfg, comms);
+    for (const auto& T : sh.T) {
+      const auto in = random_inputs(cfg, T, seed++);
+      const std::string ctx = "nvlink batch 4 H=" + std::to_string(sh.H) + " " + format_name(sh.f) + "/" +
+                              format_name(sh.cf) + " T={" + std::to_string(T[0]) + "," + std::to_string(T[1]) + "}";
+      expect_same(cfg, in, gpu_round_trip(cfg, comms, disps, in), ctx);
+      if (HasFatalFailure()) break;
+    }
+    if (HasFatalFailure()) break;
+  }
+  detail::set_nvlink_combine_batch(before);
+  EXPECT_THROW(detail::set_nvlink_combine_batch(3), UsageError);
 }
 
 // nvlink: comm_sms is local tuning (not part of the configuration fingerprint), so ranks may launch
