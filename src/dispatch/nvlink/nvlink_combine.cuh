@@ -39,10 +39,10 @@ __device__ __forceinline__ void copy_row_bf16(const bf16_raw* src, uint8_t* dst,
 
 // One pushed row: valid row i (of `total`, regions in the order me+1, me+2, ...) goes to its home
 // rank's region [me] at the same slot. Returns the row's flag in the home window.
+// R, me: a.R, a.me; ps, ss: the combine format's payload and scale bytes per row (read once by the
+// caller).
 template <ActFormat CF>
-__device__ __forceinline__ uint64_t* push_row(const Args& a, int64_t i) {
-  const int R = a.R, me = a.me;
-  const size_t ps = payload_bytes(CF, a.H), ss = scale_bytes(CF, a.H);
+__device__ __forceinline__ uint64_t* push_row(const Args& a, int64_t i, int R, int me, size_t ps, size_t ss) {
   int64_t j = i;
   int s = 0;
   for (int k = 0; k < R; ++k) {
@@ -96,51 +96,19 @@ __device__ void combine_push(const Args& a, uint64_t e) {
     total += a.S->counts[s];
   }
   if constexpr (BATCH == 1) {
-    // The tested default, kept as it was written (the same code as push_row, not a call of it:
-    // the call compiles differently, and this path has passed the bitwise tests on GPUs).
     for (int64_t i = gw; i < total; i += nw) {
-      int64_t j = i;
-      int s = 0;
-      for (int k = 0; k < R; ++k) {
-        s = (me + 1 + k) % R;
-        if (CF == ActFormat::bf16 && s == me) continue;
-        const int n = a.S->counts[s];
-        if (j < n) break;
-        j -= n;
-      }
-      const bf16_raw* src = a.y + (size_t(s) * a.C + j) * a.H;
-      uint8_t* home = a.peer_base[s];
-      const size_t row = size_t(me) * a.C + j;
-      if constexpr (CF == ActFormat::bf16) {
-        copy_row_bf16(src, home + a.L.cpayload + row * ps, a.H);
-      } else {
-        uint8_t* prow = home + a.L.cpayload + row * ps;
-        uint8_t* srow = home + a.L.cscales + row * ss;
-        const int P = a2a::units_per_row(a.H);
-        a2a::UnitRaw cur;
-        a2a::unit_load<CF>(src, a.H, 0, cur);
-        for (int p = 0; p < P; ++p) {
-          a2a::UnitRaw nxt;
-          if (p + 1 < P) a2a::unit_load<CF>(src, a.H, (p + 1) * a2a::kUnitElems, nxt);
-          a2a::UnitEnc enc;
-          a2a::unit_encode<CF>(cur, a.q, enc);
-          a2a::unit_store<CF>(cur, enc, a.H, p * a2a::kUnitElems, prow, srow);
-          cur = nxt;
-        }
-      }
+      uint64_t* flag = push_row<CF>(a, i, R, me, ps, ss);
       __syncwarp();  // the whole warp's stores are ordered before lane 0's release
-      if (lane == 0) st_release_sys(reinterpret_cast<uint64_t*>(home + a.L.cflag) + row, e);
+      if (lane == 0) st_release_sys(flag, e);
     }
   } else {
-    (void)ps;
-    (void)ss;
     for (int64_t i0 = gw; i0 < total; i0 += nw * BATCH) {
       uint64_t* flags[BATCH];
       int nb = 0;
 #pragma unroll
       for (int b = 0; b < BATCH; ++b) {
         const int64_t i = i0 + b * nw;
-        if (i < total) flags[nb++] = push_row<CF>(a, i);
+        if (i < total) flags[nb++] = push_row<CF>(a, i, R, me, ps, ss);
       }
       __syncwarp();  // the whole warp's stores are ordered before lane 0's fence
       if (lane == 0) {
