@@ -458,42 +458,45 @@ TEST(NvlinkDispatch, CudaGraphReplay) {
   expect_same(cfg, in2, gpu_round_trip(cfg, comms, disps, in2), "nvlink after graph replays");
 }
 
+// nvlink round trips vs the cpu fabric, for each shape on one dispatcher of capacity 700 (E 32,
+// K 8): a row width, dispatch and combine formats, a grid size and the token counts of each step.
+struct NvlinkShape {
+  int H;
+  ActFormat f, cf;
+  int sms;
+  std::vector<std::vector<int64_t>> T;
+};
+void expect_nvlink_shapes(const std::vector<NvlinkShape>& shapes, uint32_t seed, const std::string& label) {
+  auto comms = group(2);
+  for (const NvlinkShape& sh : shapes) {
+    MoeConfig cfg = make_config(2, 32, 8, sh.H, 700, sh.f, sh.cf);
+    cfg.dispatcher = "nvlink";
+    cfg.runner = "cuda";
+    cfg.comm_sms = sh.sms;
+    auto disps = create_all(cfg, comms);
+    for (const auto& T : sh.T) {
+      const auto in = random_inputs(cfg, T, seed++);
+      const std::string ctx = label + " H=" + std::to_string(sh.H) + " " + format_name(sh.f) + "/" +
+                              format_name(sh.cf) + " T={" + std::to_string(T[0]) + "," + std::to_string(T[1]) + "}";
+      expect_same(cfg, in, gpu_round_trip(cfg, comms, disps, in), ctx);
+      if (::testing::Test::HasFatalFailure()) return;
+    }
+  }
+}
+
 // nvlink: rows of DeepSeek-V3 width (7 units of 1024 elements per row, several units per token in
 // flight, more tokens than one CTA's slot pass) and widths that end inside a unit (H % 1024 != 0,
 // nvfp4 rows that are only 8-byte aligned, bf16 rows of an odd number of 16-byte chunks), each
 // with two steps on one dispatcher so that stale slots of the first step must read -1.
 TEST(NvlinkDispatch, WideAndOddRowsMatchCpuFabric) {
   NEED_GPUS(2);
-  auto comms = group(2);
-  struct Shape {
-    int H;
-    ActFormat f, cf;
-    int sms;
-    std::vector<int64_t> T1, T2;
-  };
-  const std::vector<Shape> shapes = {
-      {7168, ActFormat::fp8, ActFormat::bf16, 24, {700, 513}, {64, 700}},
-      {7168, ActFormat::bf16, ActFormat::bf16, 24, {300, 0}, {17, 299}},
-      {7168, ActFormat::nvfp4, ActFormat::fp8, 24, {257, 300}, {300, 3}},
-      {1152, ActFormat::fp8, ActFormat::fp8, 5, {333, 700}, {700, 1}},
-      {1040, ActFormat::nvfp4, ActFormat::bf16, 7, {700, 650}, {20, 700}},
-      {1032, ActFormat::bf16, ActFormat::bf16, 3, {700, 699}, {1, 2}},
-  };
-  uint32_t seed = 900;
-  for (const Shape& sh : shapes) {
-    MoeConfig cfg = make_config(2, 32, 8, sh.H, 700, sh.f, sh.cf);
-    cfg.dispatcher = "nvlink";
-    cfg.runner = "cuda";
-    cfg.comm_sms = sh.sms;
-    auto disps = create_all(cfg, comms);
-    for (const auto& T : {sh.T1, sh.T2}) {
-      const auto in = random_inputs(cfg, T, seed++);
-      const std::string ctx = "nvlink H=" + std::to_string(sh.H) + " " + format_name(sh.f) + "/" + format_name(sh.cf) +
-                              " T={" + std::to_string(T[0]) + "," + std::to_string(T[1]) + "}";
-      expect_same(cfg, in, gpu_round_trip(cfg, comms, disps, in), ctx);
-      if (HasFatalFailure()) return;
-    }
-  }
+  expect_nvlink_shapes({{7168, ActFormat::fp8, ActFormat::bf16, 24, {{700, 513}, {64, 700}}},
+                        {7168, ActFormat::bf16, ActFormat::bf16, 24, {{300, 0}, {17, 299}}},
+                        {7168, ActFormat::nvfp4, ActFormat::fp8, 24, {{257, 300}, {300, 3}}},
+                        {1152, ActFormat::fp8, ActFormat::fp8, 5, {{333, 700}, {700, 1}}},
+                        {1040, ActFormat::nvfp4, ActFormat::bf16, 7, {{700, 650}, {20, 700}}},
+                        {1032, ActFormat::bf16, ActFormat::bf16, 3, {{700, 699}, {1, 2}}}},
+                       900, "nvlink");
 }
 
 // nvlink, combine flags released 4 rows per fence (EPMOE_NVL_COMBINE_BATCH=4, an experiment): the
@@ -503,35 +506,11 @@ TEST(NvlinkDispatch, BatchedCombineFlagsMatchCpuFabric) {
   NEED_GPUS(2);
   const int before = detail::nvlink_combine_batch();
   detail::set_nvlink_combine_batch(4);
-  auto comms = group(2);
-  struct Shape {
-    int H;
-    ActFormat f, cf;
-    int sms;
-    std::vector<std::vector<int64_t>> T;
-  };
-  const std::vector<Shape> shapes = {
-      {256, ActFormat::fp8, ActFormat::bf16, 8, {{37, 50}, {0, 61}, {96, 1}, {0, 0}}},
-      {256, ActFormat::nvfp4, ActFormat::fp8, 8, {{96, 96}, {5, 0}}},
-      {7168, ActFormat::fp8, ActFormat::bf16, 24, {{700, 513}, {64, 700}}},
-      {1152, ActFormat::bf16, ActFormat::fp8, 5, {{333, 700}}},
-  };
-  uint32_t seed = 1300;
-  for (const Shape& sh : shapes) {
-    MoeConfig cfg = make_config(2, 32, 8, sh.H, 700, sh.f, sh.cf);
-    cfg.dispatcher = "nvlink";
-    cfg.runner = "cuda";
-    cfg.comm_sms = sh.sms;
-    auto disps = create_all(cfg, comms);
-    for (const auto& T : sh.T) {
-      const auto in = random_inputs(cfg, T, seed++);
-      const std::string ctx = "nvlink batch 4 H=" + std::to_string(sh.H) + " " + format_name(sh.f) + "/" +
-                              format_name(sh.cf) + " T={" + std::to_string(T[0]) + "," + std::to_string(T[1]) + "}";
-      expect_same(cfg, in, gpu_round_trip(cfg, comms, disps, in), ctx);
-      if (HasFatalFailure()) break;
-    }
-    if (HasFatalFailure()) break;
-  }
+  expect_nvlink_shapes({{256, ActFormat::fp8, ActFormat::bf16, 8, {{37, 50}, {0, 61}, {96, 1}, {0, 0}}},
+                        {256, ActFormat::nvfp4, ActFormat::fp8, 8, {{96, 96}, {5, 0}}},
+                        {7168, ActFormat::fp8, ActFormat::bf16, 24, {{700, 513}, {64, 700}}},
+                        {1152, ActFormat::bf16, ActFormat::fp8, 5, {{333, 700}}}},
+                       1300, "nvlink batch 4");
   detail::set_nvlink_combine_batch(before);
   EXPECT_THROW(detail::set_nvlink_combine_batch(3), UsageError);
 }
