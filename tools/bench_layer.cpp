@@ -23,6 +23,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <functional>
 #include <memory>
 #include <string>
@@ -196,6 +197,28 @@ std::vector<double> reference(Communicator& comm, const MoeConfig& cfg, const Ex
   return ref;
 }
 
+// Tokens of the checked subset whose row is far off (max |got - ref| over the row above a quarter
+// of max |ref| over all rows: far beyond quantization error), with the first few named, so that a
+// wrong output says which rank and tokens it hit. g and ref: [R][S][H].
+void report_bad_tokens(const std::vector<double>& g, const std::vector<double>& ref, int64_t S, int H, const char* fmt,
+                       long long T) {
+  double amax = 0;
+  for (double v : ref) amax = std::max(amax, std::fabs(v));
+  const int64_t rows = int64_t(ref.size()) / H;
+  int64_t bad = 0;
+  std::string first;
+  for (int64_t t = 0; t < rows; ++t) {
+    double m = 0;
+    for (int h = 0; h < H; ++h) m = std::max(m, std::fabs(g[size_t(t) * H + h] - ref[size_t(t) * H + h]));
+    if (!(m <= 0.25 * amax)) {
+      if (++bad <= 8) first += " r" + std::to_string(t / S) + ":t" + std::to_string(t % S);
+    }
+  }
+  if (bad)
+    std::fprintf(stderr, "[bench layer] %s T=%lld: %lld of %lld checked tokens are far off (row error > 0.25 max|ref|):%s\n",
+                 fmt, T, static_cast<long long>(bad), static_cast<long long>(rows), first.c_str());
+}
+
 // ---- timing -------------------------------------------------------------------------------------
 // Median microseconds of `reps` calls of fn on `st`, queued back to back, each between its own
 // events: replays of one captured graph when `graph`, else eager calls. fn must already have run
@@ -303,16 +326,24 @@ void layer_rank(Communicator& comm, const Opts& o) {
       };
       const TensorView hv = tv(hidden.get(), DType::bf16, T, H), lv = tv(logits.get(), DType::bf16, T, E),
                        ov = tv(out.get(), DType::bf16, T, H);
-      double layer_us = 0, runner_us = 0;
+      double layer_us = 0, runner_us = 0, rerun_diff = 0;
       std::vector<double> got(1 + size_t(S) * H, 0.0);
       {
         MoeLayer layer(cfg, comm, dw.w, nullptr);
         for (int i = 0; i < 3; ++i) layer.forward(hv, lv, ov, st);
         EPMOE_CUDA_CHECK(cudaStreamSynchronize(st));
         layer_us = time_us(st, graph, o.reps, [&] { layer.forward(hv, lv, ov, st); });
-        std::vector<bf16_raw> ho(size_t(S) * H);
-        if (S) EPMOE_CUDA_CHECK(cudaMemcpy(ho.data(), out.get(), ho.size() * 2, cudaMemcpyDeviceToHost));
-        for (size_t i = 0; i < ho.size(); ++i) got[1 + i] = num::bf16_to_f32(ho[i]);
+        // The output of the last timed call, then one more eager call on the same input: a layer
+        // without races gives the same bytes (a difference points at stream or cross-rank ordering).
+        std::vector<bf16_raw> first(size_t(T) * H), again(size_t(T) * H);
+        EPMOE_CUDA_CHECK(cudaMemcpyAsync(first.data(), out.get(), first.size() * 2, cudaMemcpyDeviceToHost, st));
+        EPMOE_CUDA_CHECK(cudaStreamSynchronize(st));
+        layer.forward(hv, lv, ov, st);
+        EPMOE_CUDA_CHECK(cudaMemcpyAsync(again.data(), out.get(), again.size() * 2, cudaMemcpyDeviceToHost, st));
+        EPMOE_CUDA_CHECK(cudaStreamSynchronize(st));
+        for (int64_t t = 0; t < T; ++t)
+          rerun_diff += std::memcmp(&first[size_t(t) * H], &again[size_t(t) * H], size_t(H) * 2) != 0;
+        for (size_t i = 0; i < size_t(S) * H; ++i) got[1 + i] = num::bf16_to_f32(first[i]);
         comm.check_same(uint64_t(T), "bench layer: forward finished on every rank");
       }
       {
@@ -338,13 +369,14 @@ void layer_rank(Communicator& comm, const Opts& o) {
         dispatcher_sync(*disp, st);
         comm.check_same(uint64_t(T), "bench layer: runner timing finished on every rank");
       }
-      const std::vector<double> times = allgather(comm, {layer_us, runner_us});
+      const std::vector<double> times = allgather(comm, {layer_us, runner_us, rerun_diff});
       const std::vector<double> outs = S > 0 ? allgather(comm, got) : std::vector<double>{};
       if (!talk) continue;
-      double lay = 0, run = 0;
+      double lay = 0, run = 0, differ = 0;
       for (int q = 0; q < R; ++q) {
-        lay = std::max(lay, times[2 * q]);
-        run = std::max(run, times[2 * q + 1]);
+        lay = std::max(lay, times[3 * q]);
+        run = std::max(run, times[3 * q + 1]);
+        differ += times[3 * q + 2];
       }
       char acc[64] = "- | -";
       if (S > 0) {
@@ -353,9 +385,11 @@ void layer_rank(Communicator& comm, const Opts& o) {
           g.insert(g.end(), outs.begin() + size_t(q) * got.size() + 1, outs.begin() + size_t(q + 1) * got.size());
         const oracle::ErrorStats e = oracle::compare(g.data(), ref.data(), g.size());
         std::snprintf(acc, sizeof acc, "%.2e | %.2e%s", e.max_rel, e.one_minus_cos, e.nonfinite ? " (non-finite!)" : "");
+        report_bad_tokens(g, ref, S, H, format_name(f), T);
       }
-      std::printf("| %s | %s | %lld | %.1f | %.0f | %.1f | %.2fx | %s |\n", b.dispatcher.c_str(), format_name(f), T, lay,
-                  lay > 0 ? double(T) / (lay * 1e-6) : 0.0, run, run > 0 ? lay / run : 0.0, acc);
+      const std::string rerun = differ == 0 ? "same" : std::to_string(int64_t(differ)) + " tokens differ";
+      std::printf("| %s | %s | %lld | %.1f | %.0f | %.1f | %.2fx | %s | %s |\n", b.dispatcher.c_str(), format_name(f), T,
+                  lay, lay > 0 ? double(T) / (lay * 1e-6) : 0.0, run, run > 0 ? lay / run : 0.0, acc, rerun.c_str());
       std::fflush(stdout);
     }
   }
@@ -510,8 +544,9 @@ int bench_layer(const std::vector<std::string>& args) {
     } else {
       std::printf("# layer: MoeLayer::forward (route+quantize+dispatch+run+combine), slowest rank; runner: Runner::run "
                   "alone on the same dispatched input, slowest rank; errors: first %lld tokens of every rank vs "
-                  "float64 (stored weights dequantized, activations unquantized)\n\n| disp | format | T/rank | layer "
-                  "us | tok/s/GPU | runner us | layer/runner | max rel err | 1-cos |\n|---|---|---|---|---|---|---|---"
+                  "float64 (stored weights dequantized, activations unquantized); rerun: one more eager forward on the same input "
+                  "gives the same bytes on every rank, or how many tokens differ\n\n| disp | format | T/rank | layer "
+                  "us | tok/s/GPU | runner us | layer/runner | max rel err | 1-cos | rerun |\n|---|---|---|---|---|---|---|---|---"
                   "|---|\n",
                   static_cast<long long>(std::min<long long>(o.check, *std::min_element(o.tokens.begin(), o.tokens.end()))));
     }

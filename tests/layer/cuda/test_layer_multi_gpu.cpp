@@ -2,8 +2,10 @@
 // "nvlink" and "nccl" + runner "cuda", against the cpu fabric + reference runner on the same
 // weights, inputs and logits. Routing, quantization, dispatch and combine are bitwise equal by
 // design, so the only difference is the runner's GEMM arithmetic: the bound is the runner's
-// (tests/run/cuda: max|a-b|/max|ref| <= 3e-2, 1-cos <= 1e-3; 1e-1 with an fp8 combine, where one
-// e4m3 step of a block can follow from a small runner difference). One rank has T = 0 in most cases.
+// (tests/run/cuda: max|a-b|/max|ref| <= 3e-2, 1-cos <= 1e-3; 1e-1 with an fp8 combine or an fp8
+// intermediate, where one e4m3 step of a block can follow from a small runner difference: with
+// 3600 rows of an fp8 intermediate, run 12 measured 3.98e-2 at 1-cos 1.2e-4, a rounding flip, not a
+// wrong row, which would be near 1). One rank has T = 0 in most cases.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -203,7 +205,7 @@ void run_case(const std::string& dispatcher, const Case& k, uint32_t seed) {
                 k.name.c_str(), r, d.rel(), d.one_minus_cos);
     EXPECT_GT(d.max_ref, 0.0) << "the CPU layer gave all zeros: the comparison would prove nothing";
     EXPECT_EQ(d.nonfinite, 0u);
-    EXPECT_LE(d.rel(), k.combine == ActFormat::fp8 ? 1e-1 : 3e-2);
+    EXPECT_LE(d.rel(), k.combine == ActFormat::fp8 || k.iq == IntermediateQuant::fp8 ? 1e-1 : 3e-2);
     EXPECT_LE(d.one_minus_cos, 1e-3);
   }
 }
