@@ -152,6 +152,8 @@ int bench_a2a(const std::vector<std::string>& args) {
       EPMOE_CUDA_CHECK(cudaMalloc(&d.a2a_send, size_t(maxT) * row_max * R));
       EPMOE_CUDA_CHECK(cudaMalloc(&d.a2a_recv, size_t(maxT) * row_max * R));
       EPMOE_CUDA_CHECK(cudaMalloc(&d.peer_buf, size_t(maxT) * row_max));
+      // The legacy-stream uploads above may still be in flight; d.st does not wait for them.
+      EPMOE_CUDA_CHECK(cudaDeviceSynchronize());
     }
     for (int r = 0; r < R; ++r) {
       EPMOE_CUDA_CHECK(cudaSetDevice(r));

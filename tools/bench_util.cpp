@@ -194,7 +194,11 @@ std::vector<double> allgather(Communicator& comm, const std::vector<double>& min
   ck(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking), "cudaStreamCreate");
   ck(cudaMalloc(&send, std::max<size_t>(n, 1) * 8), "cudaMalloc");
   ck(cudaMalloc(&recv, std::max<size_t>(n * R, 1) * 8), "cudaMalloc");
-  if (n) ck(cudaMemcpy(send, mine.data(), n * 8, cudaMemcpyHostToDevice), "upload");
+  // The upload goes on `st` itself: a legacy-stream cudaMemcpy from pageable memory may return
+  // before its DMA lands, and a non-blocking stream does not wait for it, so NCCL could read the
+  // tail of a large buffer (beyond the first ~2 MB staging chunk) before it is written. That race
+  // gave the wrong `bench layer` error figures of runs 7 and 12 (the layer output was right).
+  if (n) ck(cudaMemcpyAsync(send, mine.data(), n * 8, cudaMemcpyHostToDevice, st), "upload");
   const ncclResult_t r = ncclAllGather(send, recv, n, ncclDouble, nc, st);
   if (r != ncclSuccess) throw BackendError(std::string("allgather: ncclAllGather: ") + ncclGetErrorString(r));
   // Polled with a deadline, so a rank that never arrives is reported instead of hanging the job.
@@ -217,7 +221,10 @@ std::vector<double> allgather(Communicator& comm, const std::vector<double>& min
     std::this_thread::sleep_for(std::chrono::microseconds(200));
   }
   std::vector<double> all(n * R);
-  if (!all.empty()) ck(cudaMemcpy(all.data(), recv, all.size() * 8, cudaMemcpyDeviceToHost), "download");
+  if (!all.empty()) {
+    ck(cudaMemcpyAsync(all.data(), recv, all.size() * 8, cudaMemcpyDeviceToHost, st), "download");
+    ck(cudaStreamSynchronize(st), "download");
+  }
   return all;
 #else
   throw UsageError(std::string("allgather: communicator kind '") + comm.kind() + "' needs NCCL");

@@ -18,7 +18,11 @@ class DeviceArena {
   }
   void* put(const void* host, size_t bytes) {
     void* p = alloc(bytes);
-    if (bytes) EPMOE_CUDA_CHECK(cudaMemcpy(p, host, bytes, cudaMemcpyHostToDevice));
+    if (bytes) {
+      EPMOE_CUDA_CHECK(cudaMemcpy(p, host, bytes, cudaMemcpyHostToDevice));
+      // A pageable upload may return before its DMA lands; callers use p on non-blocking streams.
+      EPMOE_CUDA_CHECK(cudaStreamSynchronize(cudaStreamLegacy));
+    }
     return p;
   }
 

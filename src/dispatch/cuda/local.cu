@@ -184,6 +184,9 @@ LocalCudaDispatcher::LocalCudaDispatcher(const MoeConfig& cfg, int device_index)
   EPMOE_CUDA_CHECK(cudaHostAlloc(&err_host_, sizeof(ErrorRecord), cudaHostAllocMapped));
   *err_host_ = ErrorRecord{0, 0, 0, 0};
   EPMOE_CUDA_CHECK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&err_dev_), err_host_, 0));
+  // The uploads and memsets above ran on the legacy stream and may still be in flight (a memset of
+  // device memory and a pageable upload return early); the caller's stream may be non-blocking.
+  EPMOE_CUDA_CHECK(cudaDeviceSynchronize());
 }
 
 LocalCudaDispatcher::~LocalCudaDispatcher() {
