@@ -125,33 +125,68 @@ __global__ void __launch_bounds__(kThreads) nvfp4_wgmma_kernel(GemmArgs p) {
   // Token loads: thread (row tr, quarter tq) moves the 32 natural bytes 32tq .. 32tq+31 of each
   // 64-K block (8 words, word m to chunk m at word tq) of its token row.
   const int tr = tid >> 2, tq = tid & 3;
-  auto load_step = [&](int64_t s) {
-    const Cur c = tile_of(int(s / KT));
-    const int kt = int(s % KT);
+  // Weight loads: chunk ch = tid % 4 of tile rows wq + 32 j (j = 0, 1 in half 0; 2, 3 in half 1);
+  // (wq + 32 j) & 2 = wq & 2, so one shared offset serves every chunk. Scales: row tid.
+  // A load cursor as in gemm_wgmma.cuh: a tile's pointers and masks are computed when the cursor
+  // enters it and the next tile's table entry is read a tile ahead, so a stage's copies are
+  // pointer adds rather than per-step divisions, a dependent table load and row arithmetic.
+  const int wq = tid >> 2, ch = tid & 3;
+  const uint32_t w_off = uint32_t(Layout::W + wq * 64 + ((ch ^ (wq & 2)) << 4));
+  const uint32_t a_off = uint32_t(Layout::A + tr * 128 + tq * 4);
+  const int64_t w32 = 32 * w_row_bytes;  // 32 weight rows
+  const uint8_t* lw[2] = {nullptr, nullptr};  // W chunk 0 / chunk 2 at kt = 0
+  const uint8_t* lw_masked = nullptr;         // row 0 of the expert: the ignored source of a masked chunk
+  const uint8_t* ls = nullptr;                // this thread's scale row at kt = 0
+  const uint8_t* la = nullptr;                // this thread's token bytes at kt = 0
+  uint32_t lok = 0;                           // bits 0-3: W chunk j valid; 4: scale row; 5: token row
+  auto enter_tile = [&](const Cur& c) {
     const int e = c.mt.expert;
-    const uint32_t st = base + uint32_t(s % kStages) * Layout::STAGE;
-    const uint8_t* W = static_cast<const uint8_t*>(p.W.data) + int64_t(e) * rows_w * w_row_bytes + int64_t(kt) * 64;
-    const uint8_t* Sc = static_cast<const uint8_t*>(p.W.scales) + int64_t(e) * rows_w * s_row_bytes + int64_t(kt) * 8;
+    const uint8_t* W = static_cast<const uint8_t*>(p.W.data) + int64_t(e) * rows_w * w_row_bytes;
+    const uint8_t* Sc = static_cast<const uint8_t*>(p.W.scales) + int64_t(e) * rows_w * s_row_bytes;
+    lw_masked = W + ch * 16;
 #pragma unroll
-    for (int i = tid; i < kRowsW * 4; i += kThreads) {
-      const int r = i >> 2, ch = i & 3;
-      const bool ok = w_ok(c.n0, r);
-      cp_async16(st + Layout::W + r * 64 + ((ch ^ (r & 2)) << 4), W + int64_t(ok ? w_row(c.n0, r) : 0) * w_row_bytes + ch * 16,
-                 ok);
+    for (int h = 0; h < 2; ++h) lw[h] = W + int64_t(w_row(c.n0, 64 * h) + wq) * w_row_bytes + ch * 16;
+    uint32_t ok = 0;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) ok |= uint32_t(w_ok(c.n0, wq + 32 * j)) << j;
+    const bool sok = w_ok(c.n0, tid);
+    ok |= uint32_t(sok) << 4;
+    ls = Sc + int64_t(sok ? w_row(c.n0, tid) : 0) * s_row_bytes;
+    const bool aok = tr < c.mt.rows;
+    ok |= uint32_t(aok) << 5;
+    la = reinterpret_cast<const uint8_t*>(p.A + int64_t(c.mt.row0 + (aok ? tr : 0)) * K) + tq * 32;
+    lok = ok;
+  };
+  int l_local = 0, l_kt = 0, l_slot = 0;
+  Cur l_next{};
+  if (my_tiles > 0) {
+    enter_tile(tile_of(0));
+    if (my_tiles > 1) l_next = tile_of(1);
+  }
+  auto load_next = [&]() {
+    const uint32_t st = base + uint32_t(l_slot) * Layout::STAGE;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const bool v = (lok >> j) & 1u;
+      const uint8_t* src = (v ? lw[j >> 1] + (j & 1) * w32 : lw_masked) + int64_t(l_kt) * 64;
+      cp_async16(st + w_off + 2048u * j, src, v);
     }
-    {
-      const int r = tid;
-      const bool ok = w_ok(c.n0, r);
-      cp_async8(st + Layout::S + r * 8, Sc + int64_t(ok ? w_row(c.n0, r) : 0) * s_row_bytes, ok);
-    }
-    const bool ok = tr < c.mt.rows;
-    const uint8_t* A =
-        reinterpret_cast<const uint8_t*>(p.A + int64_t(c.mt.row0 + (ok ? tr : 0)) * K + int64_t(kt) * kKS) + tq * 32;
+    cp_async8(st + Layout::S + tid * 8, ls + int64_t(l_kt) * 8, (lok >> 4) & 1u);
+    const bool aok = (lok >> 5) & 1u;
+    const uint8_t* A = la + int64_t(l_kt) * kKS * 2;
 #pragma unroll
     for (int sb = 0; sb < 2; ++sb)
 #pragma unroll
       for (int m = 0; m < 8; ++m)
-        cp_async4(st + Layout::A + sb * 4096 + tr * 128 + ((m ^ (tr & 7)) << 4) + tq * 4, A + sb * 128 + m * 4, ok);
+        cp_async4(st + a_off + sb * 4096 + ((m ^ (tr & 7)) << 4), A + sb * 128 + m * 4, aok);
+    if (++l_slot == kStages) l_slot = 0;
+    if (++l_kt == KT) {
+      l_kt = 0;
+      if (++l_local < my_tiles) {
+        enter_tile(l_next);
+        if (l_local + 1 < my_tiles) l_next = tile_of(l_local + 1);
+      }
+    }
   };
 
   float acc[2][16];
@@ -162,22 +197,24 @@ __global__ void __launch_bounds__(kThreads) nvfp4_wgmma_kernel(GemmArgs p) {
 
 #pragma unroll
   for (int s = 0; s < kStages - 1; ++s) {
-    if (s < steps) load_step(s);
+    if (s < steps) load_next();
     cp_commit();
   }
 
   Cur cur = my_tiles > 0 ? tile_of(0) : Cur{};
+  int c_kt = 0, c_slot = 0, c_local = 0;  // compute cursor: k-stage, ring slot and tile of step s
   for (int64_t s = 0; s < steps; ++s) {
-    const int kt = int(s % KT);
+    const int kt = c_kt, slot = c_slot;
+    if (++c_kt == KT) c_kt = 0;
+    if (++c_slot == kStages) c_slot = 0;
     cp_wait<kStages - 2>();
     fence_proxy_async();
     __syncthreads();  // stage s visible to all; stage s-1 (overwritten next) no longer read
     {
       const int64_t ns = s + kStages - 1;
-      if (ns < steps) load_step(ns);
+      if (ns < steps) load_next();
       cp_commit();
     }
-    const int slot = int(s % kStages);
     const uint32_t st = base + uint32_t(slot) * Layout::STAGE;
     const uint8_t* sp = sbase + slot * Layout::STAGE;
 
@@ -253,7 +290,7 @@ __global__ void __launch_bounds__(kThreads) nvfp4_wgmma_kernel(GemmArgs p) {
     for (int h = 0; h < 2; ++h)
 #pragma unroll
       for (int i = 0; i < 16; ++i) acc[h][i] = 0.f;
-    if (s + 1 < steps) cur = tile_of(int((s + 1) / KT));
+    if (++c_local < my_tiles) cur = tile_of(c_local);
   }
   cp_wait<0>();
 }
