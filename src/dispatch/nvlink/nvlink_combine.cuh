@@ -78,11 +78,9 @@ __device__ __forceinline__ uint64_t* push_row(const Args& a, int64_t i, int R, i
 // Combine push (warps [0, kPushWarps) of every CTA): one warp per valid slot row; the row goes to
 // its home rank's region [me] at the same slot, then the warp releases the row's flag with the
 // combine epoch. bf16: rows of this rank's own tokens stay where they are (the sum reads y).
-// BATCH > 1 (experiment, EPMOE_NVL_COMBINE_BATCH): a warp pushes its next BATCH rows, then lane 0
-// issues one system-scope release fence and the BATCH flags as relaxed stores, so the wait for the
-// remote writes to be acknowledged is paid once per BATCH rows instead of once per row; the
-// summing side is unchanged (an acquire load per row's flag).
-template <ActFormat CF, int BATCH>
+// (One system-scope fence per 4 rows instead of a release per row was measured slower, run 12:
+// bf16 combine at 4096 tokens 314 -> 343 us, and removed.)
+template <ActFormat CF>
 __device__ void combine_push(const Args& a, uint64_t e) {
   const int R = a.R, me = a.me, lane = threadIdx.x & 31;
   const int64_t gw = int64_t(blockIdx.x) * kPushWarps + (threadIdx.x >> 5);
@@ -95,29 +93,10 @@ __device__ void combine_push(const Args& a, uint64_t e) {
     if (CF == ActFormat::bf16 && s == me) continue;
     total += a.S->counts[s];
   }
-  if constexpr (BATCH == 1) {
-    for (int64_t i = gw; i < total; i += nw) {
-      uint64_t* flag = push_row<CF>(a, i, R, me, ps, ss);
-      __syncwarp();  // the whole warp's stores are ordered before lane 0's release
-      if (lane == 0) st_release_sys(flag, e);
-    }
-  } else {
-    for (int64_t i0 = gw; i0 < total; i0 += nw * BATCH) {
-      uint64_t* flags[BATCH];
-      int nb = 0;
-#pragma unroll
-      for (int b = 0; b < BATCH; ++b) {
-        const int64_t i = i0 + b * nw;
-        if (i < total) flags[nb++] = push_row<CF>(a, i, R, me, ps, ss);
-      }
-      __syncwarp();  // the whole warp's stores are ordered before lane 0's fence
-      if (lane == 0) {
-        fence_acq_rel_sys();
-#pragma unroll
-        for (int b = 0; b < BATCH; ++b)
-          if (b < nb) st_relaxed_sys(flags[b], e);
-      }
-    }
+  for (int64_t i = gw; i < total; i += nw) {
+    uint64_t* flag = push_row<CF>(a, i, R, me, ps, ss);
+    __syncwarp();  // the whole warp's stores are ordered before lane 0's release
+    if (lane == 0) st_release_sys(flag, e);
   }
 }
 
@@ -328,7 +307,7 @@ __device__ inline void combine_sum_r2_bf16(const Args& a, uint64_t e) {
   a2a::cp_async_wait_all();
 }
 
-template <ActFormat CF, int BATCH>
+template <ActFormat CF>
 __global__ void __launch_bounds__(kThreads, 1) combine_kernel(Args a) {
   // The epoch of this combine's rows: dispatches that succeeded so far (a rejected dispatch has a
   // combine that moves nothing, on every rank alike).
@@ -340,7 +319,7 @@ __global__ void __launch_bounds__(kThreads, 1) combine_kernel(Args a) {
       reinterpret_cast<uint4*>(a.out)[i] = a2a::zero4();
     return;
   }
-  if ((threadIdx.x >> 5) < kPushWarps) combine_push<CF, BATCH>(a, e);
+  if ((threadIdx.x >> 5) < kPushWarps) combine_push<CF>(a, e);
   else if (CF == ActFormat::bf16 && a.R == 2) combine_sum_r2_bf16(a, e);
   else combine_sum<CF>(a, e);
 }

@@ -38,37 +38,9 @@
 #include "dispatch/nccl/nccl_comm_impl.h"
 #include "dispatch/nvlink/nvlink_combine.cuh"
 #include "dispatch/nvlink/nvlink_kernels.cuh"
-#include "dispatch/nvlink/nvlink_tuning.h"
 #include "epmoe/error.h"
 
 namespace epmoe::detail {
-
-namespace {
-// 0: not yet read from EPMOE_NVL_COMBINE_BATCH; else 1 or 4.
-std::atomic<int> g_combine_batch{0};
-}  // namespace
-
-void set_nvlink_combine_batch(int rows_per_fence) {
-  if (rows_per_fence != 1 && rows_per_fence != 4)
-    throw UsageError("nvlink combine: " + std::to_string(rows_per_fence) + " rows per fence; use 1 or 4");
-  g_combine_batch.store(rows_per_fence, std::memory_order_relaxed);
-}
-
-int nvlink_combine_batch() {
-  int b = g_combine_batch.load(std::memory_order_relaxed);
-  if (b == 0) {
-    b = 1;
-    if (const char* env = std::getenv("EPMOE_NVL_COMBINE_BATCH"); env && *env) {
-      const std::string v = env;
-      if (v != "1" && v != "4")
-        throw UsageError("environment variable EPMOE_NVL_COMBINE_BATCH='" + v +
-                         "' is not 1 or 4 (combine flags released per system-scope fence)");
-      b = v == "4" ? 4 : 1;
-    }
-    g_combine_batch.store(b, std::memory_order_relaxed);
-  }
-  return b;
-}
 
 namespace {
 
@@ -365,9 +337,7 @@ class NvlinkDispatcher final : public Dispatcher {
                                           cudaFuncAttributeMaxDynamicSharedMemorySize, int(kDispatchSmem)));
     EPMOE_CUDA_CHECK(cudaFuncSetAttribute(dispatch_kernel<ActFormat::nvfp4>,
                                           cudaFuncAttributeMaxDynamicSharedMemorySize, int(kDispatchSmem)));
-    EPMOE_CUDA_CHECK(cudaFuncSetAttribute(combine_kernel<ActFormat::bf16, 1>,
-                                          cudaFuncAttributeMaxDynamicSharedMemorySize, int(kCombineSmem)));
-    EPMOE_CUDA_CHECK(cudaFuncSetAttribute(combine_kernel<ActFormat::bf16, 4>,
+    EPMOE_CUDA_CHECK(cudaFuncSetAttribute(combine_kernel<ActFormat::bf16>,
                                           cudaFuncAttributeMaxDynamicSharedMemorySize, int(kCombineSmem)));
     placement_ = std::make_unique<DevicePlacement>(cfg);
     L_ = make_layout(cfg);
@@ -486,14 +456,10 @@ class NvlinkDispatcher final : public Dispatcher {
     a.y = in.y;
     a.out = out;
     const cudaStream_t st = static_cast<cudaStream_t>(in.stream);
-    const bool batch4 = nvlink_combine_batch() == 4;
-    if (cfg_.combine_format == ActFormat::fp8) {
-      if (batch4) combine_kernel<ActFormat::fp8, 4><<<G_, kThreads, 0, st>>>(a);
-      else combine_kernel<ActFormat::fp8, 1><<<G_, kThreads, 0, st>>>(a);
-    } else {
-      if (batch4) combine_kernel<ActFormat::bf16, 4><<<G_, kThreads, kCombineSmem, st>>>(a);
-      else combine_kernel<ActFormat::bf16, 1><<<G_, kThreads, kCombineSmem, st>>>(a);
-    }
+    if (cfg_.combine_format == ActFormat::fp8)
+      combine_kernel<ActFormat::fp8><<<G_, kThreads, 0, st>>>(a);
+    else
+      combine_kernel<ActFormat::bf16><<<G_, kThreads, kCombineSmem, st>>>(a);
     EPMOE_CUDA_CHECK_LAUNCH();
   }
 

@@ -14,7 +14,6 @@
 
 #include "dispatch/dispatch_harness.h"
 #include "dispatch/nccl/a2a_host.h"
-#include "dispatch/nvlink/nvlink_tuning.h"
 #include "epmoe/error.h"
 #include "epmoe/nccl_comm.h"
 
@@ -497,22 +496,6 @@ TEST(NvlinkDispatch, WideAndOddRowsMatchCpuFabric) {
                         {1040, ActFormat::nvfp4, ActFormat::bf16, 7, {{700, 650}, {20, 700}}},
                         {1032, ActFormat::bf16, ActFormat::bf16, 3, {{700, 699}, {1, 2}}}},
                        900, "nvlink");
-}
-
-// nvlink, combine flags released 4 rows per fence (EPMOE_NVL_COMBINE_BATCH=4, an experiment): the
-// same bytes as the cpu fabric, with the batch cut short at the end of a warp's rows (row counts
-// that are not multiples of 4 x warps), T = 0, and DeepSeek-V3 rows; then the default again.
-TEST(NvlinkDispatch, BatchedCombineFlagsMatchCpuFabric) {
-  NEED_GPUS(2);
-  const int before = detail::nvlink_combine_batch();
-  detail::set_nvlink_combine_batch(4);
-  expect_nvlink_shapes({{256, ActFormat::fp8, ActFormat::bf16, 8, {{37, 50}, {0, 61}, {96, 1}, {0, 0}}},
-                        {256, ActFormat::nvfp4, ActFormat::fp8, 8, {{96, 96}, {5, 0}}},
-                        {7168, ActFormat::fp8, ActFormat::bf16, 24, {{700, 513}, {64, 700}}},
-                        {1152, ActFormat::bf16, ActFormat::fp8, 5, {{333, 700}}}},
-                       1300, "nvlink batch 4");
-  detail::set_nvlink_combine_batch(before);
-  EXPECT_THROW(detail::set_nvlink_combine_batch(3), UsageError);
 }
 
 // nvlink: comm_sms is local tuning (not part of the configuration fingerprint), so ranks may launch
