@@ -8,6 +8,7 @@ usage: python3 bench/plot_runner.py [results_dir] [out.png]
 """
 import glob
 import os
+import re
 import subprocess
 import sys
 
@@ -24,18 +25,24 @@ def committed_at(path):
     return int(os.path.getmtime(path))
 
 
-def read_tables(path):
+def read_tables(path, want="deepseek-v3"):
+    """Rows of the runner tables of preset `want`: a table belongs to the preset named by the last
+    "# epmoe bench runner: <gpu>, <preset> H=..." line before it (files without one: deepseek-v3)."""
     rows = []
     header = None
+    preset = "deepseek-v3"
     for line in open(path, encoding="utf-8"):
         line = line.strip()
+        m = re.search(r"epmoe bench runner: .*?, (\S+) H=\d+", line)
+        if m:
+            preset = m.group(1)
         if not line.startswith("|"):
             header = None
             continue
         cells = [c.strip() for c in line.strip("|").split("|")]
         if cells[:2] == ["M", "format"]:
             header = cells
-        elif header and not set(cells[0]) <= set("-: "):
+        elif header and preset == want and not set(cells[0]) <= set("-: "):
             rows.append(dict(zip(header, cells)))
     return rows
 

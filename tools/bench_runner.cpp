@@ -1,6 +1,8 @@
-// `epmoe bench runner`: the routed runner "cuda" on one GPU for each weight format and each M (rows
-// routed to this rank; tokens spread evenly over the local experts, top-k folded in: one expert per
-// slot), against two baselines measured in the same run: the HBM copy rate (cudaMemcpy D2D, bytes
+// `epmoe bench runner`: the routed runner "cuda" on one GPU for each preset (`--preset all`: every
+// model preset, each with its experts / 2 on the GPU, i.e. EP 2), weight format and M (rows routed
+// to this rank; tokens spread evenly over the local experts, top-k folded in: one expert per slot);
+// a format the shape cannot take (fp8 needs 128-multiples) is skipped and said. Two baselines are
+// measured in the same run: the HBM copy rate (cudaMemcpy D2D, bytes
 // read + written) and a cuBLAS per-expert loop of bf16 GEMMs doing the same two GEMMs.
 // Weights (>= 2.8 GB at DeepSeek-V3 shapes) are far larger than the 60 MB L2, so every timed run
 // streams them from HBM; activations are re-read per run, which matters only at large M where the
@@ -17,7 +19,9 @@
 #include <vector>
 
 #include "args.h"
+#include "bench_util.h"
 #include "core/cuda/check.h"
+#include "epmoe/config.h"
 #include "epmoe/error.h"
 #include "epmoe/presets.h"
 #include "epmoe/quant.h"
@@ -101,81 +105,44 @@ void make_weights(DeviceWeights& dw, WeightFormat f, int E, int H, int I, uint64
   dw.w.w2 = mat(dw.d2, dw.s2, dw.g2, H, I);
 }
 
-int bench_runner(const std::vector<std::string>& args) {
-  Flags flags("bench runner");
-  flags.add("preset", "NAME", "model shape (default deepseek-v3)");
-  flags.add("local-experts", "N", "experts on this GPU (default 128)");
-  flags.add("m", "LIST", "rows routed per rank (default 128,512,2048,8192,32768,131072)");
-  flags.add("formats", "LIST", "weight formats (default bf16,fp8,nvfp4)");
-  flags.add("quick", "", "M = 128,2048,32768 and fewer repetitions");
-  flags.add("reps", "N", "timed repetitions per point (median reported; default 7, quick 3)");
-  flags.add("no-cublas", "", "skip the cuBLAS baseline");
-  flags.add("engine", "NAME", "runner GEMM engine: auto (default), mma or cutlass (CUTLASS where the format allows)");
-  flags.add("iq", "NAME", "intermediate_quant: none (default) or fp8 (fp8 weights then run GEMM2 on fp8 too)");
-  if (wants_help(args)) {
-    std::printf("usage: epmoe bench runner [flags]\n%s", flags.help().c_str());
-    return 0;
+struct Opts {
+  std::vector<const ModelPreset*> presets;
+  int local_experts = 0;  // 0: the preset's experts / 2 (EP 2)
+  std::vector<long long> Ms;
+  std::vector<WeightFormat> fmts;
+  int reps = 7;
+  bool cublas = true;
+  cuda::CudaRunner::Engine engine = cuda::CudaRunner::Engine::automatic;
+  std::string engine_name = "auto", iq_name = "none";
+  IntermediateQuant iq = IntermediateQuant::none;
+};
+
+// Presets named by --preset: one name, a comma list, or "all" (every model preset; "tiny" is the
+// test shape and only runs when named).
+std::vector<const ModelPreset*> parse_presets(const std::string& list) {
+  std::vector<const ModelPreset*> out;
+  if (list == "all") {
+    for (const ModelPreset& p : presets())
+      if (p.name != "tiny") out.push_back(&p);
+    return out;
   }
-  try {
-    flags.parse(args);
-  } catch (const UsageError& e) {
-    std::fprintf(stderr, "%s\n", e.what());
-    return 2;
-  }
-  std::string why;
-  if (cuda::device_count(&why) == 0) {
-    std::fprintf(stderr, "bench runner: no CUDA device (%s)\n", why.c_str());
-    return 1;
-  }
-  const ModelPreset& pre = preset(flags.has("preset") ? flags.get("preset") : "deepseek-v3");
+  for (const std::string& name : split_list(list, "preset")) out.push_back(&preset(name));
+  return out;
+}
+
+// One preset: the runner for every weight format and M, the cuBLAS loop, the table.
+void bench_preset(const Opts& o, const ModelPreset& pre, double hbm_gbs, Timer& timer, const char* gpu) {
   const int H = pre.config.hidden, I = pre.config.intermediate;
-  const int E = flags.get_int("local-experts", 128);
-  const bool quick = flags.get_bool("quick", false);
-  const int reps = flags.get_int("reps", quick ? 3 : 7);
-  std::vector<long long> Ms = quick ? std::vector<long long>{128, 2048, 32768}
-                                    : std::vector<long long>{128, 512, 2048, 8192, 32768, 131072};
-  if (flags.has("m")) Ms = parse_int_list(flags.get("m"), "--m");
-  std::vector<WeightFormat> fmts = {WeightFormat::bf16, WeightFormat::fp8, WeightFormat::nvfp4};
-  if (flags.has("formats")) {
-    fmts.clear();
-    std::string s = flags.get("formats");
-    size_t pos = 0;
-    while (pos <= s.size()) {
-      const size_t c = s.find(',', pos);
-      const std::string tok = s.substr(pos, c == std::string::npos ? std::string::npos : c - pos);
-      const auto f = parse_weight_format(tok);
-      if (!f) throw UsageError("--formats: unknown weight format '" + tok + "'; use bf16, fp8, nvfp4");
-      fmts.push_back(*f);
-      if (c == std::string::npos) break;
-      pos = c + 1;
-    }
-  }
+  const int E = o.local_experts > 0 ? o.local_experts : std::max(1, pre.config.num_experts / 2);
+  const std::vector<long long>& Ms = o.Ms;
+  const int reps = o.reps;
   const long long maxM = *std::max_element(Ms.begin(), Ms.end());
-  const cuda::CudaRunner::Engine engine =
-      cuda::CudaRunner::parse_engine(flags.has("engine") ? flags.get("engine") : "auto", "--engine");
-  const std::string iq_name = flags.has("iq") ? flags.get("iq") : "none";
-  if (iq_name != "none" && iq_name != "fp8")
-    throw UsageError("--iq: '" + iq_name + "' is not an intermediate quantization; use none or fp8");
-  const IntermediateQuant iq = iq_name == "fp8" ? IntermediateQuant::fp8 : IntermediateQuant::none;
-  cudaDeviceProp prop{};
-  EPMOE_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
-  std::printf("# epmoe bench runner: %s, %s H=%d I=%d, %d local experts, median of %d, engine %s, iq %s\n",
-              prop.name, pre.name.c_str(), H, I, E, reps, flags.has("engine") ? flags.get("engine").c_str() : "auto",
-              iq_name.c_str());
+  std::printf("\n# epmoe bench runner: %s, %s H=%d I=%d, %d local experts, median of %d, engine %s, iq %s\n", gpu,
+              pre.name.c_str(), H, I, E, reps, o.engine_name.c_str(), o.iq_name.c_str());
+  std::fflush(stdout);
 
-  Timer timer;
-  // HBM ceiling: D2D copy of 2 GiB.
-  const size_t copy_bytes = size_t(2) << 30;
-  DeviceBuffer c0(copy_bytes), c1(copy_bytes);
-  EPMOE_CUDA_CHECK(cudaMemset(c0.get(), 1, copy_bytes));
-  const double copy_ms = timer.median_ms(
-      [&] { EPMOE_CUDA_CHECK(cudaMemcpyAsync(c1.get(), c0.get(), copy_bytes, cudaMemcpyDeviceToDevice)); }, 2, 5);
-  const double hbm_gbs = 2.0 * copy_bytes / (copy_ms * 1e6);
-  c0.release();
-  c1.release();
-  std::printf("# HBM copy (D2D, read+write): %.0f GB/s\n", hbm_gbs);
-
-  // Inputs: C = maxM slots, K = 1, slot j -> expert j % E, weight 1. Payload per format.
+  // Inputs: C = maxM slots, K = 1, slot j -> expert j % E, weight 1. One payload buffer serves every
+  // format: random bf16 bits, read as bf16 rows or as e4m3 codes with the fill's scales.
   DeviceBuffer payload(size_t(maxM) * H * 2), scales(size_t(maxM) * (H / 16) * 4 + 16), ids(size_t(maxM) * 4),
       wts(size_t(maxM) * 4), counts(4), y(size_t(maxM) * H * 2);
   {
@@ -194,20 +161,31 @@ int bench_runner(const std::vector<std::string>& args) {
     std::string engines;  // the runner's GEMM engines, e.g. cutlass-fp8/cutlass-fp8
   };
   std::vector<Row> rows;
+  std::vector<std::string> skipped;
   std::vector<double> cublas_ms(Ms.size(), 0.0);
-  for (WeightFormat f : fmts) {
-    DeviceWeights dw;
-    make_weights(dw, f, E, H, I, 1234 + int(f));
-    EPMOE_CUDA_CHECK(cudaDeviceSynchronize());
+  for (WeightFormat f : o.fmts) {
     MoeConfig cfg = pre.config;
     cfg.num_experts = E;
     cfg.top_k = 1;
     cfg.num_ranks = 1;
+    cfg.capacity = int(maxM);
     cfg.weight_format = f;
-    cfg.dispatch_format = f == WeightFormat::bf16 ? ActFormat::bf16 : ActFormat::fp8;
-    cfg.intermediate_quant = iq;
+    // fp8 tokens for fp8/nvfp4 weights (the fp8 recipe), bf16 where the hidden size has no 128-blocks.
+    cfg.dispatch_format = f == WeightFormat::bf16 || H % 128 != 0 ? ActFormat::bf16 : ActFormat::fp8;
+    cfg.intermediate_quant = o.iq;
+    // A format the shape cannot take (fp8 needs H and I multiples of 128) is skipped and said.
+    try {
+      validate_or_throw(cfg);
+    } catch (const UsageError& e) {
+      skipped.push_back(std::string(format_name(f)) + ": " + e.what());
+      std::fprintf(stderr, "  %s %s: skipped (%s)\n", pre.name.c_str(), format_name(f), e.what());
+      continue;
+    }
+    DeviceWeights dw;
+    make_weights(dw, f, E, H, I, 1234 + int(f));
+    EPMOE_CUDA_CHECK(cudaDeviceSynchronize());
     cuda::CudaRunner runner(cfg, 0);
-    runner.set_engine(engine);
+    runner.set_engine(o.engine);
     for (long long M : Ms) {
       cfg.capacity = int(M);
       const int32_t m32 = int32_t(M);
@@ -229,16 +207,16 @@ int bench_runner(const std::vector<std::string>& args) {
       const int r = M >= 32768 ? std::max(3, reps / 2) : reps;
       const double ms = timer.median_ms([&] { runner.run(in, dw.w, y.get<bf16_raw>(), nullptr); }, 2, r);
       rows.push_back({M, f, ms, runner.last_engines()});
-      std::fprintf(stderr, "  %s M=%lld: %.3f ms (bm %d, %s)\n", format_name(f), M, ms, runner.last_block_m(),
-                   runner.last_engines());
+      std::fprintf(stderr, "  %s %s M=%lld: %.3f ms (bm %d, %s)\n", pre.name.c_str(), format_name(f), M, ms,
+                   runner.last_block_m(), runner.last_engines());
     }
   }
 
   // Baseline: cuBLAS bf16, one GEMM pair per expert (same FLOPs, no SwiGLU, no permute).
-  if (!flags.get_bool("no-cublas", false)) {
+  if (o.cublas) {
     DeviceWeights dw;
     make_weights(dw, WeightFormat::bf16, E, H, I, 777);
-    DeviceBuffer a(size_t(maxM) * H * 2), h(size_t(maxM) * 2 * I * 2), o(size_t(maxM) * H * 2);
+    DeviceBuffer a(size_t(maxM) * H * 2), h(size_t(maxM) * 2 * I * 2), out(size_t(maxM) * H * 2);
     cuda::fill_random_bf16(a.get<bf16_raw>(), size_t(maxM) * H, 1.f, 5, nullptr);
     cuda::fill_random_bf16(h.get<bf16_raw>(), size_t(maxM) * 2 * I, 1.f, 6, nullptr);
     cublasHandle_t handle;
@@ -251,7 +229,7 @@ int bench_runner(const std::vector<std::string>& args) {
         for (int e = 0; e < E; ++e) {
           const int me = int(M / E + (e < M % E ? 1 : 0));
           if (me == 0) continue;
-          const auto* w13 = dw.w.w13.data ? static_cast<const bf16_raw*>(dw.w.w13.data) + size_t(e) * 2 * I * H : nullptr;
+          const auto* w13 = static_cast<const bf16_raw*>(dw.w.w13.data) + size_t(e) * 2 * I * H;
           const auto* w2 = static_cast<const bf16_raw*>(dw.w.w2.data) + size_t(e) * H * I;
           // C^T [2I][me] = W13 [2I][H] . A^T (column-major view of row-major data).
           check_cublas(cublasGemmEx(handle, CUBLAS_OP_T, CUBLAS_OP_N, 2 * I, me, H, &one, w13, CUDA_R_16BF, H,
@@ -261,7 +239,7 @@ int bench_runner(const std::vector<std::string>& args) {
                        "gemm1");
           check_cublas(cublasGemmEx(handle, CUBLAS_OP_T, CUBLAS_OP_N, H, me, I, &one, w2, CUDA_R_16BF, I,
                                     h.get<bf16_raw>() + row * 2 * I, CUDA_R_16BF, 2 * I, &zero,
-                                    o.get<bf16_raw>() + row * H, CUDA_R_16BF, H, CUBLAS_COMPUTE_32F,
+                                    out.get<bf16_raw>() + row * H, CUDA_R_16BF, H, CUBLAS_COMPUTE_32F,
                                     CUBLAS_GEMM_DEFAULT),
                        "gemm2");
           row += me;
@@ -299,12 +277,87 @@ int bench_runner(const std::vector<std::string>& args) {
         std::snprintf(spd, sizeof spd, "%.2fx", cublas_ms[mi] / r.ms);
       }
       std::printf("| %lld | %s | %s | %.3f | %.0f | %.0f | %.2f | %s | %s | %s | %s |\n", M, format_name(r.f),
-                  r.engines.c_str(), r.ms,
-                  flops / (r.ms * 1e9), gbs, gbs / hbm_gbs, cub, spd, vs_bf16, vs_fp8);
+                  r.engines.c_str(), r.ms, flops / (r.ms * 1e9), gbs, gbs / hbm_gbs, cub, spd, vs_bf16, vs_fp8);
     }
   }
+  for (const std::string& sk : skipped) std::printf("\nskipped %s\n", sk.c_str());
   std::printf("\nHBM copy %.0f GB/s. TFLOP/s counts 2*M*3*H*I; weight GB/s counts the weights (and scales) of "
               "min(M, E) experts once.\n", hbm_gbs);
+  std::fflush(stdout);
+}
+
+int bench_runner(const std::vector<std::string>& args) {
+  Flags flags("bench runner");
+  flags.add("preset", "LIST", "model shapes: a name, a comma list, or all (default deepseek-v3)");
+  flags.add("local-experts", "N", "experts on this GPU (default: the preset's experts / 2, i.e. EP 2; 128 for deepseek-v3)");
+  flags.add("m", "LIST", "rows routed per rank (default 128,512,2048,8192,32768,131072)");
+  flags.add("formats", "LIST", "weight formats (default bf16,fp8,nvfp4)");
+  flags.add("quick", "", "M = 128,2048,32768 and fewer repetitions");
+  flags.add("reps", "N", "timed repetitions per point (median reported; default 7, quick 3)");
+  flags.add("no-cublas", "", "skip the cuBLAS baseline");
+  flags.add("engine", "NAME", "runner GEMM engine: auto (default), mma or cutlass (CUTLASS where the format allows)");
+  flags.add("iq", "NAME", "intermediate_quant: none (default) or fp8 (fp8 weights then run GEMM2 on fp8 too)");
+  if (wants_help(args)) {
+    std::printf("usage: epmoe bench runner [flags]\n%s", flags.help().c_str());
+    return 0;
+  }
+  try {
+    flags.parse(args);
+  } catch (const UsageError& e) {
+    std::fprintf(stderr, "%s\n", e.what());
+    return 2;
+  }
+  // Every flag is checked before the GPU is touched, so a typo fails fast on any machine.
+  Opts o;
+  o.presets = parse_presets(flags.has("preset") ? flags.get("preset") : "deepseek-v3");
+  o.local_experts = flags.get_int("local-experts", 0);
+  if (flags.has("local-experts") && o.local_experts <= 0)
+    throw UsageError("--local-experts: " + std::to_string(o.local_experts) + " must be positive");
+  const bool quick = flags.get_bool("quick", false);
+  o.reps = flags.get_int("reps", quick ? 3 : 7);
+  if (o.reps <= 0) throw UsageError("--reps: " + std::to_string(o.reps) + " must be positive");
+  o.Ms = quick ? std::vector<long long>{128, 2048, 32768} : std::vector<long long>{128, 512, 2048, 8192, 32768, 131072};
+  if (flags.has("m")) o.Ms = parse_int_list(flags.get("m"), "--m");
+  o.fmts = {WeightFormat::bf16, WeightFormat::fp8, WeightFormat::nvfp4};
+  if (flags.has("formats")) {
+    o.fmts.clear();
+    for (const std::string& tok : split_list(flags.get("formats"), "formats")) {
+      const auto f = parse_weight_format(tok);
+      if (!f) throw UsageError("--formats: unknown weight format '" + tok + "'; use bf16, fp8, nvfp4");
+      o.fmts.push_back(*f);
+    }
+  }
+  o.cublas = !flags.get_bool("no-cublas", false);
+  o.engine_name = flags.has("engine") ? flags.get("engine") : "auto";
+  o.engine = cuda::CudaRunner::parse_engine(o.engine_name, "--engine");
+  o.iq_name = flags.has("iq") ? flags.get("iq") : "none";
+  if (o.iq_name != "none" && o.iq_name != "fp8")
+    throw UsageError("--iq: '" + o.iq_name + "' is not an intermediate quantization; use none or fp8");
+  o.iq = o.iq_name == "fp8" ? IntermediateQuant::fp8 : IntermediateQuant::none;
+
+  std::string why;
+  if (cuda::device_count(&why) == 0) {
+    std::fprintf(stderr, "bench runner: no CUDA device (%s)\n", why.c_str());
+    return 1;
+  }
+  cudaDeviceProp prop{};
+  EPMOE_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
+  Timer timer;
+  // HBM ceiling: D2D copy of 2 GiB, once for every preset of the run.
+  double hbm_gbs = 0;
+  {
+    const size_t copy_bytes = size_t(2) << 30;
+    DeviceBuffer c0(copy_bytes), c1(copy_bytes);
+    EPMOE_CUDA_CHECK(cudaMemset(c0.get(), 1, copy_bytes));
+    const double copy_ms = timer.median_ms(
+        [&] { EPMOE_CUDA_CHECK(cudaMemcpyAsync(c1.get(), c0.get(), copy_bytes, cudaMemcpyDeviceToDevice)); }, 2, 5);
+    hbm_gbs = 2.0 * copy_bytes / (copy_ms * 1e6);
+  }
+  std::printf("# HBM copy (D2D, read+write): %.0f GB/s\n", hbm_gbs);
+  for (size_t i = 0; i < o.presets.size(); ++i) {
+    std::fprintf(stderr, "[bench runner] preset %zu/%zu: %s\n", i + 1, o.presets.size(), o.presets[i]->name.c_str());
+    bench_preset(o, *o.presets[i], hbm_gbs, timer, prop.name);
+  }
   return 0;
 }
 
