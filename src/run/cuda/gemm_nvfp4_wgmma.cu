@@ -157,36 +157,25 @@ __global__ void __launch_bounds__(kThreads) nvfp4_wgmma_kernel(GemmArgs p) {
     la = reinterpret_cast<const uint8_t*>(p.A + int64_t(c.mt.row0 + (aok ? tr : 0)) * K) + tq * 32;
     lok = ok;
   };
-  int l_local = 0, l_kt = 0, l_slot = 0;
-  Cur l_next{};
-  if (my_tiles > 0) {
-    enter_tile(tile_of(0));
-    if (my_tiles > 1) l_next = tile_of(1);
-  }
+  wg::LoadCursor<Cur> lc;
+  lc.start(my_tiles, tile_of, enter_tile);
   auto load_next = [&]() {
-    const uint32_t st = base + uint32_t(l_slot) * Layout::STAGE;
+    const uint32_t st = base + uint32_t(lc.slot) * Layout::STAGE;
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
       const bool v = (lok >> j) & 1u;
-      const uint8_t* src = (v ? lw[j >> 1] + (j & 1) * w32 : lw_masked) + int64_t(l_kt) * 64;
+      const uint8_t* src = (v ? lw[j >> 1] + (j & 1) * w32 : lw_masked) + int64_t(lc.kt) * 64;
       cp_async16(st + w_off + 2048u * j, src, v);
     }
-    cp_async8(st + Layout::S + tid * 8, ls + int64_t(l_kt) * 8, (lok >> 4) & 1u);
+    cp_async8(st + Layout::S + tid * 8, ls + int64_t(lc.kt) * 8, (lok >> 4) & 1u);
     const bool aok = (lok >> 5) & 1u;
-    const uint8_t* A = la + int64_t(l_kt) * kKS * 2;
+    const uint8_t* A = la + int64_t(lc.kt) * kKS * 2;
 #pragma unroll
     for (int sb = 0; sb < 2; ++sb)
 #pragma unroll
       for (int m = 0; m < 8; ++m)
         cp_async4(st + a_off + sb * 4096 + ((m ^ (tr & 7)) << 4), A + sb * 128 + m * 4, aok);
-    if (++l_slot == kStages) l_slot = 0;
-    if (++l_kt == KT) {
-      l_kt = 0;
-      if (++l_local < my_tiles) {
-        enter_tile(l_next);
-        if (l_local + 1 < my_tiles) l_next = tile_of(l_local + 1);
-      }
-    }
+    lc.advance(KT, kStages, my_tiles, tile_of, enter_tile);
   };
 
   float acc[2][16];

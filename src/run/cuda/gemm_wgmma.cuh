@@ -80,6 +80,35 @@ __device__ __forceinline__ void reg_fence(float (&d)[16]) {
   for (int i = 0; i < 16; ++i) asm volatile("" : "+f"(d[i])::"memory");
 }
 
+// The load cursor both decode engines use (this file and gemm_nvfp4_wgmma.cu): the next stage to
+// load is k-stage `kt` of the CTA's local tile `local`, into ring slot `slot`; `next` is the tile
+// table entry of tile local + 1, read when the cursor enters `local` so that its global-load
+// latency is a whole tile ahead of its use. `enter(tile)` computes the engine's per-tile pointers.
+template <class Tile>
+struct LoadCursor {
+  int local = 0, kt = 0, slot = 0;
+  Tile next{};
+  template <class TileOf, class Enter>
+  __device__ __forceinline__ void start(int my_tiles, TileOf&& tile_of, Enter&& enter) {
+    if (my_tiles > 0) {
+      enter(tile_of(0));
+      if (my_tiles > 1) next = tile_of(1);
+    }
+  }
+  // After a stage's copies are issued.
+  template <class TileOf, class Enter>
+  __device__ __forceinline__ void advance(int KT, int slots, int my_tiles, TileOf&& tile_of, Enter&& enter) {
+    if (++slot == slots) slot = 0;
+    if (++kt == KT) {
+      kt = 0;
+      if (++local < my_tiles) {
+        enter(next);
+        if (local + 1 < my_tiles) next = tile_of(local + 1);
+      }
+    }
+  }
+};
+
 #define EPMOE_WG_D16 \
   "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}"
 #define EPMOE_WG_OUT16(d)                                                                                  \
@@ -192,17 +221,11 @@ __global__ void __launch_bounds__(kThreads) wgmma_gemm_kernel(GemmArgs p) {
     }
     lok = ok;
   };
-  // Load cursor: the next stage to load is k-stage l_kt of local tile l_local into ring slot
-  // l_slot; l_next is the table entry of tile l_local + 1, read when the cursor enters l_local.
-  int l_local = 0, l_kt = 0, l_slot = 0;
-  Cur l_next{};
-  if (my_tiles > 0) {
-    enter_tile(tile_of(0));
-    if (my_tiles > 1) l_next = tile_of(1);
-  }
+  LoadCursor<Cur> lc;
+  lc.start(my_tiles, tile_of, enter_tile);
   auto load_next = [&]() {
-    const uint32_t st = base + uint32_t(l_slot) * Layout::STAGE;
-    const int64_t k0 = int64_t(l_kt) * kRowBytes;
+    const uint32_t st = base + uint32_t(lc.slot) * Layout::STAGE;
+    const int64_t k0 = int64_t(lc.kt) * kRowBytes;
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
       const bool v = (lok >> j) & 1u;
@@ -213,18 +236,11 @@ __global__ void __launch_bounds__(kThreads) wgmma_gemm_kernel(GemmArgs p) {
     for (int j = 0; j < 2; ++j) cp_async16(st + Layout::A + sw_off + 2048u * j, la[j] + k0, (lok >> (8 + j)) & 1u);
     if constexpr (FP8) {
       if (tid < kBT)
-        cp_async4(st + Layout::SA + tid * 4, lsa + int64_t(l_kt) * p.a_scales_ld, (lok >> 10) & 1u);
+        cp_async4(st + Layout::SA + tid * 4, lsa + int64_t(lc.kt) * p.a_scales_ld, (lok >> 10) & 1u);
       else if (tid < kBT + 2)
-        cp_async4(st + Layout::SW + (tid - kBT) * 4, lsw + l_kt, true);
+        cp_async4(st + Layout::SW + (tid - kBT) * 4, lsw + lc.kt, true);
     }
-    if (++l_slot == kSlots) l_slot = 0;
-    if (++l_kt == KT) {
-      l_kt = 0;
-      if (++l_local < my_tiles) {
-        enter_tile(l_next);
-        if (l_local + 1 < my_tiles) l_next = tile_of(l_local + 1);
-      }
-    }
+    lc.advance(KT, kSlots, my_tiles, tile_of, enter_tile);
   };
 
   float acc[2][16], part[2][16];
