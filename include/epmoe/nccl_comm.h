@@ -37,7 +37,9 @@ bool launched_under_mpi();
 // OMPI_COMM_WORLD_LOCAL_RANK, the id exchanged through a file in EPMOE_BOOTSTRAP_DIR (default
 // /tmp, must be shared by the ranks of a node) named after the job (EPMOE_JOB_ID, else the PMIx
 // namespace or Open MPI job id). No MPI library is linked. Multi-node jobs need a shared
-// EPMOE_BOOTSTRAP_DIR. Throws UsageError when not under mpirun or when no job id is found.
+// EPMOE_BOOTSTRAP_DIR. Every rank must create its communicators in the same order (the n-th call
+// of each rank meets the n-th of the others). Throws UsageError when not under mpirun or when no
+// job id is found.
 std::unique_ptr<Communicator> make_nccl_comm_from_env(int timeout_ms = 60000);
 
 // The NCCL communicator behind `comm`, or null when `comm` is not of kind "nccl".

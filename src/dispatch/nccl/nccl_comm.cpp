@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <atomic>
 #include <cstring>
 #include <set>
 #include <thread>
@@ -250,7 +251,12 @@ std::unique_ptr<Communicator> make_nccl_comm_from_env(int timeout_ms) {
   const int local = std::getenv("OMPI_COMM_WORLD_LOCAL_RANK") ? env_int("OMPI_COMM_WORLD_LOCAL_RANK") : rank;
   const char* dir_env = std::getenv("EPMOE_BOOTSTRAP_DIR");
   const std::string dir = dir_env && *dir_env ? dir_env : "/tmp";
-  const std::string path = dir + "/epmoe-nccl-" + job_id() + ".id";
+  // The n-th communicator a process creates meets the n-th of every other rank (all ranks create
+  // them in the same order): a file per creation, so that a rank that is already on its next
+  // creation can never read the id of the previous one before rank 0 has removed it.
+  static std::atomic<uint64_t> created{0};
+  const uint64_t seq = created.fetch_add(1);
+  const std::string path = dir + "/epmoe-nccl-" + job_id() + "-" + std::to_string(seq) + ".id";
   ncclUniqueId id{};
   if (rank == 0) {
     id = make_nccl_unique_id();
