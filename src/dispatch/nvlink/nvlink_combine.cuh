@@ -112,11 +112,11 @@ __device__ void combine_sum(const Args& a, uint64_t e) {
   const size_t ps = payload_bytes(CF, a.H), ss = scale_bytes(CF, a.H);
   const uint8_t* mine = a.peer_base[me];
   const int P = a2a::units_per_row(a.H);
-  int parts = 1;  // few tokens: split rows so that more warps work
-  while (parts * 2 <= P && a.T * parts * 2 <= nw) parts *= 2;
+  int parts = 1, lp = 0;  // few tokens: split rows so that more warps work (parts = 2^lp)
+  while (parts * 2 <= P && a.T * parts * 2 <= nw) parts *= 2, ++lp;
   for (int64_t w = gw; w < a.T * parts; w += nw) {
-    const int64_t t = w / parts;
-    const int part = int(w % parts);
+    const int64_t t = w >> lp;
+    const int part = int(w & (parts - 1));
     const int u0 = part * P / parts, u1 = (part + 1) * P / parts;
     const int j = lane < R ? a.slot_map[t * R + lane] : -1;
     const uint8_t* prow = nullptr;
@@ -210,21 +210,24 @@ __device__ inline void combine_sum_r2_bf16(const Args& a, uint64_t e) {
   const size_t ps = payload_bytes(ActFormat::bf16, a.H);
   const uint8_t* mine = a.peer_base[me];
   const int P = a2a::units_per_row(a.H), nch = a.H >> 3;
-  int parts = 1;
-  while (parts * 2 <= P && a.T * parts * 2 <= nw) parts *= 2;
+  // parts = 2^lp assignments per token; shifts instead of 64-bit divisions by it (run 16: per-step
+  // index arithmetic is a visible share of these kernels' instructions).
+  int parts = 1, lp = 0;
+  while (parts * 2 <= P && a.T * parts * 2 <= nw) parts *= 2, ++lp;
   const int64_t nassign = a.T * parts;
   extern __shared__ uint4 dyn[];
   uint4* ring = dyn + size_t(sw) * kStages * 256;  // [stage][partial][chunk i][lane]
   int32_t* meta = reinterpret_cast<int32_t*>(dyn + size_t(nsw) * kStages * 256) + size_t(sw) * kStages * 4;
 
   // Issuing side: assignment w (token t, units [u0, u1)), its partial rows p0, p1 (n valid).
-  int64_t iw = gw;
+  int64_t iw = gw, it = 0;  // assignment and its token
   int iu = 0, iu1 = 0, n = 0;
   const uint8_t* p0 = nullptr;
   const uint8_t* p1 = nullptr;
   auto enter = [&]() {  // iw < nassign: acquire the token's rows
-    const int64_t t = iw / parts;
-    const int part = int(iw % parts);
+    const int64_t t = iw >> lp;
+    const int part = int(iw & (parts - 1));
+    it = t;
     iu = part * P / parts;
     iu1 = (part + 1) * P / parts;
     const int j = lane < 2 ? a.slot_map[t * 2 + lane] : -1;
@@ -262,7 +265,7 @@ __device__ inline void combine_sum_r2_bf16(const Args& a, uint64_t e) {
     }
     if (lane == 0) {
       int32_t* m = meta + stage * 4;
-      m[0] = int32_t(iw / parts);  // T <= C < 2^31
+      m[0] = int32_t(it);  // T <= C < 2^31
       m[1] = iu;
       m[2] = n;
     }
@@ -274,7 +277,7 @@ __device__ inline void combine_sum_r2_bf16(const Args& a, uint64_t e) {
   // Summing side: the same sequence, kStages-1 steps behind.
   int64_t nsteps = 0;
   for (int64_t w = gw; w < nassign; w += nw) {
-    const int part = int(w % parts);
+    const int part = int(w & (parts - 1));
     nsteps += (part + 1) * P / parts - part * P / parts;
   }
 #pragma unroll
