@@ -1,13 +1,16 @@
 // The "nccl" dispatcher: host-orchestrated, works over any NCCL transport (NVLink, PCIe, network).
-//   dispatch  1. on the GPU: validate ids and count this rank's tokens per destination (per chunk);
-//             2. all_gather a small header (status, bad id, counts) so every rank raises the same
-//                UsageError before any payload moves;
+//   dispatch  1. on the GPU: validate ids and count this rank's tokens per destination (per chunk),
+//                then a one-warp kernel folds them into this rank's header (status, bad id, counts);
+//             2. all_gather the headers on the GPU, one copy to the host and one bounded wait, so
+//                every rank raises the same UsageError before any payload moves;
 //             3. on the GPU: deterministic slots (prefix sums) and the quantized copies packed per
 //                destination; ncclSend/ncclRecv of payload, scales, ids and weights in one group;
 //             4. expert counts of the received slots.
 //   combine   each region [s] of y (n[s] valid rows, contiguous) goes back to rank s as is (bf16) or
 //             fp8-encoded; the home rank sums in ascending rank order (combine/reduce.h's rule).
-// Host synchronisation: once per dispatch (the header exchange); combine does not wait.
+// Host synchronisation: once per dispatch (after the header all_gather: the host needs the counts
+// to size the sends); combine does not wait.
+#include <climits>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -25,6 +28,39 @@ constexpr int kMaxPlanCtas = 128;
 // Header exchanged per dispatch: status, T, bad token, bad k, bad id, then R counts.
 enum : int32_t { kOk = 0, kCapacity = 1, kBadId = 2, kNullInput = 3, kNegative = 4 };
 constexpr int kHeader = 5;
+
+// This rank's header from the device's view: the host-known status `code` (kOk unless T or the
+// inputs were rejected on the host), the first bad (token, k) and its id from count_kernel's
+// `bad` (which it then resets to INT_MAX for the next dispatch), and the per-destination counts
+// summed over the G chunks. One warp.
+__global__ void header_kernel(int32_t code, int32_t T, int G, int R, int K, const int32_t* chunk_counts, int* bad,
+                              const int32_t* ids, int32_t* header) {
+  const int lane = threadIdx.x;
+  if (lane == 0) {
+    int32_t c = code, bt = 0, bk = 0, bid = 0;
+    if (c == kOk && G > 0) {
+      const int b = *bad;
+      if (b != INT_MAX) {
+        c = kBadId;
+        bt = b / K;
+        bk = b % K;
+        bid = ids[b];
+        *bad = INT_MAX;
+      }
+    }
+    header[0] = c;
+    header[1] = T;
+    header[2] = bt;
+    header[3] = bk;
+    header[4] = bid;
+  }
+  for (int d = lane; d < R; d += 32) {
+    int32_t n = 0;
+    if (code == kOk)
+      for (int b = 0; b < G; ++b) n += chunk_counts[size_t(b) * R + d];
+    header[kHeader + d] = n;
+  }
+}
 
 class NcclDispatcher final : public Dispatcher {
  public:
@@ -51,6 +87,12 @@ class NcclDispatcher final : public Dispatcher {
     EPMOE_CUDA_CHECK(cudaMemset(recv_.ids.get(), 0xff, slots * K * 4));
     chunk_counts_.reserve(size_t(kMaxPlanCtas) * R_ * 4);
     bad_.reserve(4);
+    {
+      const int big = INT_MAX;  // header_kernel keeps this invariant between dispatches
+      EPMOE_CUDA_CHECK(cudaMemcpy(bad_.get(), &big, 4, cudaMemcpyHostToDevice));
+    }
+    header_dev_.reserve(size_t(kHeader + R_) * 4);
+    all_dev_.reserve(size_t(R_) * (kHeader + R_) * 4);
     slot_map_.reserve(size_t(C) * R_ * 4);
     counts_.reserve(size_t(R_) * 4);
     EPMOE_CUDA_CHECK(cudaMemset(counts_.get(), 0, size_t(R_) * 4));
@@ -59,8 +101,10 @@ class NcclDispatcher final : public Dispatcher {
     comb_send_scales_.reserve(std::max<size_t>(16, slots * css_));
     comb_recv_payload_.reserve(slots * cps_);
     comb_recv_scales_.reserve(std::max<size_t>(16, slots * css_));
-    EPMOE_CUDA_CHECK(cudaMallocHost(&host_, size_t(kMaxPlanCtas) * R_ * 4 + 64 + size_t(R_) * 4));
-    host_counts_ = reinterpret_cast<int32_t*>(static_cast<uint8_t*>(host_) + size_t(kMaxPlanCtas) * R_ * 4 + 64);
+    // Pinned: [R][kHeader + R] all-gathered headers, then R counts for the runner.
+    EPMOE_CUDA_CHECK(cudaMallocHost(&host_, size_t(R_) * (kHeader + R_) * 4 + size_t(R_) * 4));
+    host_all_ = static_cast<int32_t*>(host_);
+    host_counts_ = host_all_ + size_t(R_) * (kHeader + R_);
     send_counts_.assign(R_, 0);
     recv_counts_.assign(R_, 0);
     EPMOE_CUDA_CHECK(cudaDeviceSynchronize());
@@ -81,38 +125,29 @@ class NcclDispatcher final : public Dispatcher {
     const int C = cfg_.capacity, H = cfg_.hidden, K = cfg_.top_k, E = cfg_.num_experts;
     const int64_t T = in.num_tokens;
 
-    // 1. Local validation and counts.
-    std::vector<int32_t> header(kHeader + R_, 0);
-    header[1] = static_cast<int32_t>(T);
+    // 1. Local validation and counts, and this rank's header, on the device.
+    int32_t code = kOk;
+    if (T < 0) code = kNegative;
+    else if (T > C) code = kCapacity;
+    else if (T > 0 && (!in.hidden || !in.topk_ids || !in.topk_weights)) code = kNullInput;
     const int G = plan_ctas(T, kMaxPlanCtas);
     const int64_t chunk = T > 0 ? (T + G - 1) / G : 0;
-    if (T < 0) header[0] = kNegative;
-    else if (T > C) header[0] = kCapacity;
-    else if (T > 0 && (!in.hidden || !in.topk_ids || !in.topk_weights)) header[0] = kNullInput;
-    if (header[0] == kOk && T > 0) {
-      const int big = 0x7fffffff;
-      EPMOE_CUDA_CHECK(cudaMemcpyAsync(bad_.get(), &big, 4, cudaMemcpyHostToDevice, st));
+    const bool counted = code == kOk && T > 0;
+    if (counted) {
       a2a::count_kernel<<<G, a2a::kCountThreads, 0, st>>>(placement_->get(), in.topk_ids, K, me_, T, chunk,
                                                           chunk_counts_.get<int32_t>(), bad_.get<int>());
       EPMOE_CUDA_CHECK_LAUNCH();
-      int32_t* h_chunks = static_cast<int32_t*>(host_);
-      int32_t* h_bad = h_chunks + size_t(kMaxPlanCtas) * R_;
-      EPMOE_CUDA_CHECK(cudaMemcpyAsync(h_chunks, chunk_counts_.get(), size_t(G) * R_ * 4, cudaMemcpyDeviceToHost, st));
-      EPMOE_CUDA_CHECK(cudaMemcpyAsync(h_bad, bad_.get(), 4, cudaMemcpyDeviceToHost, st));
-      comm_.wait(st, "dispatch/plan");
-      if (*h_bad != 0x7fffffff) {
-        header[0] = kBadId;
-        header[2] = *h_bad / K;
-        header[3] = *h_bad % K;
-        EPMOE_CUDA_CHECK(cudaMemcpy(&header[4], in.topk_ids + *h_bad, 4, cudaMemcpyDeviceToHost));
-      } else {
-        for (int b = 0; b < G; ++b)
-          for (int d = 0; d < R_; ++d) header[kHeader + d] += h_chunks[size_t(b) * R_ + d];
-      }
     }
+    header_kernel<<<1, 32, 0, st>>>(code, static_cast<int32_t>(T), counted ? G : 0, R_, K, chunk_counts_.get<int32_t>(),
+                                    bad_.get<int>(), in.topk_ids, header_dev_.get<int32_t>());
+    EPMOE_CUDA_CHECK_LAUNCH();
 
-    // 2. Everyone learns everyone's counts, or everyone's errors.
-    const std::vector<int32_t> all = comm_.all_gather_i32(header.data(), kHeader + R_, "dispatch/counts", st);
+    // 2. Everyone learns everyone's counts, or everyone's errors: one all_gather on the stream, one
+    //    copy to pinned memory, one bounded wait (a rank that never arrives is named there).
+    EPMOE_NCCL_CHECK(ncclAllGather(header_dev_.get(), all_dev_.get(), size_t(kHeader + R_), ncclInt32, comm_.handle(), st));
+    EPMOE_CUDA_CHECK(cudaMemcpyAsync(host_all_, all_dev_.get(), size_t(R_) * (kHeader + R_) * 4, cudaMemcpyDeviceToHost, st));
+    comm_.wait(st, "dispatch/counts");
+    const int32_t* all = host_all_;
     std::string errors;
     for (int r = 0; r < R_; ++r) {
       const int32_t* h = &all[size_t(r) * (kHeader + R_)];
@@ -289,8 +324,10 @@ class NcclDispatcher final : public Dispatcher {
   Region send_, recv_;
   cuda::DeviceBuffer chunk_counts_, bad_, slot_map_, counts_, expert_counts_;
   cuda::DeviceBuffer comb_send_payload_, comb_send_scales_, comb_recv_payload_, comb_recv_scales_;
+  cuda::DeviceBuffer header_dev_, all_dev_;
   void* host_ = nullptr;
-  int32_t* host_counts_ = nullptr;
+  int32_t* host_all_ = nullptr;     // pinned [R][kHeader + R]
+  int32_t* host_counts_ = nullptr;  // pinned [R]
   std::vector<int32_t> send_counts_, recv_counts_, prev_recv_ = std::vector<int32_t>(a2a::kMaxRanks, 0);
   int64_t T_ = 0;
   bool have_dispatch_ = false;
