@@ -4,6 +4,7 @@
 #   epmoe run                   (qwen3-30b-a3b stack, nvlink + cuda, accuracy table + tokens/s per GPU)
 #   epmoe bench layer --quick   (DeepSeek-V3 shapes, 128 and 4096 tokens per rank)
 #   epmoe bench layer --quick --dispatcher nccl --formats fp8   (the host-driven dispatcher)
+#   epmoe bench a2a --quick --formats fp8   (both dispatchers; the copy-engine ceiling through CUDA IPC)
 # and prints their output. Exits non-zero when mpirun is missing, when it is not Open MPI (the
 # ranks find each other through OMPI_COMM_WORLD_*), when there are too few GPUs, or when a run fails.
 #   scripts/mpirun_check.sh [NP]      (default 2; builds build-gpu/epmoe when it is missing)
@@ -50,7 +51,8 @@ run run run
 run bench bench layer --quick
 # The host-driven dispatcher across processes (the path that also runs across nodes).
 run nccl bench layer --quick --dispatcher nccl --formats fp8
+run a2a bench a2a --quick --formats fp8
 
 echo
-if [ "$failed" -ne 0 ]; then die "$failed of 3 mpirun runs failed (see above)"; fi
-echo "mpirun_check: all 3 runs passed under mpirun -np $np"
+if [ "$failed" -ne 0 ]; then die "$failed of 4 mpirun runs failed (see above)"; fi
+echo "mpirun_check: all 4 runs passed under mpirun -np $np"

@@ -63,11 +63,6 @@ struct Opts {
   uint64_t seed = 1;
 };
 
-bool rank0_process() {
-  const char* r = std::getenv("OMPI_COMM_WORLD_RANK");
-  return !under_mpirun() || (r && std::atoi(r) == 0);
-}
-
 bool capturable(const std::string& dispatcher) { return dispatcher == "nvlink" || dispatcher == "local"; }
 
 // ---- weights ------------------------------------------------------------------------------------

@@ -115,6 +115,11 @@ int default_gpu_ranks() {
 
 int ranks_in_this_process(int num_ranks) { return under_mpirun() ? 1 : num_ranks; }
 
+bool rank0_process() {
+  const char* r = std::getenv("OMPI_COMM_WORLD_RANK");
+  return !under_mpirun() || (r && std::atoi(r) == 0);
+}
+
 void launch_gpu_ranks(int num_ranks, int timeout_ms, const std::function<void(Communicator&)>& fn) {
 #if defined(EPMOE_WITH_CUDA)
   if (num_ranks < 1) throw UsageError("ranks=" + std::to_string(num_ranks) + " must be at least 1");

@@ -39,6 +39,8 @@ bool under_mpirun();
 int default_gpu_ranks();
 // Ranks that live in this process: 1 under mpirun, else `num_ranks`.
 int ranks_in_this_process(int num_ranks);
+// True in the process that holds rank 0 (the one that prints): always outside mpirun.
+bool rank0_process();
 
 // Starts `num_ranks` GPU ranks and calls fn(comm) once per rank, with that rank's device current:
 //   - under mpirun: this process is one rank (make_nccl_comm_from_env); the world size must be

@@ -196,11 +196,6 @@ struct Row {
   WeightFormat wf;
 };
 
-bool prints() {
-  const char* r = std::getenv("OMPI_COMM_WORLD_RANK");
-  return !under_mpirun() || (r && std::atoi(r) == 0);
-}
-
 // One table row: the stack in one format pair, this rank's part. Collective.
 void run_row_rank(Communicator& comm, const RunSetup& s, const Row& row) {
   MoeConfig c = s.cfg;
@@ -214,7 +209,7 @@ void run_row_rank(Communicator& comm, const RunSetup& s, const Row& row) {
   const int threads = host_threads_per_rank(ranks_in_this_process(R));
   const ExpertPlacement pl = c.resolved_placement();
   const std::string tag = std::string("dispatch=") + format_name(row.act) + " weights=" + format_name(row.wf);
-  const bool talk = r == 0 && prints();
+  const bool talk = r == 0 && rank0_process();
 
   std::vector<bf16_raw> h = random_hidden(T, H, s.seed * 7919 + 17 + uint64_t(r));
   std::vector<double> ref = oracle::widen_bf16(h.data(), size_t(S) * H);
@@ -355,7 +350,7 @@ int run_multi(const RunSetup& s) {
     for (ActFormat f : {ActFormat::bf16, ActFormat::fp8, ActFormat::nvfp4})
       rows.push_back({f, s.weights_given ? c.weight_format : weight_family(f)});
   }
-  const bool talk = prints();
+  const bool talk = rank0_process();
   if (talk) {
     std::printf("epmoe run (%d GPUs, %s): preset %s, H=%d I=%d E=%d K=%d, %d layer%s, dispatcher %s, runner %s, "
                 "tokens",
@@ -395,7 +390,7 @@ int run_multi(const RunSetup& s) {
   // which take seconds and differ between ranks. The kernels' own waits keep cfg.timeout_ms.
   launch_gpu_ranks(R, std::max(c.timeout_ms, 120000), [&](Communicator& comm) {
     for (const Row& row : ok) {
-      if (comm.rank() == 0 && prints())
+      if (comm.rank() == 0 && rank0_process())
         std::fprintf(stderr, "[epmoe run] dispatch=%s weights=%s: %d layers\n", format_name(row.act),
                      format_name(row.wf), s.layers);
       run_row_rank(comm, s, row);
