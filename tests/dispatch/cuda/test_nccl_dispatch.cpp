@@ -1,6 +1,7 @@
 // The multi-GPU dispatchers "nccl" and "nvlink" against the cpu fabric and the oracle of
 // dispatch_harness.h, bitwise: received payload/scales/ids/weights/counts/expert counts, and the
-// combine sum. Needs 2 GPUs (skipped with the reason otherwise).
+// combine sum. Needs 2 GPUs (skipped with the reason otherwise). Runs with a thread per GPU, or one
+// process per GPU under mpirun (common/gpu_ranks.h), where each process checks its own rank.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -12,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "common/gpu_ranks.h"
 #include "dispatch/dispatch_harness.h"
 #include "dispatch/nccl/a2a_host.h"
 #include "epmoe/error.h"
@@ -22,25 +24,20 @@ namespace {
 
 #define CK(x) ASSERT_EQ(cudaSuccess, (x)) << #x
 
-int gpus() {
-  int n = 0;
-  if (cudaGetDeviceCount(&n) != cudaSuccess) {
-    cudaGetLastError();
-    return 0;
-  }
-  return n;
-}
-
 #define NEED_GPUS(n)                                                                                 \
   do {                                                                                               \
-    const int have_ = gpus();                                                                        \
-    if (have_ < (n)) GTEST_SKIP() << "needs " << (n) << " GPUs, this machine has " << have_;         \
+    const int have_ = gpu_ranks_available();                                                         \
+    if (have_ < (n))                                                                                 \
+      GTEST_SKIP() << "needs " << (n) << " GPU ranks, " << (tests_under_mpirun() ? "this mpirun job has " \
+                                                                                 : "this machine has ")   \
+                   << have_;                                                                         \
   } while (0)
 
-std::vector<std::unique_ptr<Communicator>> group(int R, int timeout_ms = 10000) {
-  std::vector<int> devs(R);
-  for (int r = 0; r < R; ++r) devs[r] = r;
-  return make_nccl_group(devs, timeout_ms);
+std::vector<std::unique_ptr<Communicator>> group(int R, int timeout_ms = 10000) { return gpu_group(R, timeout_ms); }
+
+// The size of the group `comms` belongs to (under mpirun `comms` holds this process's rank only).
+size_t group_size(const std::vector<std::unique_ptr<Communicator>>& comms) {
+  return comms.empty() ? 0 : size_t(comms[0]->size());
 }
 
 // Device copies of one rank's inputs and outputs.
@@ -177,7 +174,7 @@ RoundTrip gpu_round_trip(const MoeConfig& cfg, std::vector<std::unique_ptr<Commu
 }
 
 std::vector<std::unique_ptr<Dispatcher>> create_all(const MoeConfig& cfg, std::vector<std::unique_ptr<Communicator>>& comms) {
-  std::vector<std::unique_ptr<Dispatcher>> d(comms.size());
+  std::vector<std::unique_ptr<Dispatcher>> d(group_size(comms));
   run_ranks(comms, [&](Communicator& c) {
     d[c.rank()] = Registry::global().find_dispatcher(cfg.dispatcher)->create(cfg, c);
   });
@@ -187,6 +184,7 @@ std::vector<std::unique_ptr<Dispatcher>> create_all(const MoeConfig& cfg, std::v
 void expect_same(const MoeConfig& cfg, const std::vector<RankInput>& in, const RoundTrip& gpu, const std::string& ctx) {
   const RoundTrip cpu = cpu_round_trip(cfg, in);
   for (int r = 0; r < cfg.num_ranks; ++r) {
+    if (!is_local_rank(r)) continue;
     expect_received(cfg, cpu.recv[r], gpu.recv[r], ctx + " rank " + std::to_string(r) + " vs cpu fabric");
     expect_received(cfg, expected_receive(cfg, in, r), gpu.recv[r], ctx + " rank " + std::to_string(r) + " vs oracle");
     ASSERT_EQ(cpu.out[r].size(), gpu.out[r].size());
@@ -198,7 +196,7 @@ void expect_same(const MoeConfig& cfg, const std::vector<RankInput>& in, const R
 // Runs fn on every rank; each rank's UsageError message, "" where fn returned normally.
 std::vector<std::string> usage_errors(std::vector<std::unique_ptr<Communicator>>& comms,
                                       const std::function<void(Communicator&)>& fn) {
-  std::vector<std::string> msgs(comms.size());
+  std::vector<std::string> msgs(group_size(comms));
   run_ranks(comms, [&](Communicator& comm) {
     try {
       fn(comm);
@@ -323,6 +321,7 @@ TEST(NcclNvlinkDispatch, CapacityAndBadIdErrorsOnEveryRank) {
         detail::gpu_dispatcher_sync(*disps[r], nullptr);
       });
       for (int r = 0; r < 2; ++r) {
+        if (!is_local_rank(r)) continue;
         if (which == 0) {
           EXPECT_NE(msgs[r].find("rank 0: T=33 tokens exceeds capacity C=32"), std::string::npos) << name << ": " << msgs[r];
         } else {
@@ -346,7 +345,9 @@ TEST(NcclNvlinkDispatch, MismatchedConfigurationIsAnError) {
       MoeConfig cfg = small_config(name, ActFormat::bf16, ActFormat::bf16, c.rank() == 0 ? 64 : 65);
       Registry::global().find_dispatcher(name)->create(cfg, c);
     });
-    for (int r = 0; r < 2; ++r) EXPECT_NE(msgs[r].find("differs between ranks"), std::string::npos) << name << ": " << msgs[r];
+    for (int r = 0; r < 2; ++r)
+      if (is_local_rank(r))
+        EXPECT_NE(msgs[r].find("differs between ranks"), std::string::npos) << name << ": " << msgs[r];
   }
 }
 
@@ -392,7 +393,7 @@ TEST(NcclNvlinkDispatch, ThousandBackToBackCalls) {
     // Step 999 used input 3 with y = 0.5 everywhere: out[t] = 0.5 * (number of ranks t went to).
     const auto& in = ins[3];
     for (int r = 0; r < 2; ++r)
-      for (int64_t t = 0; t < in[r].T; ++t) {
+      for (int64_t t = 0; is_local_rank(r) && t < in[r].T; ++t) {
         const int n = ranks_reached(cfg, in[r], r, t);
         ASSERT_EQ(num::f32_to_bf16(0.5f * n), outs[r][t * cfg.hidden]) << name << " rank " << r << " token " << t;
         ASSERT_EQ(num::f32_to_bf16(0.5f * n), outs[r][t * cfg.hidden + cfg.hidden - 1]) << name;
@@ -445,6 +446,7 @@ TEST(NvlinkDispatch, CudaGraphReplay) {
     cudaGraphDestroy(g);
   });
   for (int r = 0; r < 2; ++r) {
+    if (!is_local_rank(r)) continue;
     ASSERT_EQ("", errs[r]);
     for (int64_t t = 0; t < in[r].T; ++t) {
       const int n = ranks_reached(cfg, in[r], r, t);
@@ -521,6 +523,7 @@ TEST(NvlinkDispatch, RanksWithDifferentCommSms) {
 // nvlink: a rank that never dispatches is named in a TimeoutError instead of a hang.
 TEST(NvlinkDispatch, MissingPeerIsNamedInTimeout) {
   NEED_GPUS(2);
+  if (tests_under_mpirun()) GTEST_SKIP() << "simulates the missing rank with a thread that does not call; one process only";
   auto comms = group(2, 3000);
   MoeConfig cfg = small_config("nvlink", ActFormat::bf16, ActFormat::bf16, 32);
   cfg.timeout_ms = 300;

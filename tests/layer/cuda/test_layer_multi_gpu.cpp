@@ -5,7 +5,8 @@
 // (tests/run/cuda: max|a-b|/max|ref| <= 3e-2, 1-cos <= 1e-3; 1e-1 with an fp8 combine or an fp8
 // intermediate, where one e4m3 step of a block can follow from a small runner difference: with
 // 3600 rows of an fp8 intermediate, run 12 measured 3.98e-2 at 1-cos 1.2e-4, a rounding flip, not a
-// wrong row, which would be near 1). One rank has T = 0 in most cases.
+// wrong row, which would be near 1). One rank has T = 0 in most cases. Runs with a thread per GPU, or
+// one process per GPU under mpirun (common/gpu_ranks.h), where each process checks its own rank.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -20,6 +21,7 @@
 #include "quant/cuda/gpu_test_util.h"
 
 #if defined(EPMOE_WITH_NCCL)
+#include "common/gpu_ranks.h"
 #include "epmoe/nccl_comm.h"
 #endif
 
@@ -27,15 +29,6 @@ namespace epmoe::test {
 namespace {
 
 #if defined(EPMOE_WITH_NCCL)
-
-int visible_gpus() {
-  int n = 0;
-  if (cudaGetDeviceCount(&n) != cudaSuccess) {
-    cudaGetLastError();
-    return 0;
-  }
-  return n;
-}
 
 struct Case {
   std::string name;
@@ -148,7 +141,7 @@ void run_case(const std::string& dispatcher, const Case& k, uint32_t seed) {
     MoeConfig c = cfg;
     c.dispatcher = dispatcher;
     c.runner = "cuda";
-    auto comms = make_nccl_group({0, 1}, 20000);
+    auto comms = gpu_group(2, 20000);
     run_ranks(comms, [&](Communicator& comm) {
       const int r = comm.rank(), dev = comm.device_index();
       EPMOE_CUDA_CHECK(cudaSetDevice(dev));
@@ -195,6 +188,7 @@ void run_case(const std::string& dispatcher, const Case& k, uint32_t seed) {
   }
 
   for (int r = 0; r < R; ++r) {
+    if (!is_local_rank(r)) continue;
     SCOPED_TRACE("rank " + std::to_string(r));
     ASSERT_EQ(out_gpu[r].size(), out_cpu[r].size());
     EXPECT_EQ(first_diff(out_gpu2[r], out_gpu[r]), -1)
@@ -211,19 +205,20 @@ void run_case(const std::string& dispatcher, const Case& k, uint32_t seed) {
 }
 
 void run_all(const std::string& dispatcher) {
-  const uint32_t seed = std::random_device{}();
+  // Fresh data each run; under mpirun every process must build the same inputs and weights.
+  const uint32_t seed = tests_under_mpirun() ? 20261129u : std::random_device{}();
   for (const Case& k : cases()) run_case(dispatcher, k, seed);
 }
 
 TEST(LayerMultiGpu, NvlinkCudaMatchesCpuFabric) {
-  const int n = visible_gpus();
-  if (n < 2) GTEST_SKIP() << "needs 2 GPUs, this machine has " << n;
+  const int n = gpu_ranks_available();
+  if (n < 2) GTEST_SKIP() << "needs 2 GPU ranks, " << (tests_under_mpirun() ? "this mpirun job has " : "this machine has ") << n;
   run_all("nvlink");
 }
 
 TEST(LayerMultiGpu, NcclCudaMatchesCpuFabric) {
-  const int n = visible_gpus();
-  if (n < 2) GTEST_SKIP() << "needs 2 GPUs, this machine has " << n;
+  const int n = gpu_ranks_available();
+  if (n < 2) GTEST_SKIP() << "needs 2 GPU ranks, " << (tests_under_mpirun() ? "this mpirun job has " : "this machine has ") << n;
   run_all("nccl");
 }
 
