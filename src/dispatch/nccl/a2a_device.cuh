@@ -304,7 +304,7 @@ __device__ inline void reduce_row(ActFormat f, int H, int n, const uint8_t* my_p
       uint32_t o[4];
 #pragma unroll
       for (int i = 0; i < 4; ++i)
-        o[i] = uint32_t(num::f32_to_bf16(acc[2 * i])) | (uint32_t(num::f32_to_bf16(acc[2 * i + 1])) << 16);
+        o[i] = cuda::dev::bf16x2_exact(acc[2 * i], acc[2 * i + 1]);
       reinterpret_cast<uint4*>(out)[c] = make_uint4(o[0], o[1], o[2], o[3]);
     }
   }

@@ -266,7 +266,7 @@ __device__ __forceinline__ uint4 sum_chunk2(int n, const uint4& a, float sa, con
   }
   uint32_t o[4];
 #pragma unroll
-  for (int k = 0; k < 4; ++k) o[k] = uint32_t(num::f32_to_bf16(acc[2 * k])) | (uint32_t(num::f32_to_bf16(acc[2 * k + 1])) << 16);
+  for (int k = 0; k < 4; ++k) o[k] = cuda::dev::bf16x2_exact(acc[2 * k], acc[2 * k + 1]);
   return make_uint4(o[0], o[1], o[2], o[3]);
 }
 
@@ -280,7 +280,7 @@ __device__ __forceinline__ void sum_store(const float (*acc)[8], int H, int e0, 
     uint32_t o[4];
 #pragma unroll
     for (int k = 0; k < 4; ++k)
-      o[k] = uint32_t(num::f32_to_bf16(acc[i][2 * k])) | (uint32_t(num::f32_to_bf16(acc[i][2 * k + 1])) << 16);
+      o[k] = cuda::dev::bf16x2_exact(acc[i][2 * k], acc[i][2 * k + 1]);
     reinterpret_cast<uint4*>(out_row)[c] = make_uint4(o[0], o[1], o[2], o[3]);
   }
 }

@@ -9,6 +9,19 @@
 
 namespace epmoe::cuda::dev {
 
+// Two floats to bf16x2 (lo in the low half), bitwise equal to num::f32_to_bf16 on each: the
+// hardware conversion is round-to-nearest-even like it for every non-NaN value (subnormals kept,
+// overflow to Inf); a NaN keeps its payload with the quiet bit set in num::f32_to_bf16 where the
+// hardware returns the canonical NaN, so NaNs take the software path. One F2FP instead of ~12
+// integer instructions per pair on the bitwise sums of the combine.
+__device__ __forceinline__ uint32_t bf16x2_exact(float lo, float hi) {
+  if (__builtin_expect((lo != lo) | (hi != hi), 0))
+    return uint32_t(num::f32_to_bf16(lo)) | (uint32_t(num::f32_to_bf16(hi)) << 16);
+  uint32_t r;
+  asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+  return r;
+}
+
 // Smallest power of two >= r (r > 0, finite): the ue8m0 scale "2^ceil(log2(r))" computed on the
 // bits, so no log2 rounding can pull it one binade low.
 __device__ __forceinline__ float pow2_ceil(float r) {
