@@ -20,6 +20,7 @@
 #include "core/cuda/check.h"
 #include "dispatch/nccl/a2a_host.h"
 #include "dispatch/nccl/nccl_comm_impl.h"
+#include "dispatch/nvlink/nvlink_trace.h"
 #include "epmoe/epmoe.h"
 #include "epmoe/nccl_comm.h"
 
@@ -35,6 +36,7 @@ struct Opts {
   std::vector<std::string> disps;
   int reps = 50;
   int comm_sms = 24;
+  bool phases = false;  // nvlink: CTA 0's phase stamps
 };
 
 // One rank's inputs and baseline buffers.
@@ -142,10 +144,26 @@ struct Point {
   double dispatch_us = 0, combine_us = 0, ce_us = 0, nccl_us = 0;
   double link_bytes = 0, logical_bytes = 0;  // dispatch, rank 0's view, per call
   double combine_link_bytes = 0;             // combine rows rank 0 sends over NVLink
+  std::vector<double> phase_us;              // --phases, nvlink: median us of each phase (below)
 };
 
+// The phases `--phases` prints, as (from, to) trace points of detail::NvlTrace.
+struct Phase {
+  const char* name;
+  int from, to;
+};
+constexpr Phase kPhases[] = {{"count+barrier", detail::kTrDispatchStart, detail::kTrCounted},
+                             {"statuses", detail::kTrCounted, detail::kTrStatuses},
+                             {"push", detail::kTrStatuses, detail::kTrPushed},
+                             {"arrival", detail::kTrPushed, detail::kTrArrived},
+                             {"finish", detail::kTrArrived, detail::kTrDispatchEnd},
+                             {"gap", detail::kTrDispatchEnd, detail::kTrCombineStart},
+                             {"c.push", detail::kTrCombineStart, detail::kTrCombinePushed},
+                             {"c.total", detail::kTrCombineStart, detail::kTrCombineEnd}};
+
 // Dispatch + combine of one configuration on this rank; rank 0's figures matter.
-Point time_dispatcher(Communicator& comm, RankData& d, const MoeConfig& cfg, long long T, int reps, void* r1_buf) {
+Point time_dispatcher(Communicator& comm, RankData& d, const MoeConfig& cfg, long long T, int reps, void* r1_buf,
+                      bool phases) {
   const int r = comm.rank(), R = comm.size(), H = cfg.hidden, K = cfg.top_k;
   auto disp = Registry::global().find_dispatcher(cfg.dispatcher)->create(cfg, comm);
   DispatchInput di;
@@ -167,7 +185,10 @@ Point time_dispatcher(Communicator& comm, RankData& d, const MoeConfig& cfg, lon
   detail::gpu_dispatcher_sync(*disp, d.st);
   std::vector<cudaEvent_t> ev(size_t(3) * reps);
   for (auto& e : ev) EPMOE_CUDA_CHECK(cudaEventCreate(&e));
+  const bool trace = phases && cfg.dispatcher == "nvlink";
+  DeviceBuffer stamps(trace ? size_t(reps) * detail::kNvlTrace * 8 : 8);
   for (int i = 0; i < reps; ++i) {
+    if (trace) detail::nvlink_set_trace(*disp, stamps.get<uint64_t>() + size_t(i) * detail::kNvlTrace);
     EPMOE_CUDA_CHECK(cudaEventRecord(ev[3 * i], d.st));
     o = disp->dispatch(di);
     EPMOE_CUDA_CHECK(cudaEventRecord(ev[3 * i + 1], d.st));
@@ -175,6 +196,7 @@ Point time_dispatcher(Communicator& comm, RankData& d, const MoeConfig& cfg, lon
     EPMOE_CUDA_CHECK(cudaEventRecord(ev[3 * i + 2], d.st));
   }
   detail::gpu_dispatcher_sync(*disp, d.st);
+  if (trace) detail::nvlink_set_trace(*disp, nullptr);
   std::vector<double> td, tc;
   for (int i = 0; i < reps; ++i) {
     float a = 0, b = 0;
@@ -198,6 +220,18 @@ Point time_dispatcher(Communicator& comm, RankData& d, const MoeConfig& cfg, lon
   }
   pt.dispatch_us = median(td);
   pt.combine_us = median(tc);
+  if (trace) {
+    std::vector<uint64_t> h(size_t(reps) * detail::kNvlTrace);
+    EPMOE_CUDA_CHECK(cudaMemcpy(h.data(), stamps.get(), h.size() * 8, cudaMemcpyDeviceToHost));
+    for (const Phase& ph : kPhases) {
+      std::vector<double> v;
+      for (int i = 0; i < reps; ++i) {
+        const uint64_t* s = &h[size_t(i) * detail::kNvlTrace];
+        v.push_back(double(int64_t(s[ph.to] - s[ph.from])) * 1e-3);
+      }
+      pt.phase_us.push_back(median(v));
+    }
+  }
   // Copy-engine copy of the same link bytes into rank 1's memory (rank 0 only).
   if (r == 0 && r1_buf) {
     const size_t n = size_t(pt.link_bytes);
@@ -282,7 +316,7 @@ void a2a_rank(Communicator& comm, const Opts& o) {
         cfg.runner = "cuda";
         cfg.comm_sms = o.comm_sms;
         cfg.placement.reset();
-        Point pt = time_dispatcher(comm, d, cfg, T, o.reps, r1_buf);
+        Point pt = time_dispatcher(comm, d, cfg, T, o.reps, r1_buf, o.phases);
         // NCCL all-to-all of rank 0's link bytes, the same size on every rank (p2p sizes must match).
         const double link0 = allgather(comm, {pt.link_bytes})[0];
         const size_t per_peer = R > 1 ? size_t(link0 / (R - 1)) : 0;
@@ -295,6 +329,11 @@ void a2a_rank(Communicator& comm, const Opts& o) {
                       pt.dispatch_us > 0 ? pt.nccl_us / pt.dispatch_us : 0.0,
                       pt.dispatch_us > 0 ? pt.link_bytes / pt.dispatch_us / 1e3 : 0.0,
                       pt.combine_us > 0 ? pt.combine_link_bytes / pt.combine_us / 1e3 : 0.0);
+          if (!pt.phase_us.empty()) {
+            std::printf("        phases (rank 0, CTA 0, median us):");
+            for (size_t i = 0; i < pt.phase_us.size(); ++i) std::printf(" %s %.1f", kPhases[i].name, pt.phase_us[i]);
+            std::printf("\n");
+          }
           std::fflush(stdout);
         }
       }
@@ -319,6 +358,7 @@ int bench_a2a(const std::vector<std::string>& args) {
   flags.add("comm-sms", "N", "SMs for the nvlink kernels (default 24)");
   flags.add("reps", "N", "timed repetitions (median; default 50, quick 20)");
   flags.add("quick", "", "tokens 128,4096 and fewer repetitions");
+  flags.add("phases", "", "nvlink: also print the median time of each kernel phase (CTA 0 of rank 0)");
   if (wants_help(args)) {
     std::printf("usage: epmoe bench a2a [flags]\nRuns on every visible GPU (one process), or one process per GPU "
                 "under mpirun -np N.\n%s",
@@ -338,6 +378,7 @@ int bench_a2a(const std::vector<std::string>& args) {
   o.reps = flags.get_int("reps", quick ? 20 : 50);
   if (o.reps <= 0) throw UsageError("--reps: " + std::to_string(o.reps) + " must be positive");
   o.comm_sms = flags.get_int("comm-sms", 24);
+  o.phases = flags.get_bool("phases", false);
   o.preset = &preset(flags.has("preset") ? flags.get("preset") : "deepseek-v3");
   const int R = default_gpu_ranks();
   if (R < 2) {

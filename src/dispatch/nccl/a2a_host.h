@@ -90,4 +90,5 @@ void gpu_dispatcher_sync(Dispatcher& d, void* stream);
 void nccl_dispatcher_sync(Dispatcher& d, void* stream);   // nccl_dispatcher.cu
 void nvlink_dispatcher_sync(Dispatcher& d, void* stream); // nvlink/nvlink_dispatcher.cu
 
+
 }  // namespace epmoe::detail

@@ -322,9 +322,17 @@ __global__ void __launch_bounds__(kThreads, 1) combine_kernel(Args a) {
       reinterpret_cast<uint4*>(a.out)[i] = a2a::zero4();
     return;
   }
-  if ((threadIdx.x >> 5) < kPushWarps) combine_push<CF>(a, e);
-  else if (CF == ActFormat::bf16 && a.R == 2) combine_sum_r2_bf16(a, e);
-  else combine_sum<CF>(a, e);
+  trace_point(a, detail::kTrCombineStart);
+  if ((threadIdx.x >> 5) < kPushWarps) {
+    combine_push<CF>(a, e);
+    trace_point(a, detail::kTrCombinePushed);  // warp 0's rows (thread 0 is a push lane)
+  } else if (CF == ActFormat::bf16 && a.R == 2) {
+    combine_sum_r2_bf16(a, e);
+  } else {
+    combine_sum<CF>(a, e);
+  }
+  if (a.trace) __syncthreads();  // uniform: every CTA traces or none
+  trace_point(a, detail::kTrCombineEnd);
 }
 
 }  // namespace epmoe::nvl

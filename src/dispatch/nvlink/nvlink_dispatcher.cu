@@ -95,6 +95,7 @@ __global__ void __launch_bounds__(kThreads, 1) dispatch_kernel(Args a) {
     sm_bad_any = 0;
   }
   __syncthreads();
+  trace_point(a, detail::kTrDispatchStart);
   const uint64_t e = sm_epoch;
   const int64_t chunk = a.T > 0 ? (a.T + G - 1) / G : 0;
   const int64_t t0 = min(a.T, b * chunk), t1 = min(a.T, t0 + chunk);
@@ -108,6 +109,7 @@ __global__ void __launch_bounds__(kThreads, 1) dispatch_kernel(Args a) {
   if (b == 0)
     for (int i = threadIdx.x; i < a.E_loc; i += blockDim.x) a.expert_counts[i] = 0;
   grid_sync(a, e * G);  // one barrier per dispatch: target e*G
+  trace_point(a, detail::kTrCounted);
 
   // 2. Our status to every peer (CTA 0).
   if (threadIdx.x == 0)
@@ -226,6 +228,7 @@ __global__ void __launch_bounds__(kThreads, 1) dispatch_kernel(Args a) {
     }
   }
   __syncthreads();
+  trace_point(a, detail::kTrStatuses);
   const int bad_any = sm_bad_any;
 
   // 5. Push: a warp takes units (token, 1024 elements), quantizes each once and stores it to every
@@ -277,6 +280,7 @@ __global__ void __launch_bounds__(kThreads, 1) dispatch_kernel(Args a) {
   // 6. Arrive everywhere (also when nothing moved, so that the counters stay in step), then every
   //    CTA waits for every source: no second grid barrier.
   __syncthreads();
+  trace_point(a, detail::kTrPushed);
   if (threadIdx.x < R)
     red_release_sys(reinterpret_cast<uint64_t*>(a.peer_base[threadIdx.x] + a.L.arrive_d) + me, 1);
   if (threadIdx.x < R && sm_target[threadIdx.x] != 0) {
@@ -285,6 +289,7 @@ __global__ void __launch_bounds__(kThreads, 1) dispatch_kernel(Args a) {
       atomicOr(&sm_bad_any, 2);
   }
   __syncthreads();
+  trace_point(a, detail::kTrArrived);
   if (threadIdx.x < R && sm_bad_any != 0) sm_n[threadIdx.x] = 0;
   __syncthreads();
 
@@ -311,6 +316,8 @@ __global__ void __launch_bounds__(kThreads, 1) dispatch_kernel(Args a) {
       a.S->epoch = e + 1;
     }
   }
+  if (a.trace) __syncthreads();  // uniform: every CTA traces or none
+  trace_point(a, detail::kTrDispatchEnd);
 }
 
 size_t align_up(size_t x, size_t a) { return (x + a - 1) / a * a; }
@@ -516,6 +523,7 @@ class NvlinkDispatcher final : public Dispatcher {
     a.chunk_counts = chunk_counts_.get<int32_t>();
     a.slot_map = slot_map_.get<int32_t>();
     a.expert_counts = expert_counts_.get<int32_t>();
+    a.trace = trace_;
     return a;
   }
 
@@ -569,6 +577,9 @@ class NvlinkDispatcher final : public Dispatcher {
   bool have_dispatch_ = false;
   bool broken_ = false;
   std::string broken_what_;
+
+ public:
+  uint64_t* trace_ = nullptr;  // nvlink_set_trace
 };
 
 }  // namespace
@@ -579,6 +590,10 @@ std::unique_ptr<Dispatcher> make_nvlink_dispatcher(const MoeConfig& cfg, Communi
 
 void nvlink_dispatcher_sync(Dispatcher& d, void* stream) {
   if (auto* n = dynamic_cast<NvlinkDispatcher*>(&d)) n->sync(stream);
+}
+
+void nvlink_set_trace(Dispatcher& d, uint64_t* stamps) {
+  if (auto* n = dynamic_cast<NvlinkDispatcher*>(&d)) n->trace_ = stamps;
 }
 
 }  // namespace epmoe::detail

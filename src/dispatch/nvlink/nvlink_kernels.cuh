@@ -7,6 +7,7 @@
 
 #include "dispatch/nccl/a2a_device.cuh"
 #include "dispatch/nccl/a2a_units.cuh"
+#include "dispatch/nvlink/nvlink_trace.h"
 
 namespace epmoe::nvl {
 
@@ -83,7 +84,17 @@ struct Args {
   int32_t* chunk_counts;  // [G][R]
   int32_t* slot_map;      // [C][R]
   int32_t* expert_counts; // [E_loc]
+  uint64_t* trace;        // optional [kNvlTrace] phase stamps of CTA 0 (a2a_host.h); null: off
 };
+
+// CTA 0, thread 0: the global timer at trace point i (when tracing).
+__device__ __forceinline__ void trace_point(const Args& a, int i) {
+  if (a.trace && blockIdx.x == 0 && threadIdx.x == 0) {
+    uint64_t t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    a.trace[i] = t;
+  }
+}
 
 constexpr int kHist = 1024;      // local experts counted in shared memory (more: global atomics)
 constexpr int kPushWarps = 8;    // combine: warps per CTA that push rows; the others sum
