@@ -105,22 +105,10 @@ __global__ void __launch_bounds__(kThreads) nvfp4_wgmma_kernel(GemmArgs p) {
   const int K = p.K, KT = K / kKS;
   const int rows_w = p.W.rows, cols_w = p.W.cols;
   const int64_t w_row_bytes = cols_w / 2, s_row_bytes = cols_w / 16;
-  const int n_per_tile = p.fused ? kRowsW / 2 : kRowsW;
-  const int NT = (p.N + n_per_tile - 1) / n_per_tile;
-  const int total = *p.num_tiles * NT;
-
-  const int my_tiles = int(blockIdx.x) < total ? (total - 1 - int(blockIdx.x)) / int(gridDim.x) + 1 : 0;
+  const wg::TileWalk walk(p);
+  const int my_tiles = walk.my_tiles;
   const int64_t steps = int64_t(my_tiles) * KT;
-  struct Cur {
-    MTile mt;
-    int n0;
-  };
-  auto tile_of = [&](int local) {
-    const int tile = int(blockIdx.x) + local * int(gridDim.x);
-    return Cur{p.tiles[tile / NT], (tile % NT) * n_per_tile};
-  };
-  auto w_row = [&](int n0, int r) { return p.fused ? (r < 64 ? n0 + r : p.N + n0 + r - 64) : n0 + r; };
-  auto w_ok = [&](int n0, int r) { return p.fused || n0 + r < p.N; };
+  using Cur = wg::TileWalk::Tile;
 
   // Token loads: thread (row tr, quarter tq) moves the 32 natural bytes 32tq .. 32tq+31 of each
   // 64-K block (8 words, word m to chunk m at word tq) of its token row.
@@ -145,20 +133,20 @@ __global__ void __launch_bounds__(kThreads) nvfp4_wgmma_kernel(GemmArgs p) {
     const uint8_t* Sc = static_cast<const uint8_t*>(p.W.scales) + int64_t(e) * rows_w * s_row_bytes;
     lw_masked = W + ch * 16;
 #pragma unroll
-    for (int h = 0; h < 2; ++h) lw[h] = W + int64_t(w_row(c.n0, 64 * h) + wq) * w_row_bytes + ch * 16;
+    for (int h = 0; h < 2; ++h) lw[h] = W + int64_t(walk.w_row(c.n0, 64 * h) + wq) * w_row_bytes + ch * 16;
     uint32_t ok = 0;
 #pragma unroll
-    for (int j = 0; j < 4; ++j) ok |= uint32_t(w_ok(c.n0, wq + 32 * j)) << j;
-    const bool sok = w_ok(c.n0, tid);
+    for (int j = 0; j < 4; ++j) ok |= uint32_t(walk.w_ok(c.n0, wq + 32 * j)) << j;
+    const bool sok = walk.w_ok(c.n0, tid);
     ok |= uint32_t(sok) << 4;
-    ls = Sc + int64_t(sok ? w_row(c.n0, tid) : 0) * s_row_bytes;
+    ls = Sc + int64_t(sok ? walk.w_row(c.n0, tid) : 0) * s_row_bytes;
     const bool aok = tr < c.mt.rows;
     ok |= uint32_t(aok) << 5;
     la = reinterpret_cast<const uint8_t*>(p.A + int64_t(c.mt.row0 + (aok ? tr : 0)) * K) + tq * 32;
     lok = ok;
   };
-  wg::LoadCursor<Cur> lc;
-  lc.start(my_tiles, tile_of, enter_tile);
+  wg::LoadCursor lc;
+  lc.start(walk, enter_tile);
   auto load_next = [&]() {
     const uint32_t st = base + uint32_t(lc.slot) * Layout::STAGE;
 #pragma unroll
@@ -175,7 +163,7 @@ __global__ void __launch_bounds__(kThreads) nvfp4_wgmma_kernel(GemmArgs p) {
 #pragma unroll
       for (int m = 0; m < 8; ++m)
         cp_async4(st + a_off + sb * 4096 + ((m ^ (tr & 7)) << 4), A + sb * 128 + m * 4, aok);
-    lc.advance(KT, kStages, my_tiles, tile_of, enter_tile);
+    lc.advance(KT, kStages, walk, enter_tile);
   };
 
   float acc[2][16];
@@ -190,7 +178,7 @@ __global__ void __launch_bounds__(kThreads) nvfp4_wgmma_kernel(GemmArgs p) {
     cp_commit();
   }
 
-  Cur cur = my_tiles > 0 ? tile_of(0) : Cur{};
+  Cur cur = my_tiles > 0 ? walk.at(0) : Cur{};
   int c_kt = 0, c_slot = 0, c_local = 0;  // compute cursor: k-stage, ring slot and tile of step s
   for (int64_t s = 0; s < steps; ++s) {
     const int kt = c_kt, slot = c_slot;
@@ -279,7 +267,7 @@ __global__ void __launch_bounds__(kThreads) nvfp4_wgmma_kernel(GemmArgs p) {
     for (int h = 0; h < 2; ++h)
 #pragma unroll
       for (int i = 0; i < 16; ++i) acc[h][i] = 0.f;
-    if (++c_local < my_tiles) cur = tile_of(c_local);
+    if (++c_local < my_tiles) cur = walk.at(c_local);
   }
   cp_wait<0>();
 }

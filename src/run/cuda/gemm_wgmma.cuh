@@ -80,30 +80,58 @@ __device__ __forceinline__ void reg_fence(float (&d)[16]) {
   for (int i = 0; i < 16; ++i) asm volatile("" : "+f"(d[i])::"memory");
 }
 
-// The load cursor both decode engines use (this file and gemm_nvfp4_wgmma.cu): the next stage to
-// load is k-stage `kt` of the CTA's local tile `local`, into ring slot `slot`; `next` is the tile
-// table entry of tile local + 1, read when the cursor enters `local` so that its global-load
-// latency is a whole tile ahead of its use. `enter(tile)` computes the engine's per-tile pointers.
-template <class Tile>
+// The tiles both decode engines (this file and gemm_nvfp4_wgmma.cu) walk: the flat list of (m-tile,
+// weight tile) pairs, of which a CTA of the persistent grid takes blockIdx.x, + gridDim.x, ...
+// (`local` counts them). A weight tile is kRowsW rows; fused (GEMM1): rows 0-63 gate n0.., rows
+// 64-127 up I+n0.. (N = I, a multiple of 64, so every row exists), so each thread holds gate and up
+// of the same (column, token) and SwiGLU needs no exchange. A 64-row half never straddles a
+// 128-row scale block because n0 and I are multiples of 64.
+struct TileWalk {
+  struct Tile {
+    MTile mt;
+    int n0;
+  };
+  const MTile* tiles;
+  int N, n_per_tile, NT, my_tiles;
+  bool fused;
+  __device__ __forceinline__ explicit TileWalk(const GemmArgs& p)
+      : tiles(p.tiles), N(p.N), n_per_tile(p.fused ? kRowsW / 2 : kRowsW), fused(p.fused) {
+    NT = (N + n_per_tile - 1) / n_per_tile;
+    const int total = *p.num_tiles * NT;
+    my_tiles = int(blockIdx.x) < total ? (total - 1 - int(blockIdx.x)) / int(gridDim.x) + 1 : 0;
+  }
+  __device__ __forceinline__ Tile at(int local) const {
+    const int tile = int(blockIdx.x) + local * int(gridDim.x);
+    return Tile{tiles[tile / NT], (tile % NT) * n_per_tile};
+  }
+  // Tile row r -> weight row, and whether it exists.
+  __device__ __forceinline__ int w_row(int n0, int r) const { return fused ? (r < 64 ? n0 + r : N + n0 + r - 64) : n0 + r; }
+  __device__ __forceinline__ bool w_ok(int n0, int r) const { return fused || n0 + r < N; }
+};
+
+// The load cursor both decode engines use: the next stage to load is k-stage `kt` of the CTA's
+// local tile `local`, into ring slot `slot`; `next` is the tile table entry of tile local + 1, read
+// when the cursor enters `local` so that its global-load latency is a whole tile ahead of its use.
+// `enter(tile)` computes the engine's per-tile pointers.
 struct LoadCursor {
   int local = 0, kt = 0, slot = 0;
-  Tile next{};
-  template <class TileOf, class Enter>
-  __device__ __forceinline__ void start(int my_tiles, TileOf&& tile_of, Enter&& enter) {
-    if (my_tiles > 0) {
-      enter(tile_of(0));
-      if (my_tiles > 1) next = tile_of(1);
+  TileWalk::Tile next{};
+  template <class Enter>
+  __device__ __forceinline__ void start(const TileWalk& w, Enter&& enter) {
+    if (w.my_tiles > 0) {
+      enter(w.at(0));
+      if (w.my_tiles > 1) next = w.at(1);
     }
   }
   // After a stage's copies are issued.
-  template <class TileOf, class Enter>
-  __device__ __forceinline__ void advance(int KT, int slots, int my_tiles, TileOf&& tile_of, Enter&& enter) {
+  template <class Enter>
+  __device__ __forceinline__ void advance(int KT, int slots, const TileWalk& w, Enter&& enter) {
     if (++slot == slots) slot = 0;
     if (++kt == KT) {
       kt = 0;
-      if (++local < my_tiles) {
+      if (++local < w.my_tiles) {
         enter(next);
-        if (local + 1 < my_tiles) next = tile_of(local + 1);
+        if (local + 1 < w.my_tiles) next = w.at(local + 1);
       }
     }
   }
@@ -148,9 +176,6 @@ __global__ void __launch_bounds__(kThreads) wgmma_gemm_kernel(GemmArgs p) {
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int K = p.K, KT = K / KPS;
   const int rows_w = p.W.rows, cols_w = p.W.cols;
-  const int n_per_tile = p.fused ? kRowsW / 2 : kRowsW;
-  const int NT = (p.N + n_per_tile - 1) / n_per_tile;
-  const int total = *p.num_tiles * NT;
   const uint8_t* Abytes = FP8 ? p.A8 : reinterpret_cast<const uint8_t*>(p.A);
   const int64_t a_row_bytes = int64_t(K) * EB, w_row_bytes = int64_t(cols_w) * EB;
   const int rb = (rows_w + 127) / 128, cb = (cols_w + 127) / 128;  // fp8 weight-scale grid
@@ -158,22 +183,10 @@ __global__ void __launch_bounds__(kThreads) wgmma_gemm_kernel(GemmArgs p) {
   // The CTA's work is one flat stream of (tile, k-stage) steps, so the pipeline runs on across
   // tile boundaries: the next tile's first stages load while the current one finishes (GEMM2 tiles
   // are only 16 stages long; refilling the pipeline per tile would idle the loads every time).
-  const int my_tiles = int(blockIdx.x) < total ? (total - 1 - int(blockIdx.x)) / int(gridDim.x) + 1 : 0;
+  const TileWalk walk(p);
+  const int my_tiles = walk.my_tiles;
   const int64_t steps = int64_t(my_tiles) * KT;
-  struct Cur {
-    MTile mt;
-    int n0;
-  };
-  auto tile_of = [&](int local) {
-    const int tile = int(blockIdx.x) + local * int(gridDim.x);
-    return Cur{p.tiles[tile / NT], (tile % NT) * n_per_tile};
-  };
-  // Tile row r -> weight row. Fused (GEMM1): rows 0-63 gate n0.., rows 64-127 up I+n0.. (N = I, a
-  // multiple of 64, so every row exists); so each thread holds gate and up of the same (column,
-  // token) and SwiGLU needs no exchange. A 64-row half never straddles a 128-row scale block
-  // because n0 and I are multiples of 64.
-  auto w_row = [&](int n0, int r) { return p.fused ? (r < 64 ? n0 + r : p.N + n0 + r - 64) : n0 + r; };
-  auto w_ok = [&](int n0, int r) { return p.fused || n0 + r < p.N; };
+  using Cur = TileWalk::Tile;
 
   // Load geometry of this thread: 16-byte chunk `ch` of tile rows rq + 16 j (W: j = 0..7, the
   // first four in the 64-row half 0; A: j = 0, 1). swz(rq + 16 j, ch) = swz(rq, ch) + 2048 j, so
@@ -199,10 +212,10 @@ __global__ void __launch_bounds__(kThreads) wgmma_gemm_kernel(GemmArgs p) {
     const uint8_t* W = static_cast<const uint8_t*>(p.W.data) + int64_t(e) * rows_w * w_row_bytes;
     lw_masked = W + ch * 16;
 #pragma unroll
-    for (int h = 0; h < 2; ++h) lw[h] = W + int64_t(w_row(c.n0, 64 * h) + rq) * w_row_bytes + ch * 16;
+    for (int h = 0; h < 2; ++h) lw[h] = W + int64_t(walk.w_row(c.n0, 64 * h) + rq) * w_row_bytes + ch * 16;
     uint32_t ok = 0;
 #pragma unroll
-    for (int j = 0; j < 8; ++j) ok |= uint32_t(w_ok(c.n0, rq + 16 * j)) << j;
+    for (int j = 0; j < 8; ++j) ok |= uint32_t(walk.w_ok(c.n0, rq + 16 * j)) << j;
 #pragma unroll
     for (int j = 0; j < 2; ++j) {
       const bool v = rq + 16 * j < c.mt.rows;
@@ -215,14 +228,14 @@ __global__ void __launch_bounds__(kThreads) wgmma_gemm_kernel(GemmArgs p) {
         ok |= uint32_t(v) << 10;
         lsa = p.a_scales + c.mt.row0 + (v ? tid : 0);
       } else if (tid < kBT + 2) {
-        const int wr = min(w_row(c.n0, (tid - kBT) * 64), rows_w - 1);
+        const int wr = min(walk.w_row(c.n0, (tid - kBT) * 64), rows_w - 1);
         lsw = static_cast<const float*>(p.W.scales) + (int64_t(e) * rb + wr / 128) * cb;
       }
     }
     lok = ok;
   };
-  LoadCursor<Cur> lc;
-  lc.start(my_tiles, tile_of, enter_tile);
+  LoadCursor lc;
+  lc.start(walk, enter_tile);
   auto load_next = [&]() {
     const uint32_t st = base + uint32_t(lc.slot) * Layout::STAGE;
     const int64_t k0 = int64_t(lc.kt) * kRowBytes;
@@ -240,7 +253,7 @@ __global__ void __launch_bounds__(kThreads) wgmma_gemm_kernel(GemmArgs p) {
       else if (tid < kBT + 2)
         cp_async4(st + Layout::SW + (tid - kBT) * 4, lsw + lc.kt, true);
     }
-    lc.advance(KT, kSlots, my_tiles, tile_of, enter_tile);
+    lc.advance(KT, kSlots, walk, enter_tile);
   };
 
   float acc[2][16], part[2][16];
@@ -281,7 +294,7 @@ __global__ void __launch_bounds__(kThreads) wgmma_gemm_kernel(GemmArgs p) {
     }
   };
 
-  Cur cur = my_tiles > 0 ? tile_of(0) : Cur{};
+  Cur cur = my_tiles > 0 ? walk.at(0) : Cur{};
   int pending = -1;  // deferred: the ring slot whose wgmmas are issued but not yet waited for
   int c_kt = 0, c_slot = 0, c_local = 0;  // compute cursor: k-stage, ring slot and tile of step s
   for (int64_t s = 0; s < steps; ++s) {
@@ -364,7 +377,7 @@ __global__ void __launch_bounds__(kThreads) wgmma_gemm_kernel(GemmArgs p) {
 #pragma unroll
         for (int i = 0; i < 16; ++i) acc[h][i] = 0.f;
     }
-    if (++c_local < my_tiles) cur = tile_of(c_local);
+    if (++c_local < my_tiles) cur = walk.at(c_local);
   }
   if constexpr (DEFER) wgmma_wait0();  // the last step waited already; this covers every exit path
   cp_wait<0>();
