@@ -7,6 +7,7 @@
 namespace epmoe::a2a {
 
 constexpr int kPackThreads = 512;
+constexpr int kPushThreads = 256;
 constexpr int kCountThreads = 256;
 
 struct DestTable {
@@ -20,12 +21,10 @@ static __global__ void count_kernel(DevPlacement p, const int32_t* ids, int K, i
   count_chunk(p, ids, K, src, t0, t1, chunk_counts + size_t(blockIdx.x) * p.num_ranks, bad, sm);
 }
 
-// Slots and copies of chunk blockIdx.x. chunk_counts [gridDim.x][R] from count_kernel.
-static __global__ void __launch_bounds__(kPackThreads) pack_kernel(ActFormat f, QuantParams q, DevPlacement p, int src,
-                                                            int64_t T, int64_t chunk, const bf16_raw* hidden,
-                                                            const int32_t* ids, const float* w, int H, int K,
-                                                            const int32_t* chunk_counts, int32_t* slot_map,
-                                                            DestTable dst) {
+// Slots of chunk blockIdx.x (chunk_counts [gridDim.x][R] from count_kernel) into slot_map [T][R].
+static __global__ void __launch_bounds__(kPackThreads) slot_kernel(DevPlacement p, int src, int64_t T, int64_t chunk,
+                                                            const int32_t* ids, int K, const int32_t* chunk_counts,
+                                                            int32_t* slot_map) {
   __shared__ int sm_prefix[kMaxRanks], sm_running[kMaxRanks], sm_warp[(kPackThreads / 32) * kMaxRanks];
   const int R = p.num_ranks;
   for (int d = threadIdx.x; d < R; d += blockDim.x) {
@@ -36,10 +35,22 @@ static __global__ void __launch_bounds__(kPackThreads) pack_kernel(ActFormat f, 
   __syncthreads();
   const int64_t t0 = blockIdx.x * chunk, t1 = min(T, t0 + chunk);
   slot_chunk(p, ids, K, src, t0, t1, sm_prefix, slot_map, sm_warp, sm_running);
-  __syncthreads();  // slot_map of this chunk written by other threads of the block
-  const int warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
-  for (int64_t t = t0 + warp; t < t1; t += nwarps)
-    push_token(f, q, p, src, t, hidden, ids, w, H, K, slot_map + t * R, dst.d);
+}
+
+// Copies of every token into the per-destination regions at the slots of slot_kernel: warp w takes
+// (token w >> lp, part w & (2^lp - 1)), so that few tokens still spread over the whole GPU (the
+// copies were once done by the ~T/256 CTAs of the slot pass: one CTA for 128 tokens).
+static __global__ void __launch_bounds__(kPushThreads) push_kernel(ActFormat f, QuantParams q, DevPlacement p, int src,
+                                                            int64_t T, int lp, const bf16_raw* hidden,
+                                                            const int32_t* ids, const float* w, int H, int K,
+                                                            const int32_t* slot_map, DestTable dst) {
+  const int R = p.num_ranks, parts = 1 << lp;
+  const int64_t gw = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) >> 5;
+  const int64_t nw = (int64_t(gridDim.x) * blockDim.x) >> 5;
+  for (int64_t i = gw; i < T * parts; i += nw) {
+    const int64_t t = i >> lp;
+    push_token(f, q, p, src, t, hidden, ids, w, H, K, slot_map + t * R, dst.d, int(i & (parts - 1)), parts);
+  }
 }
 
 // expert_counts[e] += (token, k) pairs of the valid slots naming local expert e (zeroed before).

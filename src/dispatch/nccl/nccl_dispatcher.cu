@@ -3,8 +3,9 @@
 //                then a one-warp kernel folds them into this rank's header (status, bad id, counts);
 //             2. all_gather the headers on the GPU, one copy to the host and one bounded wait, so
 //                every rank raises the same UsageError before any payload moves;
-//             3. on the GPU: deterministic slots (prefix sums) and the quantized copies packed per
-//                destination; ncclSend/ncclRecv of payload, scales, ids and weights in one group;
+//             3. on the GPU: deterministic slots (prefix sums per chunk), then the quantized copies
+//                packed per destination by ~32 warps per SM (rows split into parts when tokens are
+//                few); ncclSend/ncclRecv of payload, scales, ids and weights in one group;
 //             4. expert counts of the received slots.
 //   combine   each region [s] of y (n[s] valid rows, contiguous) goes back to rank s as is (bf16) or
 //             fp8-encoded; the home rank sums in ascending rank order (combine/reduce.h's rule).
@@ -86,6 +87,7 @@ class NcclDispatcher final : public Dispatcher {
     }
     EPMOE_CUDA_CHECK(cudaMemset(recv_.ids.get(), 0xff, slots * K * 4));
     chunk_counts_.reserve(size_t(kMaxPlanCtas) * R_ * 4);
+    EPMOE_CUDA_CHECK(cudaDeviceGetAttribute(&sms_, cudaDevAttrMultiProcessorCount, comm_.device_index()));
     bad_.reserve(4);
     {
       const int big = INT_MAX;  // header_kernel keeps this invariant between dispatches
@@ -174,9 +176,18 @@ class NcclDispatcher final : public Dispatcher {
     a2a::DestTable table{};
     for (int d = 0; d < R_; ++d) table.d[d] = region_ptrs(send_, d);
     if (T > 0) {
-      a2a::pack_kernel<<<G, a2a::kPackThreads, 0, st>>>(cfg_.dispatch_format, cfg_.quant_params(), placement_->get(),
-                                                        me_, T, chunk, in.hidden, in.topk_ids, in.topk_weights, H, K,
-                                                        chunk_counts_.get<int32_t>(), slot_map_.get<int32_t>(), table);
+      a2a::slot_kernel<<<G, a2a::kPackThreads, 0, st>>>(placement_->get(), me_, T, chunk, in.topk_ids, K,
+                                                        chunk_counts_.get<int32_t>(), slot_map_.get<int32_t>());
+      EPMOE_CUDA_CHECK_LAUNCH();
+      // Copies: every SM about 32 warps; rows split into 2^lp parts while tokens are fewer than that.
+      const int64_t warps = int64_t(sms_) * 32;
+      int lp = 0;
+      while (lp < 4 && (T << (lp + 1)) <= warps) ++lp;
+      const int64_t items = T << lp, per_cta = a2a::kPushThreads / 32;
+      const int grid = static_cast<int>(std::min<int64_t>((items + per_cta - 1) / per_cta, warps / per_cta));
+      a2a::push_kernel<<<grid, a2a::kPushThreads, 0, st>>>(cfg_.dispatch_format, cfg_.quant_params(), placement_->get(),
+                                                          me_, T, lp, in.hidden, in.topk_ids, in.topk_weights, H, K,
+                                                          slot_map_.get<int32_t>(), table);
       EPMOE_CUDA_CHECK_LAUNCH();
     }
     // Slots past the count read as id -1; reset the regions that shrank since the last call.
@@ -319,6 +330,7 @@ class NcclDispatcher final : public Dispatcher {
   MoeConfig cfg_;
   NcclComm& comm_;
   int R_, me_;
+  int sms_ = 0;  // SMs of this GPU: the push kernel's grid
   size_t ps_ = 0, ss_ = 0, cps_ = 0, css_ = 0;
   std::unique_ptr<DevicePlacement> placement_;
   Region send_, recv_;
