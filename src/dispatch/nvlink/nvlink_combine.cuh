@@ -54,12 +54,13 @@ __device__ __forceinline__ uint64_t* push_row(const Args& a, int64_t i, int R, i
   }
   const bf16_raw* src = a.y + (size_t(s) * a.C + j) * a.H;
   uint8_t* home = a.peer_base[s];
+  uint8_t* data_home = (a.xc & 1) ? a.peer_base[me] : home;
   const size_t row = size_t(me) * a.C + j;
   if constexpr (CF == ActFormat::bf16) {
-    copy_row_bf16(src, home + a.L.cpayload + row * ps, a.H);
+    copy_row_bf16(src, data_home + a.L.cpayload + row * ps, a.H);
   } else {
-    uint8_t* prow = home + a.L.cpayload + row * ps;
-    uint8_t* srow = home + a.L.cscales + row * ss;
+    uint8_t* prow = data_home + a.L.cpayload + row * ps;
+    uint8_t* srow = data_home + a.L.cscales + row * ss;
     const int P = a2a::units_per_row(a.H);
     a2a::UnitRaw cur;
     a2a::unit_load<CF>(src, a.H, 0, cur);
@@ -83,8 +84,8 @@ __device__ __forceinline__ uint64_t* push_row(const Args& a, int64_t i, int R, i
 template <ActFormat CF>
 __device__ void combine_push(const Args& a, uint64_t e) {
   const int R = a.R, me = a.me, lane = threadIdx.x & 31;
-  const int64_t gw = int64_t(blockIdx.x) * kPushWarps + (threadIdx.x >> 5);
-  const int64_t nw = int64_t(gridDim.x) * kPushWarps;
+  const int64_t gw = int64_t(blockIdx.x) * a.push_warps + (threadIdx.x >> 5);
+  const int64_t nw = int64_t(gridDim.x) * a.push_warps;
   const size_t ps = payload_bytes(CF, a.H), ss = scale_bytes(CF, a.H);
   // Regions in the order me+1, me+2, ... so that different senders feed different homes first.
   int64_t total = 0;
@@ -96,7 +97,10 @@ __device__ void combine_push(const Args& a, uint64_t e) {
   for (int64_t i = gw; i < total; i += nw) {
     uint64_t* flag = push_row<CF>(a, i, R, me, ps, ss);
     __syncwarp();  // the whole warp's stores are ordered before lane 0's release
-    if (lane == 0) st_release_sys(flag, e);
+    if (lane == 0) {
+      if (a.xc & 2) *reinterpret_cast<volatile uint64_t*>(flag) = e;
+      else st_release_sys(flag, e);
+    }
   }
 }
 
@@ -106,8 +110,8 @@ __device__ void combine_push(const Args& a, uint64_t e) {
 template <ActFormat CF>
 __device__ void combine_sum(const Args& a, uint64_t e) {
   const int R = a.R, me = a.me, lane = threadIdx.x & 31;
-  const int nsw = kThreads / 32 - kPushWarps;
-  const int64_t gw = int64_t(blockIdx.x) * nsw + (threadIdx.x >> 5) - kPushWarps;
+  const int nsw = kThreads / 32 - a.push_warps;
+  const int64_t gw = int64_t(blockIdx.x) * nsw + (threadIdx.x >> 5) - a.push_warps;
   const int64_t nw = int64_t(gridDim.x) * nsw;
   const size_t ps = payload_bytes(CF, a.H), ss = scale_bytes(CF, a.H);
   const uint8_t* mine = a.peer_base[me];
@@ -203,8 +207,8 @@ __device__ void combine_sum(const Args& a, uint64_t e) {
 // summed; entering a new token, the issuing side first acquires the flag of its remote row.
 __device__ inline void combine_sum_r2_bf16(const Args& a, uint64_t e) {
   const int me = a.me, lane = threadIdx.x & 31;
-  const int sw = (threadIdx.x >> 5) - kPushWarps;
-  const int nsw = kThreads / 32 - kPushWarps;
+  const int sw = (threadIdx.x >> 5) - a.push_warps;
+  const int nsw = kThreads / 32 - a.push_warps;
   const int64_t gw = int64_t(blockIdx.x) * nsw + sw;
   const int64_t nw = int64_t(gridDim.x) * nsw;
   const size_t ps = payload_bytes(ActFormat::bf16, a.H);
@@ -323,7 +327,7 @@ __global__ void __launch_bounds__(kThreads, 1) combine_kernel(Args a) {
     return;
   }
   trace_point(a, detail::kTrCombineStart);
-  if ((threadIdx.x >> 5) < kPushWarps) {
+  if ((threadIdx.x >> 5) < a.push_warps) {
     combine_push<CF>(a, e);
     trace_point(a, detail::kTrCombinePushed);  // warp 0's rows (thread 0 is a push lane)
   } else if (CF == ActFormat::bf16 && a.R == 2) {
