@@ -205,9 +205,10 @@ __device__ void combine_sum(const Args& a, uint64_t e) {
 // (token, unit) steps through kStages shared-memory stages filled by cp.async, so ~3 units (12 KB)
 // per warp are in flight instead of one. The step kStages-1 ahead is issued before the current one is
 // summed; entering a new token, the issuing side first acquires the flag of its remote row.
-// sw: this warp's index among the nsw sum warps of the CTA (its ring and meta in dynamic smem).
-__device__ inline void combine_sum_r2_bf16(const Args& a, uint64_t e, int sw, int nsw) {
+__device__ inline void combine_sum_r2_bf16(const Args& a, uint64_t e) {
   const int me = a.me, lane = threadIdx.x & 31;
+  const int sw = (threadIdx.x >> 5) - a.push_warps;
+  const int nsw = kThreads / 32 - a.push_warps;
   const int64_t gw = int64_t(blockIdx.x) * nsw + sw;
   const int64_t nw = int64_t(gridDim.x) * nsw;
   const size_t ps = payload_bytes(ActFormat::bf16, a.H);
@@ -313,92 +314,6 @@ __device__ inline void combine_sum_r2_bf16(const Args& a, uint64_t e, int sw, in
   a2a::cp_async_wait_all();
 }
 
-
-// ---- bulk-copy (TMA) push, R = 2 and bf16 rows ---------------------------------------------------
-// One lane per CTA moves whole rows with the copy engine of its SM: a bulk load of the y row into a
-// shared-memory slot (completion on an mbarrier), then a bulk store of that slot into the home
-// rank's window. The SM spends a handful of instructions per 14 KB row instead of a warp's worth of
-// 16-byte loads and stores, so the other warps of the CTA are free to sum. A row's flag is released
-// once its store group completed (writes performed), kTmaLag rows behind the newest store.
-constexpr int kTmaLag = 4;
-
-__device__ __forceinline__ void mbar_init(uint64_t* bar, uint32_t count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(a2a::smem_addr(bar)), "r"(count) : "memory");
-}
-__device__ __forceinline__ void mbar_expect_tx(uint64_t* bar, uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(a2a::smem_addr(bar)), "r"(bytes) : "memory");
-}
-__device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
-  asm volatile(
-      "{\n"
-      ".reg .pred p;\n"
-      "W: mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
-      "@!p bra W;\n"
-      "}\n" ::"r"(a2a::smem_addr(bar)),
-      "r"(parity)
-      : "memory");
-}
-__device__ __forceinline__ void bulk_load(void* smem, const void* src, uint32_t bytes, uint64_t* bar) {
-  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
-                   a2a::smem_addr(smem)),
-               "l"(__cvta_generic_to_global(src)), "r"(bytes), "r"(a2a::smem_addr(bar))
-               : "memory");
-}
-__device__ __forceinline__ void bulk_store(void* dst, const void* smem, uint32_t bytes) {
-  asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;" ::"l"(__cvta_generic_to_global(dst)),
-               "r"(a2a::smem_addr(smem)), "r"(bytes)
-               : "memory");
-}
-__device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void bulk_wait() { asm volatile("cp.async.bulk.wait_group %0;" ::"n"(N) : "memory"); }
-template <int N>
-__device__ __forceinline__ void bulk_wait_read() { asm volatile("cp.async.bulk.wait_group.read %0;" ::"n"(N) : "memory"); }
-
-// Lane 0 of warp 0 of every CTA: this CTA's rows b, b+G, ... of the peer's region, through `slots`
-// row buffers of `rb` bytes (bars: one mbarrier per slot, initialised here).
-__device__ inline void combine_push_tma_r2(const Args& a, uint64_t e, uint8_t* ring, uint64_t* bars, int slots) {
-  if ((threadIdx.x & 31) != 0) return;
-  const int s = 1 - a.me;
-  const int64_t n_all = a.S->counts[s];
-  const int64_t b = blockIdx.x, G = gridDim.x;
-  const int64_t n = n_all > b ? (n_all - b + G - 1) / G : 0;  // rows of this CTA
-  const uint32_t rb = uint32_t(a.H) * 2;
-  const bf16_raw* y = a.y + size_t(s) * a.C * a.H;
-  uint8_t* home = a.peer_base[s];
-  uint8_t* dst0 = home + a.L.cpayload + size_t(a.me) * a.C * rb;
-  uint64_t* flag0 = reinterpret_cast<uint64_t*>(home + a.L.cflag) + size_t(a.me) * a.C;
-  for (int i = 0; i < slots; ++i) mbar_init(&bars[i], 1);
-  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-  auto row = [&](int64_t k) { return b + k * G; };
-  auto load = [&](int64_t k) {
-    const int sl = int(k % slots);
-    mbar_expect_tx(&bars[sl], rb);
-    bulk_load(ring + size_t(sl) * rb, y + size_t(row(k)) * a.H, rb, &bars[sl]);
-  };
-  auto release = [&](int64_t k) {
-    asm volatile("fence.proxy.async.global;" ::: "memory");
-    st_release_sys(flag0 + row(k), e);
-  };
-  for (int64_t k = 0; k < n && k < slots; ++k) load(k);
-  for (int64_t k = 0; k < n; ++k) {
-    const int sl = int(k % slots);
-    mbar_wait(&bars[sl], uint32_t((k / slots) & 1));
-    bulk_store(dst0 + size_t(row(k)) * rb, ring + size_t(sl) * rb, rb);
-    bulk_commit();
-    if (k >= 1 && k - 1 + slots < n) {  // the previous row's slot, once its store has read it
-      bulk_wait_read<1>();
-      load(k - 1 + slots);
-    }
-    if (k >= kTmaLag) {
-      bulk_wait<kTmaLag>();
-      release(k - kTmaLag);
-    }
-  }
-  bulk_wait<0>();
-  for (int64_t k = n > kTmaLag ? n - kTmaLag : 0; k < n; ++k) release(k);
-}
-
 template <ActFormat CF>
 __global__ void __launch_bounds__(kThreads, 1) combine_kernel(Args a) {
   // The epoch of this combine's rows: dispatches that succeeded so far (a rejected dispatch has a
@@ -412,24 +327,11 @@ __global__ void __launch_bounds__(kThreads, 1) combine_kernel(Args a) {
     return;
   }
   trace_point(a, detail::kTrCombineStart);
-  const int warp = threadIdx.x >> 5, nwarps = kThreads / 32;
-  if (CF == ActFormat::bf16 && a.tma_slots > 0) {  // R = 2 (host-checked)
-    // Warp 0: the bulk-copy pusher; the last tma_sum warps sum; warps between them idle.
-    extern __shared__ uint4 dyn[];
-    const int nsw = a.tma_sum;
-    uint8_t* ring = reinterpret_cast<uint8_t*>(dyn) + tma_ring_offset(nsw);
-    uint64_t* bars = reinterpret_cast<uint64_t*>(ring + size_t(a.tma_slots) * a.H * 2);
-    if (warp == 0) {
-      combine_push_tma_r2(a, e, ring, bars, a.tma_slots);
-      trace_point(a, detail::kTrCombinePushed);
-    } else if (warp >= nwarps - nsw) {
-      combine_sum_r2_bf16(a, e, warp - (nwarps - nsw), nsw);
-    }
-  } else if (warp < a.push_warps) {
+  if ((threadIdx.x >> 5) < a.push_warps) {
     combine_push<CF>(a, e);
     trace_point(a, detail::kTrCombinePushed);  // warp 0's rows (thread 0 is a push lane)
   } else if (CF == ActFormat::bf16 && a.R == 2) {
-    combine_sum_r2_bf16(a, e, warp - a.push_warps, nwarps - a.push_warps);
+    combine_sum_r2_bf16(a, e);
   } else {
     combine_sum<CF>(a, e);
   }

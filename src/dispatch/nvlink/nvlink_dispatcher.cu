@@ -371,15 +371,6 @@ class NvlinkDispatcher final : public Dispatcher {
     xd_ = env_int("EPMOE_NVL_XD", 0);
     xc_ = env_int("EPMOE_NVL_XC", 0);
     push_warps_ = std::min(kMaxPushWarps, std::max(kMinPushWarps, env_int("EPMOE_NVL_PUSH_WARPS", kPushWarps)));
-    // Bulk-copy combine push (R = 2, bf16 combine, 16-byte rows): as many row buffers (at most 4)
-    // and sum warps as fit next to each other.
-    if (env_int("EPMOE_NVL_TMA", 0) && R_ == 2 && cfg.combine_format == ActFormat::bf16 && cfg.hidden % 8 == 0) {
-      tma_sum_ = std::min(kThreads / 32 - 1, std::max(1, env_int("EPMOE_NVL_TMA_SUM", 10)));
-      int slots = std::min(4, env_int("EPMOE_NVL_TMA_SLOTS", 4));
-      while (slots >= 2 && combine_smem_tma(tma_sum_, slots, cfg.hidden) > kCombineSmem) --slots;
-      while (tma_sum_ > 1 && slots < 2 && combine_smem_tma(tma_sum_, 2, cfg.hidden) > kCombineSmem) --tma_sum_;
-      tma_slots_ = combine_smem_tma(tma_sum_, std::max(slots, 2), cfg.hidden) <= kCombineSmem ? std::max(slots, 2) : 0;
-    }
     // The kernels stage loads in dynamic shared memory beyond the default 48 KB.
     EPMOE_CUDA_CHECK(cudaFuncSetAttribute(dispatch_kernel<ActFormat::bf16>,
                                           cudaFuncAttributeMaxDynamicSharedMemorySize, int(kDispatchSmem)));
@@ -505,13 +496,11 @@ class NvlinkDispatcher final : public Dispatcher {
     a.T = T_;
     a.y = in.y;
     a.out = out;
-    if (reinterpret_cast<uintptr_t>(in.y) % 16 != 0) a.tma_slots = 0;  // bulk copies need 16-byte rows
     const cudaStream_t st = static_cast<cudaStream_t>(in.stream);
     if (cfg_.combine_format == ActFormat::fp8)
       combine_kernel<ActFormat::fp8><<<G_, kThreads, 0, st>>>(a);
     else
-      combine_kernel<ActFormat::bf16><<<G_, kThreads,
-                                        a.tma_slots ? combine_smem_tma(a.tma_sum, a.tma_slots, a.H) : combine_smem(a.push_warps), st>>>(a);
+      combine_kernel<ActFormat::bf16><<<G_, kThreads, combine_smem(a.push_warps), st>>>(a);
     EPMOE_CUDA_CHECK_LAUNCH();
   }
 
@@ -549,8 +538,6 @@ class NvlinkDispatcher final : public Dispatcher {
     a.xd = xd_;
     a.xc = xc_;
     a.push_warps = push_warps_;
-    a.tma_slots = tma_slots_;
-    a.tma_sum = tma_sum_;
     return a;
   }
 
@@ -592,7 +579,6 @@ class NvlinkDispatcher final : public Dispatcher {
   NcclComm& comm_;
   int R_, me_, G_ = 24;
   int xd_ = 0, xc_ = 0, push_warps_ = kPushWarps;  // experiments (EPMOE_NVL_X*), see Args
-  int tma_slots_ = 0, tma_sum_ = 0;
   std::unique_ptr<DevicePlacement> placement_;
   Layout L_{};
   void* window_mem_ = nullptr;

@@ -90,8 +90,6 @@ struct Args {
   //   xc 1: combine pushes rows into its own window; 2: relaxed row flags (no fence).
   int xd, xc;
   int push_warps;  // combine warps per CTA that push (EPMOE_NVL_PUSH_WARPS, default kPushWarps)
-  int tma_slots;   // > 0: combine pushes with bulk copies through this many row buffers (R = 2, bf16)
-  int tma_sum;     // sum warps per CTA in that mode
 };
 
 // CTA 0, thread 0: the global timer at trace point i (when tracing).
@@ -110,13 +108,7 @@ constexpr int kStages = 4;       // cp.async stages per warp (dispatch units, co
 constexpr size_t kDispatchSmem = size_t(kThreads / 32) * kStages * (128 * 16 + 96 * 4);
 constexpr int kMinPushWarps = 4, kMaxPushWarps = 12;
 constexpr size_t combine_smem(int push_warps) { return size_t(kThreads / 32 - push_warps) * kStages * (2 * 128 * 16 + 16); }
-// Bulk-copy mode: [sum rings + metas of nsw warps][slots row buffers][slots mbarriers].
-constexpr size_t tma_ring_offset(int nsw) { return (size_t(nsw) * kStages * (2 * 128 * 16 + 16) + 127) / 128 * 128; }
-constexpr size_t combine_smem_tma(int nsw, int slots, int H) {
-  return tma_ring_offset(nsw) + size_t(slots) * H * 2 + size_t(slots) * 8;
-}
-constexpr size_t kSmemLimit = 227 * 1024;  // dynamic shared memory per CTA on sm_90
-constexpr size_t kCombineSmem = kSmemLimit - 8 * 1024;  // the function's limit (static smem stays below 8 KB)
+constexpr size_t kCombineSmem = combine_smem(kMinPushWarps);  // the function's limit
 
 
 __device__ __forceinline__ uint64_t ld_acquire_sys(const uint64_t* p) {
