@@ -54,13 +54,12 @@ __device__ __forceinline__ uint64_t* push_row(const Args& a, int64_t i, int R, i
   }
   const bf16_raw* src = a.y + (size_t(s) * a.C + j) * a.H;
   uint8_t* home = a.peer_base[s];
-  uint8_t* data_home = (a.xc & 1) ? a.peer_base[me] : home;
   const size_t row = size_t(me) * a.C + j;
   if constexpr (CF == ActFormat::bf16) {
-    copy_row_bf16(src, data_home + a.L.cpayload + row * ps, a.H);
+    copy_row_bf16(src, home + a.L.cpayload + row * ps, a.H);
   } else {
-    uint8_t* prow = data_home + a.L.cpayload + row * ps;
-    uint8_t* srow = data_home + a.L.cscales + row * ss;
+    uint8_t* prow = home + a.L.cpayload + row * ps;
+    uint8_t* srow = home + a.L.cscales + row * ss;
     const int P = a2a::units_per_row(a.H);
     a2a::UnitRaw cur;
     a2a::unit_load<CF>(src, a.H, 0, cur);
@@ -76,7 +75,7 @@ __device__ __forceinline__ uint64_t* push_row(const Args& a, int64_t i, int R, i
   return reinterpret_cast<uint64_t*>(home + a.L.cflag) + row;
 }
 
-// Combine push (warps [0, kPushWarps) of every CTA): one warp per valid slot row; the row goes to
+// Combine push (warps [0, a.push_warps) of every CTA): one warp per valid slot row; the row goes to
 // its home rank's region [me] at the same slot, then the warp releases the row's flag with the
 // combine epoch. bf16: rows of this rank's own tokens stay where they are (the sum reads y).
 // (One system-scope fence per 4 rows instead of a release per row was measured slower, run 12:
@@ -97,10 +96,7 @@ __device__ void combine_push(const Args& a, uint64_t e) {
   for (int64_t i = gw; i < total; i += nw) {
     uint64_t* flag = push_row<CF>(a, i, R, me, ps, ss);
     __syncwarp();  // the whole warp's stores are ordered before lane 0's release
-    if (lane == 0) {
-      if (a.xc & 2) *reinterpret_cast<volatile uint64_t*>(flag) = e;
-      else st_release_sys(flag, e);
-    }
+    if (lane == 0) st_release_sys(flag, e);
   }
 }
 

@@ -15,7 +15,7 @@
 //   5. every CTA adds 1 (release, system scope) to each peer's arrival counter for this source and
 //      waits (acquire) until every source's counter reached the sum of the grid sizes it announced;
 //      then each CTA resets a share of the ids that became invalid and counts a share of experts.
-// Combine: in every CTA, kPushWarps warps push valid y rows (bf16, or fp8-encoded) to the home
+// Combine: in every CTA, kPushWarps (6) warps push valid y rows (bf16, or fp8-encoded) to the home
 // rank's region [me][slot] and release a per-row flag with the combine epoch; the other warps sum
 // tokens as soon as the flags of their rows are set (ascending rank, fp32, no fma), so the sum
 // overlaps the transfer; with R = 2 and bf16 rows the sum streams through a cp.async ring too.
@@ -149,8 +149,8 @@ __global__ void __launch_bounds__(kThreads, 1) dispatch_kernel(Args a) {
       int s = 0;
       for (int c = 0; c < b; ++c) s += a.chunk_counts[size_t(c) * R + d];
       sm_prefix[d] = s;
-      const size_t base = size_t((a.xd & 2) ? d : me) * a.C;
-      uint8_t* w = a.peer_base[(a.xd & 2) ? me : d];
+      const size_t base = size_t(me) * a.C;
+      uint8_t* w = a.peer_base[d];
       sm_dst[d] = a2a::DestRegion{w + a.L.payload + base * ps, ss ? w + a.L.scales + base * ss : nullptr,
                                   reinterpret_cast<int32_t*>(w + a.L.ids) + base * a.K,
                                   reinterpret_cast<float*>(w + a.L.weights) + base * a.K};
@@ -253,14 +253,7 @@ __global__ void __launch_bounds__(kThreads, 1) dispatch_kernel(Args a) {
       if (++refill == kStages) refill = 0;
       const int myj = lane < R ? m[lane] : -1;
       a2a::UnitEnc enc;
-      if (a.xd & 1) {
-        enc.p[0] = raw.v[0];
-        enc.p[1] = raw.v[2];
-        enc.scale[0] = enc.scale[1] = 1.f;
-        enc.s2 = raw.v[1].x;
-      } else {
-        a2a::unit_encode<F>(raw, a.q, enc);
-      }
+      a2a::unit_encode<F>(raw, a.q, enc);
       int crank = -1, cslot = -1;
       float wk = 0.f;
       if (piece == 0 && lane < a.K) {
@@ -368,8 +361,6 @@ class NvlinkDispatcher final : public Dispatcher {
                        "; the spinning CTAs must all be resident, use --comm-sms <= " + std::to_string(sms));
     G_ = cfg.comm_sms;
     auto env_int = [](const char* n, int def) { const char* v = std::getenv(n); return v && *v ? std::atoi(v) : def; };
-    xd_ = env_int("EPMOE_NVL_XD", 0);
-    xc_ = env_int("EPMOE_NVL_XC", 0);
     push_warps_ = std::min(kMaxPushWarps, std::max(kMinPushWarps, env_int("EPMOE_NVL_PUSH_WARPS", kPushWarps)));
     // The kernels stage loads in dynamic shared memory beyond the default 48 KB.
     EPMOE_CUDA_CHECK(cudaFuncSetAttribute(dispatch_kernel<ActFormat::bf16>,
@@ -535,8 +526,6 @@ class NvlinkDispatcher final : public Dispatcher {
     a.slot_map = slot_map_.get<int32_t>();
     a.expert_counts = expert_counts_.get<int32_t>();
     a.trace = trace_;
-    a.xd = xd_;
-    a.xc = xc_;
     a.push_warps = push_warps_;
     return a;
   }
@@ -578,7 +567,7 @@ class NvlinkDispatcher final : public Dispatcher {
   MoeConfig cfg_;
   NcclComm& comm_;
   int R_, me_, G_ = 24;
-  int xd_ = 0, xc_ = 0, push_warps_ = kPushWarps;  // experiments (EPMOE_NVL_X*), see Args
+  int push_warps_ = kPushWarps;  // EPMOE_NVL_PUSH_WARPS (a tuning knob; any value gives the same results)
   std::unique_ptr<DevicePlacement> placement_;
   Layout L_{};
   void* window_mem_ = nullptr;

@@ -85,11 +85,7 @@ struct Args {
   int32_t* slot_map;      // [C][R]
   int32_t* expert_counts; // [E_loc]
   uint64_t* trace;        // optional [kNvlTrace] phase stamps of CTA 0 (a2a_host.h); null: off
-  // Experiments (EPMOE_NVL_X*, off = 0; results are wrong when on, timing only):
-  //   xd 1: dispatch skips the encode; 2: dispatch stores into this rank's own window only.
-  //   xc 1: combine pushes rows into its own window; 2: relaxed row flags (no fence).
-  int xd, xc;
-  int push_warps;  // combine warps per CTA that push (EPMOE_NVL_PUSH_WARPS, default kPushWarps)
+  int push_warps;  // combine warps per CTA that push rows (EPMOE_NVL_PUSH_WARPS, default kPushWarps)
 };
 
 // CTA 0, thread 0: the global timer at trace point i (when tracing).
@@ -102,11 +98,15 @@ __device__ __forceinline__ void trace_point(const Args& a, int i) {
 }
 
 constexpr int kHist = 1024;      // local experts counted in shared memory (more: global atomics)
-constexpr int kPushWarps = 8;    // combine: warps per CTA that push rows; the others sum
+// Combine: warps per CTA that push rows; the others sum. Measured (run 18, 2xH200, 24 SMs, 4096
+// DeepSeek-V3 tokens, bf16 combine): 4 / 5 / 6 / 8 / 10 / 12 push warps -> 269 / 260 / 247-252 /
+// 281 / 346 / 436 us; with 8 the sums fall behind the pushes (58 us tail), with 5 or fewer the
+// pushes are the limit.
+constexpr int kPushWarps = 6;
 constexpr int kStages = 4;       // cp.async stages per warp (dispatch units, combine sum units)
 // Dynamic shared memory of the kernels (set as the functions' limit at setup).
 constexpr size_t kDispatchSmem = size_t(kThreads / 32) * kStages * (128 * 16 + 96 * 4);
-constexpr int kMinPushWarps = 4, kMaxPushWarps = 12;
+constexpr int kMinPushWarps = 4, kMaxPushWarps = 12;  // EPMOE_NVL_PUSH_WARPS is clamped to these
 constexpr size_t combine_smem(int push_warps) { return size_t(kThreads / 32 - push_warps) * kStages * (2 * 128 * 16 + 16); }
 constexpr size_t kCombineSmem = combine_smem(kMinPushWarps);  // the function's limit
 
