@@ -12,6 +12,7 @@
 #include "run/cuda/cutlass_gemm.h"
 #include "run/cuda/gemm.h"
 #include "run/cuda/permute.cuh"
+#include "run/cuda/rows.h"
 #include "run/cuda/widen.h"
 
 namespace epmoe::cuda {
@@ -62,33 +63,6 @@ __global__ void __launch_bounds__(kScanThreads) offsets_kernel(const int32_t* __
     r += cnt[e];
   }
   if (tid == kScanThreads - 1) *num_tiles = s_tiles[tid];
-}
-
-__device__ __forceinline__ float load_act(ActFormat f, const QuantParams& p, const uint8_t* row, const uint8_t* sc,
-                                          int h) {
-  if (f == ActFormat::bf16) return num::bf16_to_f32(reinterpret_cast<const bf16_raw*>(row)[h]);
-  if (f == ActFormat::fp8) return dev::fp8_dequant(row[h], reinterpret_cast<const float*>(sc)[h / 128]);
-  const uint8_t b = row[h / 2];
-  return dev::nvfp4_dequant((h & 1) ? b >> 4 : b & 0xf, sc[h / 16], p.nvfp4_global_scale);
-}
-
-// One CTA per slot: claims a row per valid (slot, k) and writes the slot's bf16 activation there.
-__global__ void permute_kernel(ActFormat f, QuantParams p, const uint8_t* __restrict__ payload,
-                               const uint8_t* __restrict__ scales, const int32_t* __restrict__ ids,
-                               const int32_t* __restrict__ counts, int C, int K, int E, int H,
-                               const int32_t* __restrict__ offsets, int32_t* __restrict__ fill,
-                               int32_t* __restrict__ pair_pos, bf16_raw* __restrict__ A) {
-  __shared__ int32_t pos[32];
-  const int64_t i = blockIdx.x;
-  if (!slot_valid(i, C, counts)) return;
-  claim_rows(i, K, E, ids, offsets, fill, pair_pos, pos);
-  const uint8_t* row = payload + i * int64_t(payload_bytes(f, H));
-  const uint8_t* sc = scales ? scales + i * int64_t(scale_bytes(f, H)) : nullptr;
-  for (int h = threadIdx.x * 2; h < H; h += blockDim.x * 2) {
-    const __nv_bfloat162 v = __floats2bfloat162_rn(load_act(f, p, row, sc, h), load_act(f, p, row, sc, h + 1));
-    for (int k = 0; k < K; ++k)
-      if (pos[k] >= 0) *reinterpret_cast<__nv_bfloat162*>(A + int64_t(pos[k]) * H + h) = v;
-  }
 }
 
 // fp8 dispatch into the wgmma fp8 engine: the slot's e4m3 codes are copied as they are (16-byte
@@ -176,32 +150,6 @@ __global__ void intermediate_fp8_kernel(bf16_raw* __restrict__ h, const int32_t*
   }
 }
 
-// y[slot] = bf16(sum_k w_k * o[pos_k]) in ascending k, fp32, no fma.
-__global__ void reduce_kernel(const bf16_raw* __restrict__ o, const int32_t* __restrict__ pair_pos,
-                              const float* __restrict__ w, const int32_t* __restrict__ counts, int C, int K, int H,
-                              bf16_raw* __restrict__ y) {
-  const int64_t i = blockIdx.x;
-  if (!slot_valid(i, C, counts)) return;
-  __shared__ int32_t pos[32];
-  __shared__ float wk[32];
-  if (threadIdx.x < K) {
-    pos[threadIdx.x] = pair_pos[i * K + threadIdx.x];
-    wk[threadIdx.x] = w[i * K + threadIdx.x];
-  }
-  __syncthreads();
-  for (int h = threadIdx.x * 2; h < H; h += blockDim.x * 2) {
-    float a0 = 0.f, a1 = 0.f;
-    for (int k = 0; k < K; ++k) {
-      if (pos[k] < 0) continue;
-      const __nv_bfloat162 v = *reinterpret_cast<const __nv_bfloat162*>(o + int64_t(pos[k]) * H + h);
-      const float2 f = __bfloat1622float2(v);
-      a0 = __fadd_rn(a0, __fmul_rn(wk[k], f.x));
-      a1 = __fadd_rn(a1, __fmul_rn(wk[k], f.y));
-    }
-    *reinterpret_cast<__nv_bfloat162*>(y + i * H + h) = __floats2bfloat162_rn(a0, a1);
-  }
-}
-
 std::string mat_desc(const MatrixView& m) {
   return std::string(format_name(m.format)) + "[" + std::to_string(m.experts) + ", " + std::to_string(m.rows) + ", " +
          std::to_string(m.cols) + "] on " + device_name(m.device);
@@ -233,19 +181,11 @@ struct Routing {
   }
   // The slots' activations as bf16 rows of A (any dispatch format).
   void permute_bf16(const DispatchOutput& in, bf16_raw* A, cudaStream_t st) {
-    const int64_t S = in.slots();
-    const int C = in.capacity, K = in.top_k, E = in.num_local_experts, H = in.hidden;
-    permute_kernel<<<unsigned(S), 256, 0, st>>>(in.format, in.quant, in.payload, in.scales, in.local_ids, in.counts, C,
-                                                K, E, H, offsets.get<int32_t>(), fill.get<int32_t>(),
-                                                pair_pos.get<int32_t>(), A);
-    EPMOE_CUDA_CHECK_LAUNCH();
+    launch_permute_bf16(in, offsets.get<int32_t>(), fill.get<int32_t>(), pair_pos.get<int32_t>(), A, st);
   }
   // y[slot] = the routing-weighted sum of the slot's expert rows of o.
   void reduce(const DispatchOutput& in, const bf16_raw* o, bf16_raw* y, cudaStream_t st) {
-    const int64_t S = in.slots();
-    const int C = in.capacity, K = in.top_k, H = in.hidden;
-    reduce_kernel<<<unsigned(S), 256, 0, st>>>(o, pair_pos.get<int32_t>(), in.weights, in.counts, C, K, H, y);
-    EPMOE_CUDA_CHECK_LAUNCH();
+    launch_reduce(in, pair_pos.get<int32_t>(), o, y, st);
   }
 };
 
