@@ -22,6 +22,15 @@ __device__ __forceinline__ uint32_t bf16x2_exact(float lo, float hi) {
   return r;
 }
 
+// Two floats -> two e4m3 codes (lo in the low byte) by the hardware's RNE satfinite conversion,
+// which equals num::f32_to_e4m3 on every input (NaN -> 0x7f in both; the dispatch kernels and
+// their bitwise tests against the CPU quantizer rely on the same equality).
+__device__ __forceinline__ uint32_t e4m3x2_hw(float lo, float hi) {
+  uint16_t r;
+  asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(r) : "f"(hi), "f"(lo));
+  return r;
+}
+
 // Smallest power of two >= r (r > 0, finite): the ue8m0 scale "2^ceil(log2(r))" computed on the
 // bits, so no log2 rounding can pull it one binade low.
 __device__ __forceinline__ float pow2_ceil(float r) {

@@ -144,17 +144,26 @@ __global__ void swiglu_vec_kernel(const bf16_raw* __restrict__ h, const int32_t*
     const bool on = c0 < I;  // I % 8 == 0: a lane's 8 columns are all in or all out
     const bf16_raw* g = h + size_t(r) * 2 * I;
     float v[8], amax = 0.f;
+    uint32_t bw[4] = {0, 0, 0, 0};  // v as bf16 pairs
     if (on) {
       const uint4 gq = __ldg(reinterpret_cast<const uint4*>(g + c0));
       const uint4 uq = __ldg(reinterpret_cast<const uint4*>(g + I + c0));
       const uint32_t gw[4] = {gq.x, gq.y, gq.z, gq.w}, uw[4] = {uq.x, uq.y, uq.z, uq.w};
+      float x[8];
 #pragma unroll
       for (int j = 0; j < 8; ++j) {
         const float gv = __uint_as_float((j & 1) ? gw[j / 2] & 0xffff0000u : gw[j / 2] << 16);
         const float uv = __uint_as_float((j & 1) ? uw[j / 2] & 0xffff0000u : uw[j / 2] << 16);
-        v[j] = num::bf16_to_f32(num::f32_to_bf16((gv / (1.0f + __expf(-gv))) * uv));
-        amax = fmaxf(amax, fabsf(v[j]));
+        x[j] = (gv / (1.0f + __expf(-gv))) * uv;
       }
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {  // bf16 rounding as num::f32_to_bf16 (hardware pair conversion)
+        bw[j] = dev::bf16x2_exact(x[2 * j], x[2 * j + 1]);
+        v[2 * j] = __uint_as_float(bw[j] << 16);
+        v[2 * j + 1] = __uint_as_float(bw[j] & 0xffff0000u);
+      }
+#pragma unroll
+      for (int j = 0; j < 8; ++j) amax = fmaxf(amax, fabsf(v[j]));
     } else {
 #pragma unroll
       for (int j = 0; j < 8; ++j) v[j] = 0.f;
@@ -165,28 +174,23 @@ __global__ void swiglu_vec_kernel(const bf16_raw* __restrict__ h, const int32_t*
       for (int o = 8; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
       const dev::Fp8Block bp = dev::fp8_block_params(amax, ue8m0);
       if (!on) continue;
-      uint32_t codes[2] = {0, 0};
-      uint32_t bw[4];
-#pragma unroll
-      for (int j = 0; j < 8; ++j) {
-        const uint8_t code = dev::fp8_code(v[j], bp);
-        codes[j / 4] |= uint32_t(code) << (8 * (j & 3));
-        if (!a8) {
-          const uint32_t b16 = num::f32_to_bf16(dev::fp8_dequant(code, bp.scale));
-          bw[j / 2] = (j & 1) ? (bw[j / 2] | (b16 << 16)) : b16;
-        }
-      }
-      if (a8) {
-        *reinterpret_cast<uint2*>(a8 + size_t(r) * I + c0) = make_uint2(codes[0], codes[1]);
-        if ((lane & 15) == 0) sfa8[size_t(r) * nb + c0 / 128] = bp.scale;
-      } else {
-        *reinterpret_cast<uint4*>(a + size_t(r) * I + c0) = make_uint4(bw[0], bw[1], bw[2], bw[3]);
-      }
-    } else if (on) {
-      uint32_t bw[4];
+      uint32_t q[4];  // e4m3 pairs: fp8_code's value, converted by the hardware
 #pragma unroll
       for (int j = 0; j < 4; ++j)
-        bw[j] = uint32_t(num::f32_to_bf16(v[2 * j])) | (uint32_t(num::f32_to_bf16(v[2 * j + 1])) << 16);
+        q[j] = bp.divide ? dev::e4m3x2_hw(__fdiv_rn(v[2 * j], bp.mul), __fdiv_rn(v[2 * j + 1], bp.mul))
+                         : dev::e4m3x2_hw(__fmul_rn(v[2 * j], bp.mul), __fmul_rn(v[2 * j + 1], bp.mul));
+      if (a8) {
+        *reinterpret_cast<uint2*>(a8 + size_t(r) * I + c0) = make_uint2(q[0] | q[1] << 16, q[2] | q[3] << 16);
+        if ((lane & 15) == 0) sfa8[size_t(r) * nb + c0 / 128] = bp.scale;
+      } else {
+        uint32_t rw[4];
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+          rw[j] = uint32_t(num::f32_to_bf16(dev::fp8_dequant(uint8_t(q[j]), bp.scale))) |
+                  uint32_t(num::f32_to_bf16(dev::fp8_dequant(uint8_t(q[j] >> 8), bp.scale))) << 16;
+        *reinterpret_cast<uint4*>(a + size_t(r) * I + c0) = make_uint4(rw[0], rw[1], rw[2], rw[3]);
+      }
+    } else if (on) {
       *reinterpret_cast<uint4*>(a + size_t(r) * I + c0) = make_uint4(bw[0], bw[1], bw[2], bw[3]);
     }
   }

@@ -36,6 +36,9 @@ class Dev {
     n_ = h.size();
     buf_.reserve(std::max<size_t>(n_, 1) * sizeof(T));
     if (n_) EPMOE_CUDA_CHECK(cudaMemcpy(buf_.get(), h.data(), n_ * sizeof(T), cudaMemcpyHostToDevice));
+    // Complete on return: a pageable copy may still be in DMA when cudaMemcpy returns, and kernels
+    // under test may run on non-blocking streams.
+    EPMOE_CUDA_CHECK(cudaDeviceSynchronize());
   }
   std::vector<T> download() const {
     std::vector<T> h(n_);
@@ -44,6 +47,7 @@ class Dev {
   }
   void poison() {
     if (n_) EPMOE_CUDA_CHECK(cudaMemset(buf_.get(), 0xff, n_ * sizeof(T)));
+    EPMOE_CUDA_CHECK(cudaDeviceSynchronize());  // cudaMemset is asynchronous to non-blocking streams
   }
   T* get() const { return buf_.get<T>(); }
   size_t size() const { return n_; }
