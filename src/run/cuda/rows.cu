@@ -85,6 +85,16 @@ __global__ void permute_vec_kernel(QuantParams p, const uint8_t* __restrict__ pa
   }
 }
 
+// The expert rows (pair_pos, -1: none) and routing weights of slot i into shared memory; a barrier.
+__device__ __forceinline__ void slot_routing(int64_t i, int K, const int32_t* pair_pos, const float* w, int32_t* pos,
+                                             float* wk) {
+  if (threadIdx.x < K) {
+    pos[threadIdx.x] = pair_pos[i * K + threadIdx.x];
+    wk[threadIdx.x] = w[i * K + threadIdx.x];
+  }
+  __syncthreads();
+}
+
 // Scalar weighted sum (any H): one CTA per slot, two elements per thread step.
 __global__ void reduce_kernel(const bf16_raw* __restrict__ o, const int32_t* __restrict__ pair_pos,
                               const float* __restrict__ w, const int32_t* __restrict__ counts, int C, int K, int H,
@@ -93,11 +103,7 @@ __global__ void reduce_kernel(const bf16_raw* __restrict__ o, const int32_t* __r
   if (!slot_valid(i, C, counts)) return;
   __shared__ int32_t pos[32];
   __shared__ float wk[32];
-  if (threadIdx.x < K) {
-    pos[threadIdx.x] = pair_pos[i * K + threadIdx.x];
-    wk[threadIdx.x] = w[i * K + threadIdx.x];
-  }
-  __syncthreads();
+  slot_routing(i, K, pair_pos, w, pos, wk);
   for (int h = threadIdx.x * 2; h < H; h += blockDim.x * 2) {
     float a0 = 0.f, a1 = 0.f;
     for (int k = 0; k < K; ++k) {
@@ -123,11 +129,7 @@ __global__ void reduce_vec_kernel(const bf16_raw* __restrict__ o, const int32_t*
   if (!slot_valid(i, C, counts)) return;
   __shared__ int32_t pos[32];
   __shared__ float wk[32];
-  if (threadIdx.x < K) {
-    pos[threadIdx.x] = pair_pos[i * K + threadIdx.x];
-    wk[threadIdx.x] = w[i * K + threadIdx.x];
-  }
-  __syncthreads();
+  slot_routing(i, K, pair_pos, w, pos, wk);
   const int nch = H / 8;
   for (int c0 = threadIdx.x; c0 < nch; c0 += kChunks * blockDim.x) {
     float acc[kChunks][8];
