@@ -1,5 +1,6 @@
 // `epmoe bench a2a`: dispatch and combine times of the multi-GPU dispatchers on every GPU of the job
-// (one process with a thread per GPU, or one process per GPU under mpirun), with the baselines
+// (one process with a thread per GPU, or one process per GPU under mpirun), for each preset of
+// --preset (formats a shape cannot take are skipped and said), with the baselines
 // printed in the same run: the copy-engine peer copy of the same link bytes (the link ceiling) and
 // NCCL's all-to-all (ncclSend/ncclRecv in a group) of the same bytes, plus link vs logical bytes.
 // Every rank runs the code below for itself; rank 0 prints.
@@ -30,7 +31,8 @@ namespace {
 using cuda::DeviceBuffer;
 
 struct Opts {
-  const ModelPreset* preset = nullptr;
+  std::vector<const ModelPreset*> presets;
+  const ModelPreset* preset = nullptr;  // the one being measured
   std::vector<long long> Ts;
   std::vector<ActFormat> fmts;
   std::vector<std::string> disps;
@@ -316,6 +318,14 @@ void a2a_rank(Communicator& comm, const Opts& o) {
         cfg.runner = "cuda";
         cfg.comm_sms = o.comm_sms;
         cfg.placement.reset();
+        // A format the shape cannot take (fp8 needs H % 128 == 0, ...) is skipped and said; every
+        // rank decides alike from the same configuration.
+        try {
+          detail::check_gpu_a2a_config(cfg, R, r, "bench a2a");
+        } catch (const UsageError& e) {
+          if (talk) std::printf("%-7s %-6s %6lld | skipped: %s\n", dname.c_str(), format_name(f), T, e.what());
+          continue;
+        }
         Point pt = time_dispatcher(comm, d, cfg, T, o.reps, r1_buf, o.phases);
         // NCCL all-to-all of rank 0's link bytes, the same size on every rank (p2p sizes must match).
         const double link0 = allgather(comm, {pt.link_bytes})[0];
@@ -351,7 +361,7 @@ void a2a_rank(Communicator& comm, const Opts& o) {
 
 int bench_a2a(const std::vector<std::string>& args) {
   Flags flags("bench a2a");
-  flags.add("preset", "NAME", "model shape (default deepseek-v3)");
+  flags.add("preset", "LIST", "model shapes: a name, a comma list, or all (default deepseek-v3)");
   flags.add("tokens", "LIST", "tokens per rank (default 128,512,4096,16384)");
   flags.add("formats", "LIST", "dispatch formats (default bf16,fp8,nvfp4)");
   flags.add("dispatchers", "LIST", "nvlink,nccl (default both)");
@@ -379,13 +389,19 @@ int bench_a2a(const std::vector<std::string>& args) {
   if (o.reps <= 0) throw UsageError("--reps: " + std::to_string(o.reps) + " must be positive");
   o.comm_sms = flags.get_int("comm-sms", 24);
   o.phases = flags.get_bool("phases", false);
-  o.preset = &preset(flags.has("preset") ? flags.get("preset") : "deepseek-v3");
+  o.presets = parse_presets(flags.has("preset") ? flags.get("preset") : "deepseek-v3");
   const int R = default_gpu_ranks();
   if (R < 2) {
     std::fprintf(stderr, "bench a2a: needs at least 2 GPUs (or mpirun -np 2 or more), found %d\n", R);
     return 1;
   }
-  launch_gpu_ranks(R, 60000, [&](Communicator& comm) { a2a_rank(comm, o); });
+  // One job per preset (its own communicators, buffers and in-run baselines).
+  for (size_t i = 0; i < o.presets.size(); ++i) {
+    o.preset = o.presets[i];
+    if (o.presets.size() > 1 && rank0_process())
+      std::fprintf(stderr, "[bench a2a] preset %zu/%zu: %s\n", i + 1, o.presets.size(), o.preset->name.c_str());
+    launch_gpu_ranks(R, 60000, [&](Communicator& comm) { a2a_rank(comm, o); });
+  }
   return 0;
 }
 

@@ -117,19 +117,6 @@ struct Opts {
   IntermediateQuant iq = IntermediateQuant::none;
 };
 
-// Presets named by --preset: one name, a comma list, or "all" (every model preset; "tiny" is the
-// test shape and only runs when named).
-std::vector<const ModelPreset*> parse_presets(const std::string& list) {
-  std::vector<const ModelPreset*> out;
-  if (list == "all") {
-    for (const ModelPreset& p : presets())
-      if (p.name != "tiny") out.push_back(&p);
-    return out;
-  }
-  for (const std::string& name : split_list(list, "preset")) out.push_back(&preset(name));
-  return out;
-}
-
 // One preset: the runner for every weight format and M, the cuBLAS loop, the table.
 void bench_preset(const Opts& o, const ModelPreset& pre, double hbm_gbs, Timer& timer, const char* gpu) {
   const int H = pre.config.hidden, I = pre.config.intermediate;

@@ -41,6 +41,17 @@ std::vector<std::string> split_list(const std::string& text, const std::string& 
   return out;
 }
 
+std::vector<const ModelPreset*> parse_presets(const std::string& list) {
+  std::vector<const ModelPreset*> out;
+  if (list == "all") {
+    for (const ModelPreset& p : presets())
+      if (p.name != "tiny") out.push_back(&p);
+    return out;
+  }
+  for (const std::string& name : split_list(list, "preset")) out.push_back(&preset(name));
+  return out;
+}
+
 std::vector<ActFormat> parse_act_formats(const std::string& text, const std::string& flag) {
   std::vector<ActFormat> out;
   for (const std::string& s : split_list(text, flag)) {

@@ -10,6 +10,7 @@
 
 #include "epmoe/comm.h"
 #include "epmoe/format.h"
+#include "epmoe/presets.h"
 
 namespace epmoe::cli {
 
@@ -18,6 +19,9 @@ double median(std::vector<double> v);
 
 // "a,b,c" -> {"a", "b", "c"}; throws UsageError naming --flag for an empty item.
 std::vector<std::string> split_list(const std::string& text, const std::string& flag);
+// Presets named by --preset: one name, a comma list, or "all" (every model preset; "tiny" is the
+// test shape and only runs when named). Throws UsageError for an unknown name.
+std::vector<const ModelPreset*> parse_presets(const std::string& list);
 // "bf16,fp8" -> formats; throws UsageError naming --flag and the unknown item.
 std::vector<ActFormat> parse_act_formats(const std::string& text, const std::string& flag);
 
