@@ -360,8 +360,15 @@ class NvlinkDispatcher final : public Dispatcher {
                        std::to_string(sms) + " SMs of device " + std::to_string(comm_.device_index()) +
                        "; the spinning CTAs must all be resident, use --comm-sms <= " + std::to_string(sms));
     G_ = cfg.comm_sms;
-    auto env_int = [](const char* n, int def) { const char* v = std::getenv(n); return v && *v ? std::atoi(v) : def; };
-    push_warps_ = std::min(kMaxPushWarps, std::max(kMinPushWarps, env_int("EPMOE_NVL_PUSH_WARPS", kPushWarps)));
+    if (const char* env = std::getenv("EPMOE_NVL_PUSH_WARPS"); env && *env) {
+      const std::string v = env;
+      const bool digits = v.size() <= 2 && v.find_first_not_of("0123456789") == std::string::npos;
+      push_warps_ = digits ? std::stoi(v) : 0;
+      if (push_warps_ < kMinPushWarps || push_warps_ > kMaxPushWarps)
+        throw UsageError("dispatcher \"nvlink\": environment variable EPMOE_NVL_PUSH_WARPS='" + v + "' is not in [" +
+                         std::to_string(kMinPushWarps) + ", " + std::to_string(kMaxPushWarps) +
+                         "] (combine warps per CTA that push rows; the others sum)");
+    }
     // The kernels stage loads in dynamic shared memory beyond the default 48 KB.
     EPMOE_CUDA_CHECK(cudaFuncSetAttribute(dispatch_kernel<ActFormat::bf16>,
                                           cudaFuncAttributeMaxDynamicSharedMemorySize, int(kDispatchSmem)));

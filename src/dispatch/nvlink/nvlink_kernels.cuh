@@ -106,7 +106,7 @@ constexpr int kPushWarps = 6;
 constexpr int kStages = 4;       // cp.async stages per warp (dispatch units, combine sum units)
 // Dynamic shared memory of the kernels (set as the functions' limit at setup).
 constexpr size_t kDispatchSmem = size_t(kThreads / 32) * kStages * (128 * 16 + 96 * 4);
-constexpr int kMinPushWarps = 4, kMaxPushWarps = 12;  // EPMOE_NVL_PUSH_WARPS is clamped to these
+constexpr int kMinPushWarps = 4, kMaxPushWarps = 12;  // EPMOE_NVL_PUSH_WARPS must lie in these
 constexpr size_t combine_smem(int push_warps) { return size_t(kThreads / 32 - push_warps) * kStages * (2 * 128 * 16 + 16); }
 constexpr size_t kCombineSmem = combine_smem(kMinPushWarps);  // the function's limit
 

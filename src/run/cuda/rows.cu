@@ -191,18 +191,16 @@ void launch_permute_bf16(const DispatchOutput& in, const int32_t* offsets, int32
   const int C = in.capacity, K = in.top_k, E = in.num_local_experts, H = in.hidden;
   const bool vec = H % 8 == 0 && aligned16(in.payload) && aligned16(A);
   const unsigned grid = unsigned(S);
-  if (vec && in.format == ActFormat::bf16)
-    permute_vec_kernel<ActFormat::bf16><<<grid, 256, 0, st>>>(in.quant, in.payload, in.scales, in.local_ids, in.counts, C,
-                                                              K, E, H, offsets, fill, pair_pos, A);
-  else if (vec && in.format == ActFormat::fp8)
-    permute_vec_kernel<ActFormat::fp8><<<grid, 256, 0, st>>>(in.quant, in.payload, in.scales, in.local_ids, in.counts, C,
-                                                             K, E, H, offsets, fill, pair_pos, A);
-  else if (vec && in.format == ActFormat::nvfp4)
-    permute_vec_kernel<ActFormat::nvfp4><<<grid, 256, 0, st>>>(in.quant, in.payload, in.scales, in.local_ids, in.counts,
-                                                               C, K, E, H, offsets, fill, pair_pos, A);
-  else
+  if (vec) {
+    auto* kernel = in.format == ActFormat::bf16  ? permute_vec_kernel<ActFormat::bf16>
+                   : in.format == ActFormat::fp8 ? permute_vec_kernel<ActFormat::fp8>
+                                                 : permute_vec_kernel<ActFormat::nvfp4>;
+    kernel<<<grid, 256, 0, st>>>(in.quant, in.payload, in.scales, in.local_ids, in.counts, C, K, E, H, offsets, fill,
+                                 pair_pos, A);
+  } else {
     permute_kernel<<<grid, 256, 0, st>>>(in.format, in.quant, in.payload, in.scales, in.local_ids, in.counts, C, K, E, H,
                                          offsets, fill, pair_pos, A);
+  }
   EPMOE_CUDA_CHECK_LAUNCH();
 }
 
