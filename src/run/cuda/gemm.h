@@ -34,6 +34,9 @@ struct GemmArgs {
   const uint8_t* A8 = nullptr;
   const float* a_scales = nullptr;
   int64_t a_scales_ld = 0;
+  // nvfp4 decode engine, fused GEMM1: write the output in that engine's K order (kperm_nvfp4_tokens)
+  // because GEMM2 runs on it too.
+  bool out_kperm = false;
 };
 
 // BM = rows per m-tile: 32 (decode: few rows per expert) or 128.
@@ -53,9 +56,14 @@ void set_wgmma_defer(bool on);
 bool wgmma_defer();
 // nvfp4: W nvfp4 (e4m3 block-16 scales, per-expert global scale) x A bf16, the weights decoded to
 // bf16 in registers as wgmma's A operand (gemm_nvfp4_wgmma.cu). Needs K % 128 == 0 (and N % 64
-// for the fused GEMM1): wgmma_nvfp4_supports says whether a GEMM qualifies.
+// for the fused GEMM1): wgmma_nvfp4_supports says whether a GEMM qualifies. A must be in the
+// engine's K order: rows rewritten by kperm_nvfp4_tokens, or GEMM1 output with out_kperm.
 void launch_grouped_gemm_wgmma_nvfp4(const GemmArgs& a, cudaStream_t stream);
 bool wgmma_nvfp4_supports(int K, int N, bool fused);
+// In place: the rows [0, offsets[E-1] + cnt[E-1]) of A [max_rows][K] into the nvfp4 engine's K
+// order (per 64-K block, natural 4-byte word 8t + m to word 4m + t). K % 64 == 0.
+void kperm_nvfp4_tokens(bf16_raw* A, const int32_t* offsets, const int32_t* cnt, int E, int K, int64_t max_rows,
+                        cudaStream_t stream);
 constexpr int kWgmmaBlockM = 32;
 
 inline void launch_grouped_gemm(const GemmArgs& a, int bm, cudaStream_t stream) {

@@ -15,15 +15,30 @@
 // 16t .. 16t+15 of its rows, i.e. one whole scale block: one 8-byte load and one scale per row.
 // Instruction j, A slots (2t, 2t+1) = natural (16t+4j, +1), slots (2t+8, 2t+9) = (16t+4j+2, +3).
 // The tokens follow: natural 4-byte word p = 8t + m of a 64-K block goes to 16-byte chunk m, word
-// t of that chunk (a 4x8 transpose of words), loaded with 4-byte cp.async into the SW128 layout.
+// t of that chunk (a 4x8 transpose of words). The tokens arrive in that order already (A is
+// "K-permuted": kperm_tokens below rewrites GEMM1's rows in place, and GEMM1's epilogue writes the
+// intermediate that way when GEMM2 runs here too), so a stage's token bytes are plain 16-byte copies
+// into the SW128 layout instead of sixteen 4-byte copies per thread (run 22, ncu: the 4-byte copies
+// and their address arithmetic were ~5% of the instructions, and 4 of every 32 bytes moved from L2
+// were used per request).
 //
 // Numerics equal the mma.sync nvfp4 path: bf16(e2m1) * bf16(e4m3 scale) exactly, fp32
 // accumulation, the per-expert global scale divides the accumulator in the epilogue.
 //
 // Pipeline: one warpgroup per CTA, 128 weight rows (two m64 halves; fused GEMM1: gate rows 0-63,
 // up rows 64-127 of the same 64 intermediate columns), stage = 128 K (64 bytes of each weight row:
-// two whole 32-byte sectors; 8 scale bytes; two SW128 token atoms), 4 stages, persistent grid over
-// one flat stream of (tile, k-stage) steps like gemm_wgmma.cuh.
+// two whole 32-byte sectors; 8 scale bytes; two SW128 token atoms), 4 ring slots loaded 2 stages
+// ahead, persistent grid over one flat stream of (tile, k-stage) steps like gemm_wgmma.cuh.
+// A stage is two batches of 8 wgmmas (one per 64-K sub-block), each from its own set of A
+// registers, and a batch is waited for only when its registers are about to be refilled: the
+// decode of one sub-block runs while the tensor cores work on the previous one (before: decode,
+// issue, wait for all 16, decode...; ncu run 22: 49% of issue slots used, 2.6 warps per scheduler).
+// The stage loaded at step s goes into the slot of step s - 2, whose batches every warp has
+// waited for before the step's barrier.
+//
+// Instruction count: the decode's PRMT tables live in registers pinned at kernel start (ptxas
+// otherwise re-materialized them from uniform registers before every lookup: 98 of ~830
+// instructions per stage in run 22's SASS).
 #include "run/cuda/gemm_wgmma.cuh"
 
 namespace epmoe::cuda::wgf4 {
@@ -45,7 +60,8 @@ constexpr int kBT = 32;       // tokens per m-tile (wgmma N)
 constexpr int kRowsW = 128;   // weight rows per CTA tile
 constexpr int kKS = 128;      // K values per stage
 constexpr int kThreads = 128;
-constexpr int kStages = 4;
+constexpr int kStages = 4;     // ring slots
+constexpr int kAhead = 2;      // stages loaded ahead of the one computed
 
 struct Layout {
   static constexpr int A = 0;                    // tokens: 2 atoms [32][128 B], SW128, permuted K
@@ -70,18 +86,61 @@ __device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {
 constexpr uint32_t kLo0 = 0xC0800000u, kLo1 = 0xC0804000u;
 constexpr uint32_t kHi0 = 0x3F3F3F00u, kHi1 = 0x40404040u;
 
+// The first table word of each PRMT lookup, held in a register for the whole kernel; the second
+// word is an immediate operand. Read from shared memory because ptxas keeps any constant it can see
+// in a uniform register and copies it into a regular one before every PRMT (PRMT's first operand
+// must be a regular register): 98 of ~830 instructions per stage in run 22's SASS.
+struct Tables {
+  uint32_t lo0, hi0, x80;
+  // sm: 96 words. Each lane reads its own copy: a value loaded from a per-lane address is not
+  // uniform, so it cannot be parked in a uniform register either (ptxas did that with one copy).
+  __device__ __forceinline__ explicit Tables(uint32_t* sm) {
+    const int lane = threadIdx.x & 31;
+    if (threadIdx.x < 32) sm[lane] = kLo0, sm[32 + lane] = kHi0, sm[64 + lane] = 0x80808080u;
+    __syncthreads();
+    const uint32_t a = smem_u32(sm + lane);
+    asm volatile("ld.volatile.shared.u32 %0, [%1];\n" : "=r"(lo0) : "r"(a));
+    asm volatile("ld.volatile.shared.u32 %0, [%1];\n" : "=r"(hi0) : "r"(a + 128));
+    asm volatile("ld.volatile.shared.u32 %0, [%1];\n" : "=r"(x80) : "r"(a + 256));
+  }
+};
+
 // Four e2m1 codes (nibbles 0-3 of x: natural k, k+1, k+2, k+3) -> bf16x2 (k, k+1) and (k+2, k+3).
-__device__ __forceinline__ void e2m1x4_to_bf16(uint32_t x, uint32_t& d0, uint32_t& d1) {
+__device__ __forceinline__ void e2m1x4_to_bf16(const Tables& tb, uint32_t x, uint32_t& d0, uint32_t& d1) {
   const uint32_t m = x & 0x7777u;
-  const uint32_t lo = prmt(kLo0, kLo1, m);
-  uint32_t hi = prmt(kHi0, kHi1, m);
+  const uint32_t lo = prmt(tb.lo0, kLo1, m);
+  uint32_t hi = prmt(tb.hi0, kHi1, m);
   // Sign: a selector nibble with bit 3 set makes PRMT replicate the msb of the chosen byte, so
   // with all bytes 0x80 the result byte is 0xFF for a negative code and 0x80 otherwise; its bit 6
   // is the sign, moved to bit 7 of the high byte.
-  const uint32_t s = prmt(0x80808080u, 0x80808080u, x);
+  const uint32_t s = prmt(tb.x80, 0x80808080u, x);
   hi |= (s << 1) & 0x80808080u;
   d0 = prmt(lo, hi, 0x5140u);
   d1 = prmt(lo, hi, 0x7362u);
+}
+
+__device__ __forceinline__ void wgmma_wait1() { asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory"); }
+
+// Position of natural column k (0-63) of a 64-K block in the K-permuted order.
+__device__ __forceinline__ int kperm_pos(int k) { return 2 * (4 * ((k >> 1) & 7) + (k >> 4)) + (k & 1); }
+
+// In place, one thread per 64-K block of a row (it holds all 128 bytes): natural word 8t + m goes
+// to word 4m + t. Rows past offsets[E-1] + cnt[E-1] (unused) are left alone.
+__global__ void kperm_kernel(bf16_raw* __restrict__ A, const int32_t* __restrict__ offsets,
+                             const int32_t* __restrict__ cnt, int E, int K, int64_t max_rows) {
+  const int64_t rows = min(int64_t(offsets[E - 1]) + cnt[E - 1], max_rows);
+  const int64_t blocks = rows * (K / 64);
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < blocks; i += int64_t(gridDim.x) * blockDim.x) {
+    uint4* p = reinterpret_cast<uint4*>(A + i * 64);
+    uint32_t w[32];
+#pragma unroll
+    for (int c = 0; c < 8; ++c) {
+      const uint4 v = p[c];
+      w[4 * c] = v.x, w[4 * c + 1] = v.y, w[4 * c + 2] = v.z, w[4 * c + 3] = v.w;
+    }
+#pragma unroll
+    for (int m = 0; m < 8; ++m) p[m] = make_uint4(w[m], w[8 + m], w[16 + m], w[24 + m]);
+  }
 }
 
 __device__ __forceinline__ void wgmma_bf16_rA(float (&d)[16], const uint32_t (&a)[4], uint64_t db) {
@@ -109,9 +168,11 @@ __global__ void __launch_bounds__(kThreads) nvfp4_wgmma_kernel(GemmArgs p) {
   const int my_tiles = walk.my_tiles;
   const int64_t steps = int64_t(my_tiles) * KT;
   using Cur = wg::TileWalk::Tile;
+  __shared__ uint32_t tables_sm[96];
+  const Tables tb(tables_sm);
 
-  // Token loads: thread (row tr, quarter tq) moves the 32 natural bytes 32tq .. 32tq+31 of each
-  // 64-K block (8 words, word m to chunk m at word tq) of its token row.
+  // Token loads: thread (row tr, quarter tq) copies 16-byte chunks 4tq .. 4tq+3 of its token row's
+  // 256 stage bytes (already K-permuted): atom tq / 2, chunks m = 4 (tq % 2) + i, swizzled.
   const int tr = tid >> 2, tq = tid & 3;
   // Weight loads: chunk ch = tid % 4 of tile rows wq + 32 j (j = 0, 1 in half 0; 2, 3 in half 1);
   // (wq + 32 j) & 2 = wq & 2, so one shared offset serves every chunk. Scales: row tid.
@@ -120,7 +181,8 @@ __global__ void __launch_bounds__(kThreads) nvfp4_wgmma_kernel(GemmArgs p) {
   // pointer adds rather than per-step divisions, a dependent table load and row arithmetic.
   const int wq = tid >> 2, ch = tid & 3;
   const uint32_t w_off = uint32_t(Layout::W + wq * 64 + ((ch ^ (wq & 2)) << 4));
-  const uint32_t a_off = uint32_t(Layout::A + tr * 128 + tq * 4);
+  const uint32_t a_off = uint32_t(Layout::A + (tq >> 1) * 4096 + tr * 128);
+  const int a_m0 = 4 * (tq & 1), a_sw = tr & 7;
   const int64_t w32 = 32 * w_row_bytes;  // 32 weight rows
   const uint8_t* lw[2] = {nullptr, nullptr};  // W chunk 0 / chunk 2 at kt = 0
   const uint8_t* lw_masked = nullptr;         // row 0 of the expert: the ignored source of a masked chunk
@@ -142,7 +204,7 @@ __global__ void __launch_bounds__(kThreads) nvfp4_wgmma_kernel(GemmArgs p) {
     ls = Sc + int64_t(sok ? walk.w_row(c.n0, tid) : 0) * s_row_bytes;
     const bool aok = tr < c.mt.rows;
     ok |= uint32_t(aok) << 5;
-    la = reinterpret_cast<const uint8_t*>(p.A + int64_t(c.mt.row0 + (aok ? tr : 0)) * K) + tq * 32;
+    la = reinterpret_cast<const uint8_t*>(p.A + int64_t(c.mt.row0 + (aok ? tr : 0)) * K) + tq * 64;
     lok = ok;
   };
   wg::LoadCursor lc;
@@ -159,10 +221,7 @@ __global__ void __launch_bounds__(kThreads) nvfp4_wgmma_kernel(GemmArgs p) {
     const bool aok = (lok >> 5) & 1u;
     const uint8_t* A = la + int64_t(lc.kt) * kKS * 2;
 #pragma unroll
-    for (int sb = 0; sb < 2; ++sb)
-#pragma unroll
-      for (int m = 0; m < 8; ++m)
-        cp_async4(st + a_off + sb * 4096 + ((m ^ (tr & 7)) << 4), A + sb * 128 + m * 4, aok);
+    for (int i = 0; i < 4; ++i) cp_async16(st + a_off + (((a_m0 + i) ^ a_sw) << 4), A + i * 16, aok);
     lc.advance(KT, kStages, walk, enter_tile);
   };
 
@@ -173,73 +232,83 @@ __global__ void __launch_bounds__(kThreads) nvfp4_wgmma_kernel(GemmArgs p) {
     for (int i = 0; i < 16; ++i) acc[h][i] = 0.f;
 
 #pragma unroll
-  for (int s = 0; s < kStages - 1; ++s) {
+  for (int s = 0; s < kAhead; ++s) {
     if (s < steps) load_next();
     cp_commit();
   }
 
   Cur cur = my_tiles > 0 ? walk.at(0) : Cur{};
   int c_kt = 0, c_slot = 0, c_local = 0;  // compute cursor: k-stage, ring slot and tile of step s
+  // A fragments of one sub-block: [half][row q (r0, r0+8)][8 x bf16x2 = the 16 values of block t].
+  uint32_t wa[2][2][2][8];
   for (int64_t s = 0; s < steps; ++s) {
     const int kt = c_kt, slot = c_slot;
     if (++c_kt == KT) c_kt = 0;
     if (++c_slot == kStages) c_slot = 0;
-    cp_wait<kStages - 2>();
+    cp_wait<kAhead - 1>();
     fence_proxy_async();
-    __syncthreads();  // stage s visible to all; stage s-1 (overwritten next) no longer read
+    // Stage s visible to all; every warp has waited for the batches of step s - 2 (at the latest
+    // before its second batch of step s - 1), so slot (s + 2) % 4 is free.
+    __syncthreads();
     {
-      const int64_t ns = s + kStages - 1;
-      if (ns < steps) load_next();
+      if (s + kAhead < steps) load_next();
       cp_commit();
     }
     const uint32_t st = base + uint32_t(slot) * Layout::STAGE;
     const uint8_t* sp = sbase + slot * Layout::STAGE;
 
-    // A fragments: [half][row q (r0, r0+8)][sub-block][8 x bf16x2 = the 16 values of block t].
-    uint32_t wa[2][2][2][8];
+    // Scales of block t (sub-block 0) and 4 + t (sub-block 1) of each row, exactly to bf16, doubled.
+    uint32_t scl[2][2][2];
 #pragma unroll
     for (int h = 0; h < 2; ++h)
 #pragma unroll
       for (int q = 0; q < 2; ++q) {
         const int r = h * 64 + 16 * warp + g + 8 * q;
         const uint2 sc8 = *reinterpret_cast<const uint2*>(sp + Layout::S + r * 8);
-        // Scales of block t (sub-block 0) and 4 + t (sub-block 1), exactly to bf16, each doubled.
         const uint32_t two = prmt(sc8.x, sc8.y, uint32_t(t) | (uint32_t(t + 4) << 4));
         const uint32_t s2 = gemm::e4m3x2_to_bf16x2(static_cast<uint16_t>(two));
-        const uint32_t scl[2] = {prmt(s2, s2, 0x1010u), prmt(s2, s2, 0x3232u)};
-#pragma unroll
-        for (int sb = 0; sb < 2; ++sb) {
-          const int ch = sb * 2 + (t >> 1);
-          const uint2 v = *reinterpret_cast<const uint2*>(sp + Layout::W + r * 64 + ((ch ^ (r & 2)) << 4) + (t & 1) * 8);
-          uint32_t d[8];
-          e2m1x4_to_bf16(v.x, d[0], d[1]);
-          e2m1x4_to_bf16(v.x >> 16, d[2], d[3]);
-          e2m1x4_to_bf16(v.y, d[4], d[5]);
-          e2m1x4_to_bf16(v.y >> 16, d[6], d[7]);
-#pragma unroll
-          for (int i = 0; i < 8; ++i) wa[h][q][sb][i] = gemm::bf16x2_mul(d[i], scl[sb]);
-        }
+        scl[h][q][0] = prmt(s2, s2, 0x1010u);
+        scl[h][q][1] = prmt(s2, s2, 0x3232u);
       }
-
-    wgmma_fence();
 #pragma unroll
-    for (int sb = 0; sb < 2; ++sb)
+    for (int sb = 0; sb < 2; ++sb) {
+      // The batch that last read wa[sb] (sub-block sb of step s - 1) must be done; the other one
+      // may still run.
+      wgmma_wait1();
+#pragma unroll
+      for (int h = 0; h < 2; ++h)
+#pragma unroll
+        for (int q = 0; q < 2; ++q) {
+          const int r = h * 64 + 16 * warp + g + 8 * q;
+          const uint32_t s2 = scl[h][q][sb];
+          const int c16 = sb * 2 + (t >> 1);
+          const uint2 v = *reinterpret_cast<const uint2*>(sp + Layout::W + r * 64 + ((c16 ^ (r & 2)) << 4) + (t & 1) * 8);
+          uint32_t d[8];
+          e2m1x4_to_bf16(tb, v.x, d[0], d[1]);
+          e2m1x4_to_bf16(tb, v.x >> 16, d[2], d[3]);
+          e2m1x4_to_bf16(tb, v.y, d[4], d[5]);
+          e2m1x4_to_bf16(tb, v.y >> 16, d[6], d[7]);
+#pragma unroll
+          for (int i = 0; i < 8; ++i) wa[sb][h][q][i] = gemm::bf16x2_mul(d[i], s2);
+        }
+      wgmma_fence();
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
         const uint64_t db = desc_sw128(st + Layout::A + sb * 4096 + j * 32);
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-          const uint32_t a[4] = {wa[h][0][sb][2 * j], wa[h][1][sb][2 * j], wa[h][0][sb][2 * j + 1],
-                                 wa[h][1][sb][2 * j + 1]};
+          const uint32_t a[4] = {wa[sb][h][0][2 * j], wa[sb][h][1][2 * j], wa[sb][h][0][2 * j + 1],
+                                 wa[sb][h][1][2 * j + 1]};
           wgmma_bf16_rA(acc[h], a, db);
         }
       }
-    wgmma_commit();
+      wgmma_commit();
+    }
+    if (kt != KT - 1) continue;
+
     wgmma_wait0();
     reg_fence(acc[0]);
     reg_fence(acc[1]);
-    if (kt != KT - 1) continue;
-
     const float inv_gs = 1.0f / p.W.global_scale[cur.mt.expert];
 #pragma unroll
     for (int j = 0; j < 4; ++j)
@@ -253,7 +322,7 @@ __global__ void __launch_bounds__(kThreads) nvfp4_wgmma_kernel(GemmArgs p) {
           const int r = 16 * warp + g + 8 * hh, i = 4 * j + 2 * hh + q;
           if (p.fused) {
             const float gt = acc[0][i] * inv_gs, up = acc[1][i] * inv_gs;
-            orow[cur.n0 + r] = num::f32_to_bf16((gt / (1.0f + __expf(-gt))) * up);
+            orow[cur.n0 + (p.out_kperm ? kperm_pos(r) : r)] = num::f32_to_bf16((gt / (1.0f + __expf(-gt))) * up);
           } else {
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
@@ -269,6 +338,7 @@ __global__ void __launch_bounds__(kThreads) nvfp4_wgmma_kernel(GemmArgs p) {
       for (int i = 0; i < 16; ++i) acc[h][i] = 0.f;
     if (++c_local < my_tiles) cur = walk.at(c_local);
   }
+  wgmma_wait0();
   cp_wait<0>();
 }
 
@@ -278,6 +348,18 @@ __global__ void __launch_bounds__(kThreads) nvfp4_wgmma_kernel(GemmArgs p) {
 namespace epmoe::cuda {
 
 bool wgmma_nvfp4_supports(int K, int N, bool fused) { return K % wgf4::kKS == 0 && (!fused || N % 64 == 0); }
+
+void kperm_nvfp4_tokens(bf16_raw* A, const int32_t* offsets, const int32_t* cnt, int E, int K, int64_t max_rows,
+                        cudaStream_t stream) {
+  if (E <= 0 || max_rows <= 0) return;
+  if (K % 64 != 0 || reinterpret_cast<uintptr_t>(A) % 16 != 0)
+    throw UsageError("cuda runner (wgmma nvfp4): token K-permutation needs K % 64 == 0 and a 16-byte aligned A, got K=" +
+                     std::to_string(K));
+  const int64_t blocks = max_rows * (K / 64);
+  const int grid = static_cast<int>(std::min<int64_t>((blocks + 255) / 256, 132 * 8));
+  wgf4::kperm_kernel<<<grid, 256, 0, stream>>>(A, offsets, cnt, E, K, max_rows);
+  EPMOE_CUDA_CHECK_LAUNCH();
+}
 
 void launch_grouped_gemm_wgmma_nvfp4(const GemmArgs& a, cudaStream_t stream) {
   using namespace wgf4;

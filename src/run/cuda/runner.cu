@@ -326,6 +326,10 @@ void CudaRunner::run(const DispatchOutput& in, const ExpertWeights& w, bf16_raw*
     g1.a_scales = as_.get<float>();
     g1.a_scales_ld = max_rows;
   }
+  // The nvfp4 engine reads its tokens K-permuted: GEMM1's rows are rewritten in place, GEMM2's
+  // come that way out of GEMM1 when it ran on the same engine, else they are rewritten too.
+  if (wg_f4_1) kperm_nvfp4_tokens(a_.get<bf16_raw>(), offsets_.get<int32_t>(), cnt_.get<int32_t>(), E, H, max_rows, st);
+  g1.out_kperm = wg_f4_1 && wg_f4_2;
   launch_on_engine(g1, wg_fp8_1, wg_bf16, wg_f4_1, bm, st);
 
   if (wg_fp8_2) {
@@ -354,6 +358,9 @@ void CudaRunner::run(const DispatchOutput& in, const ExpertWeights& w, bf16_raw*
     g2.a_scales = hs_.get<float>();
     g2.a_scales_ld = max_rows;
   }
+  g2.out_kperm = false;
+  if (wg_f4_2 && !wg_f4_1)
+    kperm_nvfp4_tokens(h_.get<bf16_raw>(), offsets_.get<int32_t>(), cnt_.get<int32_t>(), E, I, max_rows, st);
   launch_on_engine(g2, wg_fp8_2, wg_bf16, wg_f4_2, bm, st);
 
   rt.reduce(in, o_.get<bf16_raw>(), y, st);

@@ -169,6 +169,9 @@ TEST(CudaRunner, DecodeEnginesMatchReference) {
       {4096, 1536, 16, 8, 20, A::bf16, W::nvfp4, IQ::fp8, 32, 13, false, "qwen3-235b nvfp4 iq=fp8"},
       {2048, 768, 16, 4, 70, A::bf16, W::nvfp4, IQ::none, 32, -1, true, "skew nvfp4"},
       {1024, 576, 8, 2, 16, A::nvfp4, W::nvfp4, IQ::none, 32, -1, false, "nvfp4 wgmma/mma mix"},
+      // GEMM1 on mma.sync (H % 128 != 0), GEMM2 on the nvfp4 engine: its tokens (the intermediate)
+      // are put into that engine's K order in place instead of by GEMM1's epilogue.
+      {2880, 768, 8, 2, 16, A::bf16, W::nvfp4, IQ::fp8, 32, -1, false, "nvfp4 mma/wgmma mix iq=fp8"},
       {2880, 2880, 4, 4, 10, A::bf16, W::nvfp4, IQ::none, 32, -1, false, "gpt-oss nvfp4 (mma)"},
   };
   for (const Problem& p : problems) run_problem(p, seed++, /*both_decode_engines=*/true);
