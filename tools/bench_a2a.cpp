@@ -161,7 +161,10 @@ constexpr Phase kPhases[] = {{"count+barrier", detail::kTrDispatchStart, detail:
                              {"finish", detail::kTrArrived, detail::kTrDispatchEnd},
                              {"gap", detail::kTrDispatchEnd, detail::kTrCombineStart},
                              {"c.push", detail::kTrCombineStart, detail::kTrCombinePushed},
-                             {"c.total", detail::kTrCombineStart, detail::kTrCombineEnd}};
+                             {"c.total", detail::kTrCombineStart, detail::kTrCombineEnd},
+                             // Kernel spans, first CTA start to last CTA end (a profiler's kernel time).
+                             {"d.kernel", detail::kTrDispatchFirst, detail::kTrDispatchLastInv},
+                             {"c.kernel", detail::kTrCombineFirst, detail::kTrCombineLastInv}};
 
 // Dispatch + combine of one configuration on this rank; rank 0's figures matter.
 Point time_dispatcher(Communicator& comm, RankData& d, const MoeConfig& cfg, long long T, int reps, void* r1_buf,
@@ -189,6 +192,10 @@ Point time_dispatcher(Communicator& comm, RankData& d, const MoeConfig& cfg, lon
   for (auto& e : ev) EPMOE_CUDA_CHECK(cudaEventCreate(&e));
   const bool trace = phases && cfg.dispatcher == "nvlink";
   DeviceBuffer stamps(trace ? size_t(reps) * detail::kNvlTrace * 8 : 8);
+  if (trace) {  // all ones: the span slots are folded with atomicMin (nvlink_trace.h)
+    EPMOE_CUDA_CHECK(cudaMemsetAsync(stamps.get(), 0xff, size_t(reps) * detail::kNvlTrace * 8, d.st));
+    EPMOE_CUDA_CHECK(cudaStreamSynchronize(d.st));
+  }
   for (int i = 0; i < reps; ++i) {
     if (trace) detail::nvlink_set_trace(*disp, stamps.get<uint64_t>() + size_t(i) * detail::kNvlTrace);
     EPMOE_CUDA_CHECK(cudaEventRecord(ev[3 * i], d.st));
@@ -225,6 +232,11 @@ Point time_dispatcher(Communicator& comm, RankData& d, const MoeConfig& cfg, lon
   if (trace) {
     std::vector<uint64_t> h(size_t(reps) * detail::kNvlTrace);
     EPMOE_CUDA_CHECK(cudaMemcpy(h.data(), stamps.get(), h.size() * 8, cudaMemcpyDeviceToHost));
+    for (int i = 0; i < reps; ++i)  // the last-end slots hold the complement of the time
+      for (int k : {int(detail::kTrDispatchLastInv), int(detail::kTrCombineLastInv)}) {
+        uint64_t& v = h[size_t(i) * detail::kNvlTrace + k];
+        v = ~v;
+      }
     for (const Phase& ph : kPhases) {
       std::vector<double> v;
       for (int i = 0; i < reps; ++i) {
@@ -368,7 +380,9 @@ int bench_a2a(const std::vector<std::string>& args) {
   flags.add("comm-sms", "N", "SMs for the nvlink kernels (default 24)");
   flags.add("reps", "N", "timed repetitions (median; default 50, quick 20)");
   flags.add("quick", "", "tokens 128,4096 and fewer repetitions");
-  flags.add("phases", "", "nvlink: also print the median time of each kernel phase (CTA 0 of rank 0)");
+  flags.add("phases", "",
+            "nvlink: also print the median time of each kernel phase (CTA 0 of rank 0) and each kernel's span "
+            "over all its CTAs (d.kernel, c.kernel: first start to last end, what a profiler reports)");
   if (wants_help(args)) {
     std::printf("usage: epmoe bench a2a [flags]\nRuns on every visible GPU (one process), or one process per GPU "
                 "under mpirun -np N.\n%s",

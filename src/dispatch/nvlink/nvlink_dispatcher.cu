@@ -90,6 +90,7 @@ __global__ void __launch_bounds__(kThreads, 1) dispatch_kernel(Args a) {
   __shared__ uint64_t sm_epoch;
   const int R = a.R, me = a.me, G = gridDim.x, b = blockIdx.x;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
+  trace_span(a, detail::kTrDispatchFirst, false);
   if (threadIdx.x == 0) {
     sm_epoch = *reinterpret_cast<volatile uint64_t*>(&a.S->epoch);
     sm_bad_any = 0;
@@ -318,6 +319,7 @@ __global__ void __launch_bounds__(kThreads, 1) dispatch_kernel(Args a) {
   }
   if (a.trace) __syncthreads();  // uniform: every CTA traces or none
   trace_point(a, detail::kTrDispatchEnd);
+  trace_span(a, detail::kTrDispatchLastInv, true);
 }
 
 size_t align_up(size_t x, size_t a) { return (x + a - 1) / a * a; }

@@ -1,6 +1,7 @@
 // Phase trace of the "nvlink" kernels, a diagnostic for `epmoe bench a2a --phases`: when a
 // dispatcher has a stamp buffer, CTA 0 of each later dispatch/combine writes %globaltimer (ns) at
-// the points below into stamps[0, kNvlTrace). Off (null) by default; results never depend on it.
+// the points below into stamps[0, kNvlTrace), and every CTA folds its start and end into the span
+// slots. The buffer must start as all ones. Off (null) by default; results never depend on it.
 #pragma once
 #include <cstdint>
 
@@ -18,6 +19,13 @@ enum NvlTrace : int {
   kTrCombineStart,
   kTrCombinePushed,   // warp 0's rows pushed to their home ranks
   kTrCombineEnd,      // this CTA's sums written
+  // Kernel spans over all CTAs (what a profiler reports as the kernel's duration): the earliest
+  // CTA start (atomicMin) and the complement of the latest CTA end (atomicMin of ~t), so that the
+  // host initialises every slot to all ones.
+  kTrDispatchFirst,
+  kTrDispatchLastInv,
+  kTrCombineFirst,
+  kTrCombineLastInv,
   kNvlTrace
 };
 

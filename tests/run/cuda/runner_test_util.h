@@ -14,6 +14,7 @@
 #include "epmoe/config.h"
 #include "epmoe/dispatch.h"
 #include "epmoe/quant.h"
+#include "epmoe/runner.h"
 #include "quant/cuda/gpu_test_util.h"
 
 namespace epmoe::test {

@@ -1,0 +1,198 @@
+// The runner's row passes (src/run/cuda/rows.cu and the SwiGLU pass of the CUTLASS engine) have a
+// vector form (16-byte accesses) and a scalar form that runs where rows are not 16-byte aligned.
+// Both must give the same bits: here each pass runs twice on the same data, once on aligned
+// buffers (vector form) and once on buffers offset by 4 bytes (scalar form), including NaN, Inf,
+// huge and subnormal values.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <vector>
+
+#include "run/cuda/cutlass_gemm.h"
+#include "run/cuda/rows.h"
+#include "run/cuda/runner_test_util.h"
+
+namespace epmoe::test {
+namespace {
+
+// n bf16 values ~ N(0, 1) with a sprinkling of the values that take the slow paths.
+std::vector<bf16_raw> random_bf16(std::mt19937& rng, size_t n) {
+  std::normal_distribution<float> nd(0.f, 1.f);
+  std::vector<bf16_raw> v(n);
+  for (auto& x : v) x = num::f32_to_bf16(nd(rng));
+  const float specials[] = {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity(),
+                            -std::numeric_limits<float>::infinity(), 3e38f, -1e30f, 1e-40f, -0.f, 0.f};
+  for (size_t i = 0; i < n / 97; ++i) v[(i * 7919) % n] = num::f32_to_bf16(specials[i % 8]);
+  return v;
+}
+
+// A device copy of `h` starting `shift` elements into its buffer (shift 2: 4-byte aligned only).
+template <class T>
+struct Shifted {
+  Dev<T> buf;
+  int shift;
+  Shifted(const std::vector<T>& h, int s) : buf(h.size() + 8), shift(s) {
+    std::vector<T> padded(h.size() + 8, T(0));
+    std::copy(h.begin(), h.end(), padded.begin() + s);
+    buf.upload(padded);
+  }
+  T* get() const { return buf.get() + shift; }
+  std::vector<T> download(size_t n) const {
+    const std::vector<T> all = buf.download();
+    return std::vector<T>(all.begin() + shift, all.begin() + shift + n);
+  }
+};
+
+struct Problem {
+  int H, I, E, K, C;
+  ActFormat act;
+};
+
+MoeConfig config_of(const Problem& p) {
+  MoeConfig c;
+  c.hidden = p.H;
+  c.intermediate = p.I;
+  c.num_experts = p.E;
+  c.top_k = p.K;
+  c.num_ranks = 1;
+  c.capacity = p.C;
+  c.dispatch_format = p.act;
+  c.nvfp4_global_scale = 448.f * 6.f / 12.f;
+  c.dispatcher = "local";
+  c.runner = "cuda";
+  return c;
+}
+
+// Routing of T tokens: K distinct experts each, random weights.
+void random_routing(std::mt19937& rng, int64_t T, int E, int K, std::vector<int32_t>& ids, std::vector<float>& w) {
+  std::uniform_real_distribution<float> ud(0.f, 1.f);
+  ids.assign(size_t(T) * K, -1);
+  w.assign(size_t(T) * K, 0.f);
+  std::vector<int> perm(E);
+  for (int64_t t = 0; t < T; ++t) {
+    for (int e = 0; e < E; ++e) perm[e] = e;
+    std::shuffle(perm.begin(), perm.end(), rng);
+    for (int k = 0; k < K; ++k) {
+      ids[t * K + k] = (k == K - 1 && t % 5 == 0) ? -1 : perm[k];  // some unused top-k entries
+      w[t * K + k] = ud(rng);
+    }
+  }
+}
+
+// Rows per local expert of the valid slots, and their exclusive prefix (the permute's offsets).
+void expert_offsets(const detail::HostRecvBuffers& recv, int E, std::vector<int32_t>& offsets, int64_t& rows) {
+  std::vector<int32_t> cnt(E, 0);
+  for (int64_t j = 0; j < recv.counts[0]; ++j)
+    for (int k = 0; k < recv.top_k; ++k) {
+      const int e = recv.local_ids[size_t(j) * recv.top_k + k];
+      if (e >= 0 && e < E) ++cnt[e];
+    }
+  offsets.assign(E, 0);
+  rows = 0;
+  for (int e = 0; e < E; ++e) {
+    offsets[e] = int32_t(rows);
+    rows += cnt[e];
+  }
+}
+
+TEST(RowPasses, PermuteAndWeightedSumVectorEqualScalarBitwise) {
+  EPMOE_REQUIRE_GPU();
+  for (ActFormat act : {ActFormat::bf16, ActFormat::fp8, ActFormat::nvfp4}) {
+    SCOPED_TRACE(format_name(act));
+    const Problem p{1152, 256, 16, 6, 300, act};
+    const MoeConfig cfg = config_of(p);
+    std::mt19937 rng(11 + int(act));
+    const int64_t T = 257;
+    std::vector<bf16_raw> x = random_bf16(rng, size_t(T) * p.H);
+    for (auto& v : x)  // the quantizers reject non-finite inputs; keep the specials for the sums
+      if (!std::isfinite(num::bf16_to_f32(v)) || std::fabs(num::bf16_to_f32(v)) > 1e4f) v = num::f32_to_bf16(1.5f);
+    std::vector<int32_t> ids;
+    std::vector<float> tw;
+    random_routing(rng, T, p.E, p.K, ids, tw);
+    const detail::HostRecvBuffers recv = local_receive(cfg, x, T, ids, tw);
+    DevDispatch dd(recv, cfg.quant_params());
+    std::vector<int32_t> offsets;
+    int64_t rows = 0;
+    expert_offsets(recv, p.E, offsets, rows);
+    ASSERT_GT(rows, 0);
+    const Dev<int32_t> d_off(offsets);
+    const size_t S = size_t(p.C), K = size_t(p.K);
+
+    // Permute, vector and scalar form (A shifted by 2 elements: 4-byte aligned, not 16).
+    Dev<int32_t> fill_v(std::vector<int32_t>(p.E, 0)), fill_s(std::vector<int32_t>(p.E, 0));
+    Dev<int32_t> pp_v(S * K), pp_s(S * K);
+    Dev<bf16_raw> a_v(size_t(rows) * p.H);
+    Shifted<bf16_raw> a_s(std::vector<bf16_raw>(size_t(rows) * p.H, 0), 2);
+    cuda::launch_permute_bf16(dd.view, d_off.get(), fill_v.get(), pp_v.get(), a_v.get(), nullptr);
+    cuda::launch_permute_bf16(dd.view, d_off.get(), fill_s.get(), pp_s.get(), a_s.get(), nullptr);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    const std::vector<int32_t> hpv = pp_v.download(), hps = pp_s.download();
+    const std::vector<bf16_raw> hav = a_v.download(), has = a_s.download(size_t(rows) * p.H);
+    int64_t compared = 0;
+    for (int64_t j = 0; j < recv.counts[0]; ++j)
+      for (size_t k = 0; k < K; ++k) {
+        const int32_t rv = hpv[j * K + k], rs = hps[j * K + k];
+        ASSERT_EQ(rv < 0, rs < 0) << "slot " << j << " k " << k;
+        if (rv < 0) continue;
+        // Rows within an expert are claimed by atomics: compare the slot's rows, not positions.
+        ASSERT_EQ(0, std::memcmp(&hav[size_t(rv) * p.H], &has[size_t(rs) * p.H], size_t(p.H) * 2))
+            << "permuted row of slot " << j << " k " << k;
+        ++compared;
+      }
+    EXPECT_EQ(compared, rows);
+
+    // Weighted sum over random expert outputs (specials included), both forms, same pair_pos.
+    const std::vector<bf16_raw> o = random_bf16(rng, size_t(rows) * p.H);
+    const Dev<bf16_raw> o_v(o);
+    const Shifted<bf16_raw> o_s(o, 2);
+    Dev<bf16_raw> y_v(S * p.H);
+    Shifted<bf16_raw> y_s(std::vector<bf16_raw>(S * p.H, 0xffff), 2);
+    y_v.poison();
+    cuda::launch_reduce(dd.view, pp_v.get(), o_v.get(), y_v.get(), nullptr);
+    cuda::launch_reduce(dd.view, pp_v.get(), o_s.get(), y_s.get(), nullptr);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    const std::vector<bf16_raw> hyv = y_v.download(), hys = y_s.download(S * p.H);
+    const size_t valid = size_t(recv.counts[0]) * p.H;
+    EXPECT_EQ(0, std::memcmp(hyv.data(), hys.data(), valid * 2)) << "weighted sums differ";
+  }
+}
+
+TEST(RowPasses, SwigluVectorEqualsScalarBitwise) {
+  EPMOE_REQUIRE_GPU();
+  const int I = 1152;  // 4.5 groups of 256 columns: the last group is half empty
+  const int64_t rows = 37;
+  std::mt19937 rng(5);
+  const std::vector<bf16_raw> h = random_bf16(rng, size_t(rows) * 2 * I);
+  const Dev<bf16_raw> h_v(h);
+  const Shifted<bf16_raw> h_s(h, 1);  // 2-byte offset: the scalar form
+  const Dev<int32_t> offsets(std::vector<int32_t>{0}), cnt(std::vector<int32_t>{int32_t(rows)});
+  for (int mode = 0; mode < 5; ++mode) {  // bf16; round trip (+ue8m0); fp8 codes (+ue8m0)
+    SCOPED_TRACE(mode);
+    const bool round_trip = mode == 1 || mode == 2, codes = mode >= 3, ue8m0 = mode == 2 || mode == 4;
+    Dev<bf16_raw> a_v(size_t(rows) * I), a_s(size_t(rows) * I);
+    Dev<uint8_t> q_v(size_t(rows) * I), q_s(size_t(rows) * I);
+    Dev<float> s_v(size_t(rows) * I / 128), s_s(size_t(rows) * I / 128);
+    for (auto* d : {&a_v, &a_s}) d->poison();
+    for (auto* d : {&q_v, &q_s}) d->poison();
+    for (auto* d : {&s_v, &s_s}) d->poison();
+    cuda::cutlass_engine::swiglu(h_v.get(), offsets.get(), cnt.get(), 1, I, rows, round_trip, ue8m0, a_v.get(),
+                                 codes ? q_v.get() : nullptr, codes ? s_v.get() : nullptr, nullptr);
+    cuda::cutlass_engine::swiglu(h_s.get(), offsets.get(), cnt.get(), 1, I, rows, round_trip, ue8m0, a_s.get(),
+                                 codes ? q_s.get() : nullptr, codes ? s_s.get() : nullptr, nullptr);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    if (codes) {
+      EXPECT_TRUE(q_v.download() == q_s.download()) << "e4m3 codes differ";
+      const std::vector<float> sv = s_v.download(), ss = s_s.download();
+      EXPECT_EQ(0, std::memcmp(sv.data(), ss.data(), sv.size() * 4)) << "block scales differ";
+    } else {
+      EXPECT_TRUE(a_v.download() == a_s.download()) << "intermediate rows differ";
+    }
+  }
+}
+
+}  // namespace
+}  // namespace epmoe::test
