@@ -36,6 +36,13 @@
 // The stage loaded at step s goes into the slot of step s - 2, whose batches every warp has
 // waited for before the step's barrier.
 //
+// L2 prefetch: with 3 CTAs per SM and 2 stages ahead only 48 KB of weights are in flight per SM,
+// and the loads alone (run 23: no decode, no wgmma) streamed 2.0 TB/s, the rate that bytes in flight
+// over a ~3 us loaded latency give; the fp8 engine keeps 96 KB in flight and streams 4.1 TB/s. Shared
+// memory allows no deeper ring, so each thread also prefetches its weight row kPrefetch stages
+// ahead into L2 (one 128-byte line every second stage, the tile's scale row when it enters a
+// tile), and the ring's copies then come from L2.
+//
 // Instruction count: the decode's PRMT tables live in registers pinned at kernel start (ptxas
 // otherwise re-materialized them from uniform registers before every lookup: 98 of ~830
 // instructions per stage in run 22's SASS).
@@ -62,6 +69,7 @@ constexpr int kKS = 128;      // K values per stage
 constexpr int kThreads = 128;
 constexpr int kStages = 4;     // ring slots
 constexpr int kAhead = 2;      // stages loaded ahead of the one computed
+constexpr int kPrefetch = 8;   // stages whose weights are prefetched into L2 ahead of the one computed
 
 struct Layout {
   static constexpr int A = 0;                    // tokens: 2 atoms [32][128 B], SW128, permuted K
@@ -75,6 +83,7 @@ static_assert(Layout::STAGE % 1024 == 0, "token atoms need 1024-byte alignment")
 __device__ __forceinline__ void cp_async8(uint32_t dst, const void* src, bool valid) {
   asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 8 : 0));
 }
+__device__ __forceinline__ void prefetch_l2(const void* p) { asm volatile("prefetch.global.L2 [%0];\n" ::"l"(p)); }
 __device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {
   uint32_t d;
   asm("prmt.b32 %0, %1, %2, %3;\n" : "=r"(d) : "r"(a), "r"(b), "r"(sel));
@@ -209,6 +218,26 @@ __global__ void __launch_bounds__(kThreads) nvfp4_wgmma_kernel(GemmArgs p) {
   };
   wg::LoadCursor lc;
   lc.start(walk, enter_tile);
+  // The prefetch cursor, kPrefetch stages ahead of the compute: row tid of its tile.
+  const uint8_t* pf_row = nullptr;
+  auto enter_prefetch = [&](const Cur& c) {
+    const int e = c.mt.expert;
+    const bool ok = walk.w_ok(c.n0, tid);
+    pf_row = nullptr;
+    if (!ok) return;
+    const int64_t row = int64_t(e) * rows_w + walk.w_row(c.n0, tid);
+    pf_row = static_cast<const uint8_t*>(p.W.data) + row * w_row_bytes;
+    const uint8_t* sc = static_cast<const uint8_t*>(p.W.scales) + row * s_row_bytes;
+    for (int64_t off = 0; off < s_row_bytes; off += 128) prefetch_l2(sc + off);
+    prefetch_l2(sc + s_row_bytes - 1);
+  };
+  wg::LoadCursor pc;
+  pc.start(walk, enter_prefetch);
+  for (int i = 0; i < kPrefetch; ++i) pc.advance(KT, 1, walk, enter_prefetch);
+  auto prefetch_next = [&]() {
+    if (pc.local < my_tiles && pf_row && (pc.kt & 1) == 0) prefetch_l2(pf_row + int64_t(pc.kt) * 64);
+    pc.advance(KT, 1, walk, enter_prefetch);
+  };
   auto load_next = [&]() {
     const uint32_t st = base + uint32_t(lc.slot) * Layout::STAGE;
 #pragma unroll
@@ -253,6 +282,7 @@ __global__ void __launch_bounds__(kThreads) nvfp4_wgmma_kernel(GemmArgs p) {
     {
       if (s + kAhead < steps) load_next();
       cp_commit();
+      prefetch_next();
     }
     const uint32_t st = base + uint32_t(slot) * Layout::STAGE;
     const uint8_t* sp = sbase + slot * Layout::STAGE;
