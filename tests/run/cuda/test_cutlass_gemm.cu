@@ -148,7 +148,7 @@ void run_problem(const Problem& p, uint32_t seed) {
     const Diff d = compare_rows(yc, y_ref, nref, H);
     std::printf("[cutlass] %-24s act %-5s w %-5s %-26s n=%d ref=%d  max|a-b|/max|ref| %.3e  1-cos %.3e\n", p.name,
                 format_name(p.act), format_name(p.wf), engines.c_str(), n, nref, d.rel(), d.one_minus_cos);
-    expect_within_bound(d);
+    expect_within_bound(d, p.iq);
   }
   if (p.vs_mma) {
     std::string mma_engines;
@@ -156,7 +156,7 @@ void run_problem(const Problem& p, uint32_t seed) {
     const Diff d = compare_rows(yc, ym, n, H);
     std::printf("[cutlass] %-24s vs %-20s n=%d  max|a-b|/max|ref| %.3e  1-cos %.3e\n", p.name, mma_engines.c_str(), n,
                 d.rel(), d.one_minus_cos);
-    expect_within_bound(d);
+    expect_within_bound(d, p.iq);
   }
 }
 

@@ -3,7 +3,8 @@
 // skewed loads (everything on one expert, experts without tokens), T = 0 and T = 1, and the fp8
 // intermediate. The bound is stated here: max|a-b|/max|ref| <= 3e-2 and 1-cos <= 1e-3, which
 // covers the runner's bf16 roundings (activations, intermediate, expert outputs, fp8 weights times
-// their scale) against the reference's fp32; a wrong row, expert or scale is far outside it.
+// their scale) against the reference's fp32; a wrong row, expert or scale is far outside it. With an
+// fp8 intermediate the max bound is 6e-2 (runner_test_util.h says why); 1-cos stays 1e-3.
 // Slots that are not valid must be left untouched (they keep their poison).
 #include <gtest/gtest.h>
 
@@ -98,7 +99,7 @@ void run_problem(const Problem& p, uint32_t seed, bool both_decode_engines = fal
       EXPECT_EQ(e.substr(0, e.find('/')), H % 128 == 0 ? "wgmma-nvfp4" : "mma");
       EXPECT_EQ(e.substr(e.find('/') + 1), p.I % 128 == 0 ? "wgmma-nvfp4" : "mma");
     }
-    expect_within_bound(d);
+    expect_within_bound(d, p.iq);
     expect_poison_after(yg, n, H);
   }
 }
