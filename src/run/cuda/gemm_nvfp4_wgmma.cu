@@ -36,12 +36,14 @@
 // The stage loaded at step s goes into the slot of step s - 2, whose batches every warp has
 // waited for before the step's barrier.
 //
-// L2 prefetch: with 3 CTAs per SM and 2 stages ahead only 48 KB of weights are in flight per SM,
-// and the loads alone (run 23: no decode, no wgmma) streamed 2.0 TB/s, the rate that bytes in flight
-// over a ~3 us loaded latency give; the fp8 engine keeps 96 KB in flight and streams 4.1 TB/s. Shared
-// memory allows no deeper ring, so each thread also prefetches its weight row kPrefetch stages
-// ahead into L2 (one 128-byte line every second stage, the tile's scale row when it enters a
-// tile), and the ring's copies then come from L2.
+// L2 prefetch: a stage reads 64 bytes of each of 128 weight rows (half a line; the fp8 engine reads
+// whole 128-byte lines and streams 4.1 TB/s, this one ~1.55 TB/s of DRAM, ncu run 25). Each thread
+// also prefetches its weight row into L2 kPrefetch stages ahead, one 128-byte line every second
+// stage (and the tile's scale row when it enters a tile), so DRAM sees whole lines. Measured
+// (runs 24-25, DeepSeek-V3, M 128): no prefetch 2.02 ms, 3 stages ahead 1.90, 4: 1.91, 6: 1.97,
+// 8: 2.04 (further ahead the prefetched lines start to leave L2 before use). Neither this nor a
+// deeper ring (6 slots, 4 ahead, 2 CTAs per SM: 2.17 ms) reaches the copy rate: the loads alone
+// (no decode, no wgmma; run 23) take 1.55 ms, and the decode adds ~0.4 ms of ALU work.
 //
 // Instruction count: the decode's PRMT tables live in registers pinned at kernel start (ptxas
 // otherwise re-materialized them from uniform registers before every lookup: 98 of ~830
@@ -69,7 +71,7 @@ constexpr int kKS = 128;      // K values per stage
 constexpr int kThreads = 128;
 constexpr int kStages = 4;     // ring slots
 constexpr int kAhead = 2;      // stages loaded ahead of the one computed
-constexpr int kPrefetch = 8;   // stages whose weights are prefetched into L2 ahead of the one computed
+constexpr int kPrefetch = 3;   // stages whose weights are prefetched into L2 ahead of the one computed
 
 struct Layout {
   static constexpr int A = 0;                    // tokens: 2 atoms [32][128 B], SW128, permuted K
