@@ -249,10 +249,14 @@ __global__ void __launch_bounds__(kThreads) nvfp4_wgmma_kernel(GemmArgs p) {
       cp_async16(st + w_off + 2048u * j, src, v);
     }
     cp_async8(st + Layout::S + tid * 8, ls + int64_t(lc.kt) * 8, (lok >> 4) & 1u);
-    const bool aok = (lok >> 5) & 1u;
-    const uint8_t* A = la + int64_t(lc.kt) * kKS * 2;
+    // Token rows past the m-tile's rows are not copied at all (not even zero-filled): they only
+    // feed accumulator columns that the epilogue never stores, whatever the stale bytes hold. At
+    // 1-16 rows per expert that is most of the tile.
+    if ((lok >> 5) & 1u) {
+      const uint8_t* A = la + int64_t(lc.kt) * kKS * 2;
 #pragma unroll
-    for (int i = 0; i < 4; ++i) cp_async16(st + a_off + (((a_m0 + i) ^ a_sw) << 4), A + i * 16, aok);
+      for (int i = 0; i < 4; ++i) cp_async16(st + a_off + (((a_m0 + i) ^ a_sw) << 4), A + i * 16, true);
+    }
     lc.advance(KT, kStages, walk, enter_tile);
   };
 
