@@ -135,6 +135,10 @@ TEST(CudaRunner, SkewedLoadsAndTinyBatches) {
       {2048, 768, 16, 4, 300, A::fp8, W::fp8, IntermediateQuant::none, 32, -1, true, "skew bm32"},
       {2048, 768, 16, 4, 200, A::nvfp4, W::nvfp4, IntermediateQuant::none, 128, -1, true, "skew nvfp4"},
       {2048, 768, 16, 8, 16, A::fp8, W::fp8, IntermediateQuant::none, 0, 1, false, "T=1"},
+      // The nvfp4 register-decode engine and its token K-order pass, here too so that the
+      // compute-sanitizer run of scripts/gpu_check.sh (which takes this test) covers them: one row
+      // per expert leaves 31 of 32 token rows of each m-tile uncopied.
+      {2048, 768, 16, 8, 16, A::bf16, W::nvfp4, IntermediateQuant::none, 0, 1, false, "T=1 nvfp4"},
       {2048, 768, 16, 8, 16, A::fp8, W::bf16, IntermediateQuant::none, 0, 0, false, "T=0"},
       {256, 128, 16, 4, 64, A::bf16, W::bf16, IntermediateQuant::none, 0, -1, false, "tiny"},
       {2880, 2880, 4, 4, 10, A::bf16, W::fp8, IntermediateQuant::none, 0, -1, false, "gpt-oss (H%128!=0)"},
