@@ -50,22 +50,9 @@ struct Shifted {
 struct Problem {
   int H, I, E, K, C;
   ActFormat act;
+  WeightFormat wf = WeightFormat::bf16;  // make_cfg needs them; the row passes do not read them
+  IntermediateQuant iq = IntermediateQuant::none;
 };
-
-MoeConfig config_of(const Problem& p) {
-  MoeConfig c;
-  c.hidden = p.H;
-  c.intermediate = p.I;
-  c.num_experts = p.E;
-  c.top_k = p.K;
-  c.num_ranks = 1;
-  c.capacity = p.C;
-  c.dispatch_format = p.act;
-  c.nvfp4_global_scale = 448.f * 6.f / 12.f;
-  c.dispatcher = "local";
-  c.runner = "cuda";
-  return c;
-}
 
 // Routing of T tokens: K distinct experts each, random weights.
 void random_routing(std::mt19937& rng, int64_t T, int E, int K, std::vector<int32_t>& ids, std::vector<float>& w) {
@@ -104,7 +91,7 @@ TEST(RowPasses, PermuteAndWeightedSumVectorEqualScalarBitwise) {
   for (ActFormat act : {ActFormat::bf16, ActFormat::fp8, ActFormat::nvfp4}) {
     SCOPED_TRACE(format_name(act));
     const Problem p{1152, 256, 16, 6, 300, act};
-    const MoeConfig cfg = config_of(p);
+    const MoeConfig cfg = make_cfg(p);
     std::mt19937 rng(11 + int(act));
     const int64_t T = 257;
     std::vector<bf16_raw> x = random_bf16(rng, size_t(T) * p.H);
