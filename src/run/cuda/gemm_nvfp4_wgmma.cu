@@ -16,7 +16,7 @@
 // Instruction j, A slots (2t, 2t+1) = natural (16t+4j, +1), slots (2t+8, 2t+9) = (16t+4j+2, +3).
 // The tokens follow: natural 4-byte word p = 8t + m of a 64-K block goes to 16-byte chunk m, word
 // t of that chunk (a 4x8 transpose of words). The tokens arrive in that order already (A is
-// "K-permuted": kperm_tokens below rewrites GEMM1's rows in place, and GEMM1's epilogue writes the
+// "K-permuted": kperm_nvfp4_tokens below rewrites GEMM1's rows in place, and GEMM1's epilogue writes the
 // intermediate that way when GEMM2 runs here too), so a stage's token bytes are plain 16-byte copies
 // into the SW128 layout instead of sixteen 4-byte copies per thread (run 22, ncu: the 4-byte copies
 // and their address arithmetic were ~5% of the instructions, and 4 of every 32 bytes moved from L2
@@ -43,7 +43,7 @@
 // (runs 24-25, DeepSeek-V3, M 128): no prefetch 2.02 ms, 3 stages ahead 1.90, 4: 1.91, 6: 1.97,
 // 8: 2.04 (further ahead the prefetched lines start to leave L2 before use). Neither this nor a
 // deeper ring (6 slots, 4 ahead, 2 CTAs per SM: 2.17 ms) reaches the copy rate: the loads alone
-// (no decode, no wgmma; run 23) take 1.55 ms, and the decode adds ~0.4 ms of ALU work.
+// (no decode, no wgmma; run 23b) take 1.55 ms, and the decode adds ~0.4 ms of ALU work.
 //
 // Instruction count: the decode's PRMT tables live in registers pinned at kernel start (ptxas
 // otherwise re-materialized them from uniform registers before every lookup: 98 of ~830
