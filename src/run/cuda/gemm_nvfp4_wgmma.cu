@@ -54,7 +54,6 @@ namespace epmoe::cuda::wgf4 {
 namespace {
 
 using gemm::cp_async16;
-using gemm::cp_async4;
 using gemm::cp_commit;
 using gemm::cp_wait;
 using gemm::smem_u32;
@@ -64,6 +63,7 @@ using wg::reg_fence;
 using wg::wgmma_commit;
 using wg::wgmma_fence;
 using wg::wgmma_wait0;
+using wg::wgmma_wait1;
 
 constexpr int kBT = 32;       // tokens per m-tile (wgmma N)
 constexpr int kRowsW = 128;   // weight rows per CTA tile
@@ -129,8 +129,6 @@ __device__ __forceinline__ void e2m1x4_to_bf16(const Tables& tb, uint32_t x, uin
   d0 = prmt(lo, hi, 0x5140u);
   d1 = prmt(lo, hi, 0x7362u);
 }
-
-__device__ __forceinline__ void wgmma_wait1() { asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory"); }
 
 // Position of natural column k (0-63) of a 64-K block in the K-permuted order.
 __device__ __forceinline__ int kperm_pos(int k) { return 2 * (4 * ((k >> 1) & 7) + (k >> 4)) + (k & 1); }
