@@ -3,9 +3,9 @@
 //
 // Why registers: Hopper has no fp4 tensor cores, so every weight is widened to bf16 once
 // (e2m1 * e4m3 block scale, exact in bf16: <= 6 significant bits). Widening in registers straight
-// into wgmma's A fragment skips a shared-memory round trip of the widened tile, and decoding with
-// byte permutes (PRMT) replaces the old 256-entry shared-memory table (random 4-byte lookups, bank
-// conflicts).
+// into wgmma's A fragment skips a shared-memory round trip of the widened tile. The widening is
+// shifts and masks that put a code's bits straight into a (2^-126-scaled) bf16, then one bf16x2
+// multiply by the block scale (e2m1x8_to_bf16 below; before run 28, PRMT table lookups).
 //
 // K order. The nvfp4 scale changes every 16 K. In wgmma's A fragment a thread holds, per k16
 // instruction and row, only 4 of the 16 K values, so in natural order it would need one scale
@@ -13,17 +13,17 @@
 // permutation for weights and tokens, so the dot products are unchanged): over the four k16
 // instructions of a block, thread t of a quad (t = lane % 4) holds exactly the 16 K values
 // 16t .. 16t+15 of its rows, i.e. one whole scale block: one 8-byte load and one scale per row.
-// Instruction j, A slots (2t, 2t+1) = natural (16t+4j, +1), slots (2t+8, 2t+9) = (16t+4j+2, +3).
-// The tokens follow: natural 4-byte word p = 8t + m of a 64-K block goes to 16-byte chunk m, word
-// t of that chunk (a 4x8 transpose of words). The tokens arrive in that order already (A is
-// "K-permuted": kperm_nvfp4_tokens below rewrites GEMM1's rows in place, and GEMM1's epilogue writes the
-// intermediate that way when GEMM2 runs here too), so a stage's token bytes are plain 16-byte copies
-// into the SW128 layout instead of sixteen 4-byte copies per thread (run 22, ncu: the 4-byte copies
-// and their address arithmetic were ~5% of the instructions, and 4 of every 32 bytes moved from L2
-// were used per request).
+// Within those 16 the decode's own pairing (codes i and i + 4 of a 32-bit word share a register)
+// fixes the rest: kperm_pos / kperm_src below. The weights stay in their natural layout; only the
+// tokens are permuted, and they arrive that way already (kperm_nvfp4_tokens below rewrites GEMM1's
+// rows in place, and GEMM1's epilogue writes the intermediate that way when GEMM2 runs here too),
+// so a stage's token bytes are plain 16-byte copies into the SW128 layout instead of sixteen
+// 4-byte copies per thread (run 22, ncu: the 4-byte copies and their address arithmetic were ~5%
+// of the instructions, and 4 of every 32 bytes moved from L2 were used per request).
 //
-// Numerics equal the mma.sync nvfp4 path: bf16(e2m1) * bf16(e4m3 scale) exactly, fp32
-// accumulation, the per-expert global scale divides the accumulator in the epilogue.
+// Numerics equal the mma.sync nvfp4 path: bf16(e2m1) * bf16(e4m3 scale) exactly (here times 2^-8,
+// undone exactly in the epilogue), fp32 accumulation, the per-expert global scale divides the
+// accumulator in the epilogue.
 //
 // Pipeline: one warpgroup per CTA, 128 weight rows (two m64 halves; fused GEMM1: gate rows 0-63,
 // up rows 64-127 of the same 64 intermediate columns), stage = 128 K (64 bytes of each weight row:
@@ -45,9 +45,6 @@
 // deeper ring (6 slots, 4 ahead, 2 CTAs per SM: 2.17 ms) reaches the copy rate: the loads alone
 // (no decode, no wgmma; run 23b) take 1.55 ms, and the decode adds ~0.4 ms of ALU work.
 //
-// Instruction count: the decode's PRMT tables live in registers pinned at kernel start (ptxas
-// otherwise re-materialized them from uniform registers before every lookup: 98 of ~830
-// instructions per stage in run 22's SASS).
 #include "run/cuda/gemm_wgmma.cuh"
 
 namespace epmoe::cuda::wgf4 {
@@ -92,63 +89,84 @@ __device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {
   return d;
 }
 
-// bf16 bits of the e2m1 magnitudes 0, .5, 1, 1.5, 2, 3, 4, 6, split in low and high bytes so that
-// one PRMT looks up four nibbles at once (selector = four 3-bit magnitudes).
-constexpr uint32_t kLo0 = 0xC0800000u, kLo1 = 0xC0804000u;
-constexpr uint32_t kHi0 = 0x3F3F3F00u, kHi1 = 0x40404040u;
-
-// The first table word of each PRMT lookup, held in a register for the whole kernel; the second
-// word is an immediate operand. Read from shared memory because ptxas keeps any constant it can see
-// in a uniform register and copies it into a regular one before every PRMT (PRMT's first operand
-// must be a regular register): 98 of ~830 instructions per stage in run 22's SASS.
-struct Tables {
-  uint32_t lo0, hi0, x80;
-  // sm: 96 words. Each lane reads its own copy: a value loaded from a per-lane address is not
-  // uniform, so it cannot be parked in a uniform register either (ptxas did that with one copy).
-  __device__ __forceinline__ explicit Tables(uint32_t* sm) {
-    const int lane = threadIdx.x & 31;
-    if (threadIdx.x < 32) sm[lane] = kLo0, sm[32 + lane] = kHi0, sm[64 + lane] = 0x80808080u;
-    __syncthreads();
-    const uint32_t a = smem_u32(sm + lane);
-    asm volatile("ld.volatile.shared.u32 %0, [%1];\n" : "=r"(lo0) : "r"(a));
-    asm volatile("ld.volatile.shared.u32 %0, [%1];\n" : "=r"(hi0) : "r"(a + 128));
-    asm volatile("ld.volatile.shared.u32 %0, [%1];\n" : "=r"(x80) : "r"(a + 256));
-  }
-};
-
-// Four e2m1 codes (nibbles 0-3 of x: natural k, k+1, k+2, k+3) -> bf16x2 (k, k+1) and (k+2, k+3).
-__device__ __forceinline__ void e2m1x4_to_bf16(const Tables& tb, uint32_t x, uint32_t& d0, uint32_t& d1) {
-  const uint32_t m = x & 0x7777u;
-  const uint32_t lo = prmt(tb.lo0, kLo1, m);
-  uint32_t hi = prmt(tb.hi0, kHi1, m);
-  // Sign: a selector nibble with bit 3 set makes PRMT replicate the msb of the chosen byte, so
-  // with all bytes 0x80 the result byte is 0xFF for a negative code and 0x80 otherwise; its bit 6
-  // is the sign, moved to bit 7 of the high byte.
-  const uint32_t s = prmt(tb.x80, 0x80808080u, x);
-  hi |= (s << 1) & 0x80808080u;
-  d0 = prmt(lo, hi, 0x5140u);
-  d1 = prmt(lo, hi, 0x7362u);
+// Eight e2m1 codes (nibbles 0-7 of x) -> four bf16x2, d[i] = (nibble i, nibble i + 4), each
+// 2^-126 times its value: the code's three magnitude bits go to bf16 bits 8..6 (the two lowest
+// exponent bits and the top mantissa bit) and its sign to bit 15. With a zero exponent field the
+// bf16 is subnormal, m * 2^-127, which is the e2m1 subnormal (m / 2) times 2^-126 too, so the
+// mapping is linear for every code and the block scale's multiply takes the 2^126 back (see
+// e4m3x2_to_bf16x2_2p118). Shifts and masks instead of PRMT lookups: run 28 (exp/nvfp4-occupancy
+// variant 6) timed this decode 13% faster than the lookup one (1.56 vs 1.80 ms at M 128); the
+// shifts issue on the FMA pipe (IMAD.SHL) next to the ALU pipe's LOP3s, where the PRMTs all went
+// to the ALU pipe (51% busy, ncu run 22).
+__device__ __forceinline__ void e2m1x8_to_bf16(uint32_t x, uint32_t (&d)[4]) {
+  const uint32_t y = x & 0x77777777u;
+  d[0] = ((y << 6) & 0x01C001C0u) | ((x << 12) & 0x80008000u);
+  d[1] = ((y << 2) & 0x01C001C0u) | ((x << 8) & 0x80008000u);
+  d[2] = ((y >> 2) & 0x01C001C0u) | ((x << 4) & 0x80008000u);
+  d[3] = ((y >> 6) & 0x01C001C0u) | (x & 0x80008000u);
 }
 
-// Position of natural column k (0-63) of a 64-K block in the K-permuted order.
-__device__ __forceinline__ int kperm_pos(int k) { return 2 * (4 * ((k >> 1) & 7) + (k >> 4)) + (k & 1); }
+// Two e4m3 block scales -> bf16x2 of scale * 2^118 (exact: e4m3 has 4 significant bits, and
+// 448 * 2^118 < 2^127). Times a decoded weight (value * 2^-126) that is value * scale * 2^-8,
+// exact in bf16 (<= 6 significant bits, >= 2^-18: never subnormal); the epilogue multiplies the
+// accumulator by 2^8, so the result equals the unscaled product's bit for bit. (2^126 itself would
+// overflow bf16 for scales >= 2.) As gemm::e4m3x2_to_bf16x2 with a larger exponent re-bias.
+__device__ __forceinline__ uint32_t e4m3x2_to_bf16x2_2p118(uint16_t two) {
+  const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(two), __NV_E4M3);
+  const uint32_t x = uint32_t(h.x) | (uint32_t(h.y) << 16);
+  const uint32_t m3 = (x & 0x7fff7fffu) >> 3;
+  constexpr uint32_t kBias = (112u + 118u) << 7;  // fp16 -> bf16 exponent bias, plus 118
+  return (x & 0x80008000u) | (m3 + ((kBias | (kBias << 16)) & __vcmpne2(m3, 0u)));
+}
+constexpr float kAccScale = 256.0f;  // 2^8, undoes the 2^-8 of the scaled weights
 
-// In place, one thread per 64-K block of a row (it holds all 128 bytes): natural word 8t + m goes
-// to word 4m + t. Rows past offsets[E-1] + cnt[E-1] (unused) are left alone.
+// K order inside a 64-K block. Thread t of a quad holds natural K 16t .. 16t+15 (one scale block)
+// over the block's four k16 instructions. The decode pairs nibbles (i, i + 4) of each 8-code word
+// into one register, so position p of the permuted block holds natural column kperm_src(p):
+// within 16t + (0..15), the pair at instruction j, slots (2t, 2t+1) is natural (16t + 8(j/2) +
+// 2(j%2), +4) and slots (2t+8, 2t+9) the next code of each.
+__host__ __device__ constexpr int kperm_pos(int k) {
+  const int k2 = (k & ~7) | ((k & 3) << 1) | ((k >> 2) & 1);  // natural -> decode order within 8
+  return 2 * (4 * ((k2 >> 1) & 7) + (k2 >> 4)) + (k2 & 1);
+}
+__host__ __device__ constexpr int kperm_src(int p) {
+  const int s = p & 15;
+  const int k2 = 16 * ((s >> 1) & 3) + 4 * (p >> 4) + 2 * (s >> 3) + (s & 1);
+  return (k2 & ~7) | ((k2 & 1) << 2) | ((k2 >> 1) & 3);
+}
+constexpr bool kperm_is_bijection() {
+  bool seen[64] = {};
+  for (int k = 0; k < 64; ++k) {
+    const int p = kperm_pos(k);
+    if (p < 0 || p >= 64 || seen[p] || kperm_src(p) != k) return false;
+    seen[p] = true;
+  }
+  return true;
+}
+static_assert(kperm_is_bijection(), "kperm_src must invert kperm_pos on 0..63");
+
+// In place, one thread per 64-K block of a row (it holds all 128 bytes): position p gets natural
+// column kperm_src(p); every index is a compile-time constant after unrolling, so each output word
+// is one byte permute of two input words. Rows past offsets[E-1] + cnt[E-1] (unused) are left alone.
 __global__ void kperm_kernel(bf16_raw* __restrict__ A, const int32_t* __restrict__ offsets,
                              const int32_t* __restrict__ cnt, int E, int K, int64_t max_rows) {
   const int64_t rows = min(int64_t(offsets[E - 1]) + cnt[E - 1], max_rows);
   const int64_t blocks = rows * (K / 64);
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < blocks; i += int64_t(gridDim.x) * blockDim.x) {
     uint4* p = reinterpret_cast<uint4*>(A + i * 64);
-    uint32_t w[32];
+    uint32_t w[32], o[32];
 #pragma unroll
     for (int c = 0; c < 8; ++c) {
       const uint4 v = p[c];
       w[4 * c] = v.x, w[4 * c + 1] = v.y, w[4 * c + 2] = v.z, w[4 * c + 3] = v.w;
     }
 #pragma unroll
-    for (int m = 0; m < 8; ++m) p[m] = make_uint4(w[m], w[8 + m], w[16 + m], w[24 + m]);
+    for (int q = 0; q < 32; ++q) {
+      const int a = kperm_src(2 * q), b = kperm_src(2 * q + 1);
+      o[q] = __byte_perm(w[a >> 1], w[b >> 1], ((a & 1) ? 0x32u : 0x10u) | (((b & 1) ? 0x76u : 0x54u) << 8));
+    }
+#pragma unroll
+    for (int c = 0; c < 8; ++c) p[c] = make_uint4(o[4 * c], o[4 * c + 1], o[4 * c + 2], o[4 * c + 3]);
   }
 }
 
@@ -177,8 +195,6 @@ __global__ void __launch_bounds__(kThreads) nvfp4_wgmma_kernel(GemmArgs p) {
   const int my_tiles = walk.my_tiles;
   const int64_t steps = int64_t(my_tiles) * KT;
   using Cur = wg::TileWalk::Tile;
-  __shared__ uint32_t tables_sm[96];
-  const Tables tb(tables_sm);
 
   // Token loads: thread (row tr, quarter tq) copies 16-byte chunks 4tq .. 4tq+3 of its token row's
   // 256 stage bytes (already K-permuted): atom tq / 2, chunks m = 4 (tq % 2) + i, swizzled.
@@ -291,7 +307,8 @@ __global__ void __launch_bounds__(kThreads) nvfp4_wgmma_kernel(GemmArgs p) {
     const uint32_t st = base + uint32_t(slot) * Layout::STAGE;
     const uint8_t* sp = sbase + slot * Layout::STAGE;
 
-    // Scales of block t (sub-block 0) and 4 + t (sub-block 1) of each row, exactly to bf16, doubled.
+    // Scales of block t (sub-block 0) and 4 + t (sub-block 1) of each row, exactly to bf16 (times
+    // 2^118), each replicated into both halves of a register.
     uint32_t scl[2][2][2];
 #pragma unroll
     for (int h = 0; h < 2; ++h)
@@ -300,7 +317,7 @@ __global__ void __launch_bounds__(kThreads) nvfp4_wgmma_kernel(GemmArgs p) {
         const int r = h * 64 + 16 * warp + g + 8 * q;
         const uint2 sc8 = *reinterpret_cast<const uint2*>(sp + Layout::S + r * 8);
         const uint32_t two = prmt(sc8.x, sc8.y, uint32_t(t) | (uint32_t(t + 4) << 4));
-        const uint32_t s2 = gemm::e4m3x2_to_bf16x2(static_cast<uint16_t>(two));
+        const uint32_t s2 = e4m3x2_to_bf16x2_2p118(static_cast<uint16_t>(two));
         scl[h][q][0] = prmt(s2, s2, 0x1010u);
         scl[h][q][1] = prmt(s2, s2, 0x3232u);
       }
@@ -317,13 +334,11 @@ __global__ void __launch_bounds__(kThreads) nvfp4_wgmma_kernel(GemmArgs p) {
           const uint32_t s2 = scl[h][q][sb];
           const int c16 = sb * 2 + (t >> 1);
           const uint2 v = *reinterpret_cast<const uint2*>(sp + Layout::W + r * 64 + ((c16 ^ (r & 2)) << 4) + (t & 1) * 8);
-          uint32_t d[8];
-          e2m1x4_to_bf16(tb, v.x, d[0], d[1]);
-          e2m1x4_to_bf16(tb, v.x >> 16, d[2], d[3]);
-          e2m1x4_to_bf16(tb, v.y, d[4], d[5]);
-          e2m1x4_to_bf16(tb, v.y >> 16, d[6], d[7]);
+          uint32_t d[2][4];
+          e2m1x8_to_bf16(v.x, d[0]);
+          e2m1x8_to_bf16(v.y, d[1]);
 #pragma unroll
-          for (int i = 0; i < 8; ++i) wa[sb][h][q][i] = gemm::bf16x2_mul(d[i], s2);
+          for (int i = 0; i < 8; ++i) wa[sb][h][q][i] = gemm::bf16x2_mul(d[i >> 2][i & 3], s2);
         }
       wgmma_fence();
 #pragma unroll
@@ -343,7 +358,7 @@ __global__ void __launch_bounds__(kThreads) nvfp4_wgmma_kernel(GemmArgs p) {
     wgmma_wait0();
     reg_fence(acc[0]);
     reg_fence(acc[1]);
-    const float inv_gs = 1.0f / p.W.global_scale[cur.mt.expert];
+    const float inv_gs = kAccScale / p.W.global_scale[cur.mt.expert];
 #pragma unroll
     for (int j = 0; j < 4; ++j)
 #pragma unroll
