@@ -27,14 +27,15 @@
 //
 // Pipeline: one warpgroup per CTA, 128 weight rows (two m64 halves; fused GEMM1: gate rows 0-63,
 // up rows 64-127 of the same 64 intermediate columns), stage = 128 K (64 bytes of each weight row:
-// two whole 32-byte sectors; 8 scale bytes; two SW128 token atoms), 4 ring slots loaded 2 stages
-// ahead, persistent grid over one flat stream of (tile, k-stage) steps like gemm_wgmma.cuh.
+// two whole 32-byte sectors; 8 scale bytes; two SW128 token atoms), 3 ring slots loaded 1 stage
+// ahead (run 28: 1.50 / 1.66 ms at M 128 / 2048 against 1.59 / 1.75 with 4 slots 2 ahead; with
+// the L2 prefetch below the copies mostly hit L2), persistent grid over one flat stream of (tile, k-stage) steps like gemm_wgmma.cuh.
 // A stage is two batches of 8 wgmmas (one per 64-K sub-block), each from its own set of A
 // registers, and a batch is waited for only when its registers are about to be refilled: the
 // decode of one sub-block runs while the tensor cores work on the previous one (before: decode,
 // issue, wait for all 16, decode...; ncu run 22: 49% of issue slots used, 2.6 warps per scheduler).
-// The stage loaded at step s goes into the slot of step s - 2, whose batches every warp has
-// waited for before the step's barrier.
+// The stage loaded at step s (for step s + kAhead) goes into the slot of step s - 2, whose batches
+// every warp has waited for before the step's barrier (kStages = kAhead + 2).
 //
 // L2 prefetch: a stage reads 64 bytes of each of 128 weight rows (half a line; the fp8 engine reads
 // whole 128-byte lines and streams 4.1 TB/s, this one ~1.55 TB/s of DRAM, ncu run 25). Each thread
@@ -66,8 +67,8 @@ constexpr int kBT = 32;       // tokens per m-tile (wgmma N)
 constexpr int kRowsW = 128;   // weight rows per CTA tile
 constexpr int kKS = 128;      // K values per stage
 constexpr int kThreads = 128;
-constexpr int kStages = 4;     // ring slots
-constexpr int kAhead = 2;      // stages loaded ahead of the one computed
+constexpr int kAhead = 1;      // stages loaded ahead of the one computed
+constexpr int kStages = kAhead + 2;  // ring slots: the two batches of step s - 1 may still run
 constexpr int kPrefetch = 3;   // stages whose weights are prefetched into L2 ahead of the one computed
 
 struct Layout {
@@ -297,7 +298,7 @@ __global__ void __launch_bounds__(kThreads) nvfp4_wgmma_kernel(GemmArgs p) {
     cp_wait<kAhead - 1>();
     fence_proxy_async();
     // Stage s visible to all; every warp has waited for the batches of step s - 2 (at the latest
-    // before its second batch of step s - 1), so slot (s + 2) % 4 is free.
+    // before its second batch of step s - 1), so the slot of step s - 2 is free.
     __syncthreads();
     {
       if (s + kAhead < steps) load_next();
