@@ -583,5 +583,29 @@ TEST(CutlassEngine, EngineNames) {
   }
 }
 
+// EPMOE_CUTLASS_SWIGLU: 0 or 1, anything else a UsageError naming it (read by the constructor,
+// which touches no GPU).
+TEST(CutlassEngine, FusedSwigluSwitch) {
+  const Problem p{1024, 512, 8, 2, 16, ActFormat::bf16, WeightFormat::bf16, kNone, Load::uniform, -1, -1, false, kBf16,
+                  "switch"};
+  const MoeConfig cfg = make_cfg(p);
+  for (const char* bad : {"2", "on", "yes"}) {
+    setenv("EPMOE_CUTLASS_SWIGLU", bad, 1);
+    try {
+      cuda::CudaRunner r(cfg, 0);
+      ADD_FAILURE() << "no UsageError for '" << bad << "'";
+    } catch (const UsageError& e) {
+      const std::string m = e.what();
+      EXPECT_NE(m.find("EPMOE_CUTLASS_SWIGLU"), std::string::npos) << m;
+      EXPECT_NE(m.find(std::string("'") + bad + "'"), std::string::npos) << m;
+    }
+  }
+  for (const char* good : {"0", "1"}) {
+    setenv("EPMOE_CUTLASS_SWIGLU", good, 1);
+    EXPECT_NO_THROW(cuda::CudaRunner(cfg, 0)) << good;
+  }
+  unsetenv("EPMOE_CUTLASS_SWIGLU");
+}
+
 }  // namespace
 }  // namespace epmoe::test
