@@ -43,12 +43,23 @@ struct Grouped {
   // runtime argument of the existing epilogue (LinearCombination's alpha_ptr with an L stride of
   // 1), so it costs no extra CUTLASS instantiation.
   const float* alpha = nullptr;
+  // Elements between two experts' weight matrices; 0 = N * K. GEMM1 run as its gate and up halves
+  // (grouped_gemm_bf16_swiglu) passes 2I * H with N = I.
+  int64_t w_expert_stride = 0;
+  // grouped_gemm_bf16_swiglu only: the gate [rows][N] bf16, read by the epilogue as its source.
+  const bf16_raw* src = nullptr;
   void* workspace = nullptr;         // *_workspace_bytes(experts, sms) bytes, 256-byte aligned
   int sms = 0;                       // multiprocessors of the device (persistent grid)
 };
 
 size_t bf16_workspace_bytes(int experts, int sms);
 void grouped_gemm_bf16(const Grouped& g, cudaStream_t stream);
+// The up half of GEMM1 with SwiGLU in its epilogue: out = bf16(silu(src) * alpha[e] * acc), src
+// being the gate half already run by grouped_gemm_bf16 (bf16, as the unfused pass reads it); the
+// up half is not rounded before the product. silu(g) = g / (1 + exp(-g)) with the fast exp, as
+// every other engine computes it (cutlass_swiglu.cu).
+size_t swiglu_workspace_bytes(int experts, int sms);
+void grouped_gemm_bf16_swiglu(const Grouped& g, cudaStream_t stream);
 size_t fp8_workspace_bytes(int experts, int sms);
 // Needs N % 128 == 0 and K % 128 == 0 (whole scale tiles).
 void grouped_gemm_fp8(const Grouped& g, cudaStream_t stream);
@@ -83,7 +94,7 @@ void swiglu(const bf16_raw* h, const int32_t* offsets, const int32_t* cnt, int E
 namespace epmoe::cuda::cutlass_engine::detail {
 
 // Per-group tables CUTLASS reads on the device, carved out of the caller's workspace.
-template <class Gemm, bool kScaled>
+template <class Gemm, bool kScaled, bool kSource = false>
 struct Tables {
   using Kernel = typename Gemm::GemmKernel;
   using Shape3 = typename Kernel::ProblemShape::UnderlyingProblemShape;
@@ -93,7 +104,10 @@ struct Tables {
   using StrideA = typename Kernel::InternalStrideA;
   using StrideB = typename Kernel::InternalStrideB;
   using StrideD = typename Kernel::InternalStrideD;
-  static constexpr bool scaled = kScaled;
+  // The epilogue's source C (grouped_gemm_bf16_swiglu); placeholders otherwise.
+  using EC = cute::conditional_t<kSource, typename Kernel::ElementC, bf16_raw>;
+  using StrideC = cute::conditional_t<kSource, typename Kernel::InternalStrideC, int64_t>;
+  static constexpr bool scaled = kScaled, source = kSource;
 
   Shape3* shapes;
   const EA** a;
@@ -104,11 +118,14 @@ struct Tables {
   StrideD* sd;
   const float** sfa;
   const float** sfb;
+  const EC** c;
+  StrideC* sc;
 
   static size_t round(size_t n) { return (n + 255) / 256 * 256; }
   static size_t bytes(int E) {
     return round(sizeof(Shape3) * E) + 3 * round(sizeof(void*) * E) + round(sizeof(StrideA) * E) +
-           round(sizeof(StrideB) * E) + round(sizeof(StrideD) * E) + (kScaled ? 2 * round(sizeof(void*) * E) : 0);
+           round(sizeof(StrideB) * E) + round(sizeof(StrideD) * E) + (kScaled ? 2 * round(sizeof(void*) * E) : 0) +
+           (kSource ? round(sizeof(void*) * E) + round(sizeof(StrideC) * E) : 0);
   }
   static Tables carve(void* ws, int E) {
     uint8_t* p = static_cast<uint8_t*>(ws);
@@ -129,6 +146,10 @@ struct Tables {
       t.sfa = reinterpret_cast<const float**>(take(sizeof(void*) * E));
       t.sfb = reinterpret_cast<const float**>(take(sizeof(void*) * E));
     }
+    if constexpr (kSource) {
+      t.c = reinterpret_cast<const EC**>(take(sizeof(void*) * E));
+      t.sc = reinterpret_cast<StrideC*>(take(sizeof(StrideC) * E));
+    }
     return t;
   }
 };
@@ -138,14 +159,14 @@ struct Tables {
 template <class T>
 __global__ void fill_tables(T t, int E, int N, int K, const int32_t* __restrict__ rows,
                             const int32_t* __restrict__ offsets, const void* A, const float* sfa, const void* W,
-                            const float* sfw, bf16_raw* out) {
+                            int64_t w_stride, const float* sfw, const bf16_raw* src, bf16_raw* out) {
   const int e = blockIdx.x * blockDim.x + threadIdx.x;
   if (e >= E) return;
   const int m = rows[e];
   const int64_t off = offsets[e];
   t.shapes[e] = typename T::Shape3{m, N, K};
   t.a[e] = static_cast<const typename T::EA*>(A) + off * K;
-  t.b[e] = static_cast<const typename T::EB*>(W) + int64_t(e) * N * K;
+  t.b[e] = static_cast<const typename T::EB*>(W) + int64_t(e) * w_stride;
   t.d[e] = reinterpret_cast<typename T::ED*>(out) + off * N;
   t.sa[e] = cute::make_stride(int64_t(K), cute::Int<1>{}, cute::Int<0>{});
   t.sb[e] = cute::make_stride(int64_t(K), cute::Int<1>{}, cute::Int<0>{});
@@ -154,10 +175,15 @@ __global__ void fill_tables(T t, int E, int N, int K, const int32_t* __restrict_
     t.sfa[e] = sfa + off * (K / 128);
     t.sfb[e] = sfw + int64_t(e) * (N / 128) * (K / 128);
   }
+  if constexpr (T::source) {
+    t.c[e] = reinterpret_cast<const typename T::EC*>(src) + off * N;
+    t.sc[e] = cute::make_stride(int64_t(N), cute::Int<1>{}, cute::Int<0>{});
+  }
 }
 
-template <class Gemm, bool kScaled>
-typename Gemm::Arguments make_args(const Tables<Gemm, kScaled>& t, int E, int sms, int device, const float* alpha) {
+template <class Gemm, bool kScaled, bool kSource = false>
+typename Gemm::Arguments make_args(const Tables<Gemm, kScaled, kSource>& t, int E, int sms, int device,
+                                   const float* alpha) {
   typename Gemm::Arguments args{};
   args.mode = cutlass::gemm::GemmUniversalMode::kGrouped;
   args.problem_shape = {E, t.shapes, nullptr};  // device shapes only: the host never learns them
@@ -165,42 +191,55 @@ typename Gemm::Arguments make_args(const Tables<Gemm, kScaled>& t, int E, int sm
     args.mainloop = {t.a, t.sa, t.b, t.sb, t.sfa, nullptr, t.sfb, nullptr};
   else
     args.mainloop = {t.a, t.sa, t.b, t.sb};
-  args.epilogue.ptr_C = nullptr;
   args.epilogue.ptr_D = t.d;
   args.epilogue.dD = t.sd;
-  args.epilogue.thread.alpha = 1.0f;
-  args.epilogue.thread.beta = 0.0f;
-  if (alpha) {
-    // The ptr-array scalar broadcast reads alpha_ptr[group * stride_L] for each tile's group.
-    args.epilogue.thread.alpha_ptr = alpha;
-    args.epilogue.thread.dAlpha = {cute::_0{}, cute::_0{}, int64_t(1)};
+  if constexpr (kSource) {
+    // Tree (source, alpha, accumulator; node), cutlass_swiglu.cu: the ptr-array scalar broadcast
+    // reads alpha[group * stride_L] for each tile's group, or 1 without alpha.
+    args.epilogue.ptr_C = t.c;
+    args.epilogue.dC = t.sc;
+    auto& a = args.epilogue.thread.op_1;
+    a.scalars[0] = 1.0f;
+    a.scalar_ptrs[0] = alpha;
+    a.dScalar[0] = {cute::_0{}, cute::_0{}, int64_t(alpha ? 1 : 0)};
+  } else {
+    args.epilogue.ptr_C = nullptr;
+    args.epilogue.thread.alpha = 1.0f;
+    args.epilogue.thread.beta = 0.0f;
+    if (alpha) {
+      // The ptr-array scalar broadcast reads alpha_ptr[group * stride_L] for each tile's group.
+      args.epilogue.thread.alpha_ptr = alpha;
+      args.epilogue.thread.dAlpha = {cute::_0{}, cute::_0{}, int64_t(1)};
+    }
   }
   args.hw_info.device_id = device;
   args.hw_info.sm_count = sms;
   return args;
 }
 
-template <class Gemm, bool kScaled>
+template <class Gemm, bool kScaled, bool kSource = false>
 size_t workspace_bytes(int E, int sms) {
-  using T = Tables<Gemm, kScaled>;
+  using T = Tables<Gemm, kScaled, kSource>;
   const T t{};
-  const auto args = make_args<Gemm, kScaled>(t, E, sms, 0, nullptr);
+  const auto args = make_args<Gemm, kScaled, kSource>(t, E, sms, 0, nullptr);
   return T::bytes(E) + T::round(Gemm::get_workspace_size(args)) + 256;
 }
 
-template <class Gemm, bool kScaled>
+template <class Gemm, bool kScaled, bool kSource = false>
 void run(const Grouped& g, const char* what, cudaStream_t stream) {
-  using T = Tables<Gemm, kScaled>;
+  using T = Tables<Gemm, kScaled, kSource>;
   if (g.experts <= 0) return;
   if (!g.workspace || g.sms <= 0)
     throw UsageError(std::string("cutlass ") + what + ": workspace and sms must be set");
   int device = 0;
   EPMOE_CUDA_CHECK(cudaGetDevice(&device));
   const T t = T::carve(g.workspace, g.experts);
+  if (kSource && !g.src) throw UsageError(std::string("cutlass ") + what + ": the source (gate) is null");
+  const int64_t w_stride = g.w_expert_stride ? g.w_expert_stride : int64_t(g.N) * g.K;
   fill_tables<T><<<(g.experts + 127) / 128, 128, 0, stream>>>(t, g.experts, g.N, g.K, g.rows, g.offsets, g.A, g.sfa,
-                                                               g.W, g.sfw, g.out);
+                                                               g.W, w_stride, g.sfw, g.src, g.out);
   EPMOE_CUDA_CHECK_LAUNCH();
-  const auto args = make_args<Gemm, kScaled>(t, g.experts, g.sms, device, g.alpha);
+  const auto args = make_args<Gemm, kScaled, kSource>(t, g.experts, g.sms, device, g.alpha);
   Gemm gemm;
   auto fail = [&](cutlass::Status s, const char* step) {
     throw BackendError(std::string("cutlass ") + what + " grouped GEMM: " + step + " failed: " +

@@ -212,6 +212,13 @@ CudaRunner::CudaRunner(const MoeConfig& cfg, int device_index) : cfg_(cfg), devi
     set_engine(parse_engine(env, "environment variable EPMOE_RUNNER_ENGINE"));
   if (const char* env = std::getenv("EPMOE_WIDEN_SCRATCH_MB"); env && *env)
     widen_scratch_ = parse_scratch_mb(env, "environment variable EPMOE_WIDEN_SCRATCH_MB");
+  if (const char* env = std::getenv("EPMOE_CUTLASS_SWIGLU"); env && *env) {
+    const std::string v = env;
+    if (v != "0" && v != "1")
+      throw UsageError("runner cuda: environment variable EPMOE_CUTLASS_SWIGLU='" + v +
+                       "' must be 0 (GEMM1 then a SwiGLU pass) or 1 (SwiGLU in GEMM1's epilogue, the default)");
+    fused_swiglu_ = v == "1";
+  }
 }
 
 size_t CudaRunner::parse_scratch_mb(const std::string& s, const char* what) {
@@ -419,6 +426,21 @@ const char* path_name(CutlassPath p, WeightFormat wf) {
   return wf == WeightFormat::nvfp4 ? "cutlass-bf16(widened nvfp4)" : "cutlass-bf16(widened fp8)";
 }
 
+// GEMM1 `g` (N = 2I, W = W13 of g.experts experts, out = the intermediate [rows][I]) as its gate
+// half into `gate` [rows][I] and its up half with SwiGLU in the epilogue, reading `gate`.
+void gemm1_swiglu(const cutlass_engine::Grouped& g, bf16_raw* gate, cudaStream_t st) {
+  const int I = g.N / 2;
+  cutlass_engine::Grouped half = g;
+  half.N = I;
+  half.w_expert_stride = int64_t(2) * I * g.K;
+  half.out = gate;
+  cutlass_engine::grouped_gemm_bf16(half, st);
+  half.W = static_cast<const bf16_raw*>(g.W) + int64_t(I) * g.K;
+  half.src = gate;
+  half.out = g.out;
+  cutlass_engine::grouped_gemm_bf16_swiglu(half, st);
+}
+
 }  // namespace
 
 // Runs grouped GEMM `g` (bf16 A) with the weights of `m` widened to bf16, a chunk of `chunk`
@@ -428,7 +450,7 @@ const char* path_name(CutlassPath p, WeightFormat wf) {
 // buffer: the next widen is stream-ordered after the previous GEMM, which is what bounds memory.
 // Returns the number of chunks (a host bound, independent of the device counts).
 int CudaRunner::run_widened(const cutlass_engine::Grouped& g, const MatrixView& m, const float* alpha, int chunk,
-                            cudaStream_t st) {
+                            cudaStream_t st, bf16_raw* swiglu_gate) {
   int chunks = 0;
   for (int e0 = 0; e0 < g.experts; e0 += chunk, ++chunks) {
     const int n = std::min(chunk, g.experts - e0);
@@ -441,14 +463,19 @@ int CudaRunner::run_widened(const cutlass_engine::Grouped& g, const MatrixView& 
     c.sfa = nullptr;
     c.sfw = nullptr;
     c.alpha = alpha ? alpha + e0 : nullptr;
-    cutlass_engine::grouped_gemm_bf16(c, st);
+    if (swiglu_gate)
+      gemm1_swiglu(c, swiglu_gate, st);
+    else
+      cutlass_engine::grouped_gemm_bf16(c, st);
   }
   return chunks;
 }
 
 // count -> offsets -> permute (bf16 rows, or the e4m3 rows + scales as dispatched) -> GEMM1
 // [rows][2I] (gate | up) -> SwiGLU (bf16; fp8 round trip or e4m3 + scales per intermediate_quant)
-// -> GEMM2 -> weighted sum. Per GEMM the operand path is:
+// -> GEMM2 -> weighted sum. Where GEMM1 runs on the bf16 GEMM and the intermediate stays bf16,
+// GEMM1 and the SwiGLU pass are instead its gate half [rows][I] and its up half with SwiGLU in the
+// epilogue (gemm1_swiglu, cutlass_swiglu.cu). Per GEMM the operand path is:
 //   bf16 weights: CUTLASS bf16;
 //   fp8 weights: CUTLASS fp8 where the other operand is e4m3 already (GEMM1: fp8 dispatch, GEMM2:
 //     intermediate_quant = fp8), else widened to bf16(e4m3 * tile scale) + CUTLASS bf16, so that a
@@ -476,6 +503,9 @@ void CudaRunner::run_cutlass(const DispatchOutput& in, const ExpertWeights& w, b
   const CutlassPath p1 = wf == WeightFormat::bf16 ? CutlassPath::bf16 : fp8_1 ? CutlassPath::fp8 : CutlassPath::widened;
   const CutlassPath p2 = wf == WeightFormat::bf16 ? CutlassPath::bf16 : fp8_2 ? CutlassPath::fp8 : CutlassPath::widened;
   const bool nvfp4 = wf == WeightFormat::nvfp4;
+  // SwiGLU in GEMM1's epilogue where GEMM1 runs on the bf16 GEMM and the intermediate stays bf16.
+  const bool fuse = fused_swiglu_ && p1 != CutlassPath::fp8 && !iq8;
+  last_swiglu_fused_ = fuse;
   const int bm = 128;  // the offsets kernel also writes an m-tile table; CUTLASS does not read it
   const int64_t max_tiles = (max_rows + bm - 1) / bm + E;
   last_bm_ = bm;
@@ -487,8 +517,9 @@ void CudaRunner::run_cutlass(const DispatchOutput& in, const ExpertWeights& w, b
   // group count; a chunk has fewer groups).
   const bool any_fp8 = p1 == CutlassPath::fp8 || p2 == CutlassPath::fp8;
   const bool any_bf16 = p1 != CutlassPath::fp8 || p2 != CutlassPath::fp8;
-  cws_.reserve(std::max(any_fp8 ? cutlass_engine::fp8_workspace_bytes(E, sms_) : 0,
-                        any_bf16 ? cutlass_engine::bf16_workspace_bytes(E, sms_) : 0));
+  cws_.reserve(std::max({any_fp8 ? cutlass_engine::fp8_workspace_bytes(E, sms_) : 0,
+                         any_bf16 ? cutlass_engine::bf16_workspace_bytes(E, sms_) : 0,
+                         fuse ? cutlass_engine::swiglu_workspace_bytes(E, sms_) : 0}));
   // Widening scratch: whole experts, as many as fit in the bound (at least one), sized from the
   // configuration alone so that graph replays see the same chunks.
   const size_t b13 = widen::expert_bytes(w.w13), b2 = widen::expert_bytes(w.w2);
@@ -543,6 +574,15 @@ void CudaRunner::run_cutlass(const DispatchOutput& in, const ExpertWeights& w, b
     g1.sfa = as_.get<float>();
     g1.sfw = static_cast<const float*>(w.w13.scales);
     cutlass_engine::grouped_gemm_fp8(g1, st);
+  } else if (fuse) {
+    // gu_ holds the gate half [rows][I]; the up half's epilogue writes the intermediate into h_.
+    g1.A = a_.get<bf16_raw>();
+    g1.out = h_.get<bf16_raw>();
+    if (p1 == CutlassPath::bf16)
+      gemm1_swiglu(g1, gu_.get<bf16_raw>(), st);
+    else
+      last_widen_chunks_ +=
+          run_widened(g1, w.w13, nvfp4 ? inv_gs_.get<float>() : nullptr, chunk1, st, gu_.get<bf16_raw>());
   } else {
     g1.A = a_.get<bf16_raw>();
     if (p1 == CutlassPath::bf16)
@@ -551,9 +591,10 @@ void CudaRunner::run_cutlass(const DispatchOutput& in, const ExpertWeights& w, b
       last_widen_chunks_ += run_widened(g1, w.w13, nvfp4 ? inv_gs_.get<float>() : nullptr, chunk1, st);
   }
 
-  cutlass_engine::swiglu(gu_.get<bf16_raw>(), offsets_.get<int32_t>(), cnt_.get<int32_t>(), E, I, max_rows,
-                         iq8 && !fp8_2, in.quant.ue8m0, fp8_2 ? nullptr : h_.get<bf16_raw>(),
-                         fp8_2 ? h8_.get<uint8_t>() : nullptr, fp8_2 ? hs_.get<float>() : nullptr, st);
+  if (!fuse)
+    cutlass_engine::swiglu(gu_.get<bf16_raw>(), offsets_.get<int32_t>(), cnt_.get<int32_t>(), E, I, max_rows,
+                           iq8 && !fp8_2, in.quant.ue8m0, fp8_2 ? nullptr : h_.get<bf16_raw>(),
+                           fp8_2 ? h8_.get<uint8_t>() : nullptr, fp8_2 ? hs_.get<float>() : nullptr, st);
 
   cutlass_engine::Grouped g2 = g1;
   g2.N = H;

@@ -78,6 +78,14 @@ class CudaRunner final : public Runner {
   size_t widen_scratch_bytes() const { return widen_scratch_; }
   // Widen-and-GEMM chunks of the last CUTLASS run (both GEMMs together; 0 when nothing was widened).
   int last_widen_chunks() const { return last_widen_chunks_; }
+
+  // CUTLASS engine, GEMM1 on the bf16 GEMM with a bf16 intermediate (intermediate_quant none): run
+  // as its gate half and then its up half with SwiGLU in the epilogue (cutlass_swiglu.cu) instead of
+  // GEMM1 [rows][2I] plus a SwiGLU pass. On by default; EPMOE_CUTLASS_SWIGLU=0|1 (read by the
+  // constructor) or set_fused_swiglu override it, for tests and benchmarks that compare the two.
+  void set_fused_swiglu(bool on) { fused_swiglu_ = on; }
+  // Whether the last CUTLASS run fused SwiGLU into GEMM1.
+  bool last_swiglu_fused() const { return last_swiglu_fused_; }
   // "<n>" (MiB, 1..2^24) -> bytes; anything else throws UsageError naming `what`.
   static size_t parse_scratch_mb(const std::string& s, const char* what);
 
@@ -88,8 +96,10 @@ class CudaRunner final : public Runner {
   // Rows per local expert with full slots and balanced routing: S*K / max(cfg.num_experts, E_loc).
   double expected_rows(const DispatchOutput& in) const;
   void run_cutlass(const DispatchOutput& in, const ExpertWeights& w, bf16_raw* y, cudaStream_t st);
+  // swiglu_gate non-null: g is GEMM1 and each chunk runs as the fused pair (gate half into
+  // swiglu_gate, up half with SwiGLU into g.out).
   int run_widened(const cutlass_engine::Grouped& g, const MatrixView& m, const float* alpha, int chunk,
-                  cudaStream_t st);
+                  cudaStream_t st, bf16_raw* swiglu_gate = nullptr);
 
   MoeConfig cfg_;
   int device_ = 0;
@@ -104,6 +114,7 @@ class CudaRunner final : public Runner {
   DeviceBuffer scratch_, inv_gs_;  // widened weights of one chunk; 1/gs of W13 and W2 (nvfp4) [2][E]
   size_t widen_scratch_ = size_t(1) << 30;
   int last_widen_chunks_ = 0;
+  bool fused_swiglu_ = true, last_swiglu_fused_ = false;
   std::string engines_;  // last_engines() of the CUTLASS engine (built per run)
 };
 

@@ -104,15 +104,19 @@ void run_problem(const Problem& p, uint32_t seed) {
   DevDispatch dd(recv, cfg.quant_params());
   const DispatchOutput& dout = dd.view;
 
-  auto run_engine = [&](Engine eng, std::string* engines, size_t scratch = 0, int* chunks = nullptr) {
+  bool fused = false;  // SwiGLU in GEMM1's epilogue in the last run_engine call
+  auto run_engine = [&](Engine eng, std::string* engines, size_t scratch = 0, int* chunks = nullptr,
+                        bool fuse = true) {
     Dev<bf16_raw> y(size_t(C) * H);
     y.poison();
     cuda::CudaRunner runner(cfg, 0);
     runner.set_engine(eng);
+    runner.set_fused_swiglu(fuse);
     if (scratch) runner.set_widen_scratch_bytes(scratch);
     runner.run(dout, dw, y.get(), nullptr);
     EPMOE_CUDA_CHECK(cudaDeviceSynchronize());
     *engines = runner.last_engines();
+    fused = runner.last_swiglu_fused();
     if (chunks) *chunks = runner.last_widen_chunks();
     return y.download();
   };
@@ -120,6 +124,21 @@ void run_problem(const Problem& p, uint32_t seed) {
   int chunks = -1;
   const auto yc = run_engine(Engine::cutlass, &engines, 0, &chunks);
   EXPECT_EQ(engines, p.expect);
+  // SwiGLU goes into GEMM1's epilogue exactly when GEMM1 runs on the bf16 GEMM (bf16 or widened
+  // weights) and the intermediate stays bf16; then the unfused path must agree within the bound
+  // (it rounds the up half to bf16 before the product, the fused one does not).
+  const bool expect_fused = std::string(p.expect).rfind("cutlass-bf16", 0) == 0 && p.iq == IntermediateQuant::none;
+  EXPECT_EQ(fused, expect_fused);
+  if (expect_fused) {
+    std::string eu;
+    const auto yu = run_engine(Engine::cutlass, &eu, 0, nullptr, false);
+    EXPECT_FALSE(fused);
+    const Diff d = compare_rows(yc, yu, n, H);
+    std::printf("[cutlass] %-24s SwiGLU fused vs pass   n=%d  max|a-b|/max|ref| %.3e  1-cos %.3e\n", p.name, n, d.rel(),
+                d.one_minus_cos);
+    expect_within_bound(d);
+    expect_poison_after(yu, n, H);
+  }
   // One chunk per widened GEMM with the default 1 GiB scratch (these problems are far smaller).
   const std::string expect(p.expect);
   const bool wide1 = expect.rfind("cutlass-bf16(widened", 0) == 0;
@@ -562,6 +581,30 @@ TEST(CutlassEngine, EngineNames) {
       EXPECT_NE(m.find(std::string("'") + bad + "'"), std::string::npos) << m;
     }
   }
+}
+
+// EPMOE_CUTLASS_SWIGLU: 0 or 1, anything else a UsageError naming it (read by the constructor,
+// which touches no GPU).
+TEST(CutlassEngine, FusedSwigluSwitch) {
+  const Problem p{1024, 512, 8, 2, 16, ActFormat::bf16, WeightFormat::bf16, kNone, Load::uniform, -1, -1, false, kBf16,
+                  "switch"};
+  const MoeConfig cfg = make_cfg(p);
+  for (const char* bad : {"2", "on", "yes"}) {
+    setenv("EPMOE_CUTLASS_SWIGLU", bad, 1);
+    try {
+      cuda::CudaRunner r(cfg, 0);
+      ADD_FAILURE() << "no UsageError for '" << bad << "'";
+    } catch (const UsageError& e) {
+      const std::string m = e.what();
+      EXPECT_NE(m.find("EPMOE_CUTLASS_SWIGLU"), std::string::npos) << m;
+      EXPECT_NE(m.find(std::string("'") + bad + "'"), std::string::npos) << m;
+    }
+  }
+  for (const char* good : {"0", "1"}) {
+    setenv("EPMOE_CUTLASS_SWIGLU", good, 1);
+    EXPECT_NO_THROW(cuda::CudaRunner(cfg, 0)) << good;
+  }
+  unsetenv("EPMOE_CUTLASS_SWIGLU");
 }
 
 }  // namespace
