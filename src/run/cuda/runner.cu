@@ -216,7 +216,7 @@ CudaRunner::CudaRunner(const MoeConfig& cfg, int device_index) : cfg_(cfg), devi
     const std::string v = env;
     if (v != "0" && v != "1")
       throw UsageError("runner cuda: environment variable EPMOE_CUTLASS_SWIGLU='" + v +
-                       "' must be 0 (GEMM1 then a SwiGLU pass) or 1 (SwiGLU in GEMM1's epilogue, the default)");
+                       "' must be 0 (GEMM1 then a SwiGLU pass, the default) or 1 (SwiGLU in GEMM1's epilogue)");
     fused_swiglu_ = v == "1";
   }
 }
