@@ -12,6 +12,7 @@
 #include "epmoe/error.h"
 #include "epmoe/numeric.h"
 #include "quant/cuda/quant_device.cuh"
+#include "run/cuda/silu.cuh"
 
 #if defined(EPMOE_WITH_CUTLASS)
 #include "cutlass/epilogue/collective/collective_builder.hpp"
@@ -99,7 +100,7 @@ __global__ void swiglu_kernel(const bf16_raw* __restrict__ h, const int32_t* __r
       if (c < I) {
         const float gv = num::bf16_to_f32(g[c]), uv = num::bf16_to_f32(g[I + c]);
         // Same expression as the mma.sync epilogue; rounded to bf16 (the runner's intermediate).
-        x = num::bf16_to_f32(num::f32_to_bf16((gv / (1.0f + __expf(-gv))) * uv));
+        x = num::bf16_to_f32(num::f32_to_bf16(silu(gv) * uv));
       }
       v[q] = x;
       amax = fmaxf(amax, fabsf(x));
@@ -154,7 +155,7 @@ __global__ void swiglu_vec_kernel(const bf16_raw* __restrict__ h, const int32_t*
       for (int j = 0; j < 8; ++j) {
         const float gv = __uint_as_float((j & 1) ? gw[j / 2] & 0xffff0000u : gw[j / 2] << 16);
         const float uv = __uint_as_float((j & 1) ? uw[j / 2] & 0xffff0000u : uw[j / 2] << 16);
-        x[j] = (gv / (1.0f + __expf(-gv))) * uv;
+        x[j] = silu(gv) * uv;
       }
 #pragma unroll
       for (int j = 0; j < 4; ++j) {  // bf16 rounding as num::f32_to_bf16 (hardware pair conversion)

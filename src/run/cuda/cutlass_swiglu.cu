@@ -15,6 +15,7 @@
 
 #include "core/cuda/check.h"
 #include "epmoe/error.h"
+#include "run/cuda/silu.cuh"
 
 #if defined(EPMOE_WITH_CUTLASS)
 #include "cutlass/epilogue/collective/collective_builder.hpp"
@@ -35,7 +36,11 @@ using namespace cute;
 template <class T>
 struct SwigluFn {
   CUTLASS_HOST_DEVICE T operator()(T const& gate, T const& alpha, T const& acc) const {
+#if defined(__CUDA_ARCH__)
+    return silu(gate) * (alpha * acc);
+#else
     return (gate / (T(1) + expf(-gate))) * (alpha * acc);
+#endif
   }
 };
 template <int N>
@@ -45,7 +50,7 @@ struct SwigluFn<cutlass::Array<float, N>> {
                                                      cutlass::Array<float, N> const& acc) const {
     cutlass::Array<float, N> out;
     CUTLASS_PRAGMA_UNROLL
-    for (int i = 0; i < N; ++i) out[i] = (gate[i] / (1.0f + __expf(-gate[i]))) * (alpha[i] * acc[i]);
+    for (int i = 0; i < N; ++i) out[i] = silu(gate[i]) * (alpha[i] * acc[i]);
     return out;
   }
 };

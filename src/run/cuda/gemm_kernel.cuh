@@ -17,6 +17,7 @@
 #include "core/cuda/check.h"
 #include "epmoe/error.h"
 #include "run/cuda/gemm.h"
+#include "run/cuda/silu.cuh"
 
 namespace epmoe::cuda::gemm {
 
@@ -298,7 +299,7 @@ __global__ void __launch_bounds__(kThreads) grouped_gemm_kernel(GemmArgs p) {
             for (int q = 0; q < 2; ++q) {
               const float g = acc[mi][ni][h * 2 + q] * inv_gs;
               const float u = acc[mi][ni + NI / 2][h * 2 + q] * inv_gs;
-              v[q] = (g / (1.0f + __expf(-g))) * u;
+              v[q] = silu(g) * u;
             }
             if (j < p.N) *reinterpret_cast<uint32_t*>(orow + j) = pack_bf16(v[0], v[1]);
           }

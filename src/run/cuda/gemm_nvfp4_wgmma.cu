@@ -372,7 +372,7 @@ __global__ void __launch_bounds__(kThreads) nvfp4_wgmma_kernel(GemmArgs p) {
           const int r = 16 * warp + g + 8 * hh, i = 4 * j + 2 * hh + q;
           if (p.fused) {
             const float gt = acc[0][i] * inv_gs, up = acc[1][i] * inv_gs;
-            orow[cur.n0 + (p.out_kperm ? kperm_pos(r) : r)] = num::f32_to_bf16((gt / (1.0f + __expf(-gt))) * up);
+            orow[cur.n0 + (p.out_kperm ? kperm_pos(r) : r)] = num::f32_to_bf16(silu(gt) * up);
           } else {
 #pragma unroll
             for (int h = 0; h < 2; ++h) {

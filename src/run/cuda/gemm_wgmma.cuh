@@ -364,7 +364,7 @@ __global__ void __launch_bounds__(kThreads) wgmma_gemm_kernel(GemmArgs p) {
           const int r = 16 * warp + g + 8 * hh, i = 4 * j + 2 * hh + q;
           if (p.fused) {
             const float gt = acc[0][i], up = acc[1][i];
-            orow[cur.n0 + r] = num::f32_to_bf16((gt / (1.0f + __expf(-gt))) * up);
+            orow[cur.n0 + r] = num::f32_to_bf16(silu(gt) * up);
           } else {
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
