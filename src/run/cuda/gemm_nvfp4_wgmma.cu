@@ -29,7 +29,8 @@
 // up rows 64-127 of the same 64 intermediate columns), stage = 128 K (64 bytes of each weight row:
 // two whole 32-byte sectors; 8 scale bytes; two SW128 token atoms), 3 ring slots loaded 1 stage
 // ahead (run 28: 1.50 / 1.66 ms at M 128 / 2048 against 1.59 / 1.75 with 4 slots 2 ahead; with
-// the L2 prefetch below the copies mostly hit L2), persistent grid over one flat stream of (tile, k-stage) steps like gemm_wgmma.cuh.
+// the L2 hints below the copies mostly hit L2), persistent grid over one flat stream of (tile,
+// k-stage) steps like gemm_wgmma.cuh.
 // A stage is two batches of 8 wgmmas (one per 64-K sub-block), each from its own set of A
 // registers, and a batch is waited for only when its registers are about to be refilled: the
 // decode of one sub-block runs while the tensor cores work on the previous one (before: decode,
@@ -37,14 +38,18 @@
 // The stage loaded at step s (for step s + kAhead) goes into the slot of step s - 2, whose batches
 // every warp has waited for before the step's barrier (kStages = kAhead + 2).
 //
-// L2 prefetch: a stage reads 64 bytes of each of 128 weight rows (half a line; the fp8 engine reads
-// whole 128-byte lines and streams 4.1 TB/s, this one ~1.55 TB/s of DRAM, ncu run 25). Each thread
-// also prefetches its weight row into L2 kPrefetch stages ahead, one 128-byte line every second
-// stage (and the tile's scale row when it enters a tile), so DRAM sees whole lines. Measured
-// (runs 24-25, DeepSeek-V3, M 128): no prefetch 2.02 ms, 3 stages ahead 1.90, 4: 1.91, 6: 1.97,
-// 8: 2.04 (further ahead the prefetched lines start to leave L2 before use). Neither this nor a
-// deeper ring (6 slots, 4 ahead, 2 CTAs per SM: 2.17 ms) reaches the copy rate: the loads alone
-// (no decode, no wgmma; run 23b) take 1.55 ms, and the decode adds ~0.4 ms of ALU work.
+// L2: a stage reads 64 bytes of each of 128 weight rows (half a line). The weight copies carry the
+// L2::256B hint, so the first copy of an aligned 256-byte block of a row brings this stage's and
+// the next three stages' bytes into L2 and DRAM sees whole lines (cp_async16_l2_256). Until run 29
+// an explicit prefetch instruction per row every second stage, 3 stages ahead, did that (runs
+// 24-25: 2.02 -> 1.90 ms at M 128), but it doubled L2 requests (ncu run 28: L2 72% busy at 48%
+// DRAM); the hint measured 1.49 / 1.61 ms at M 128 / 2048 against 1.52 / 1.66. The scale rows of a
+// tile are still prefetched kPrefetch stages before the tile starts. Neither reaches the copy rate:
+// the loads alone (no decode; run 28, variant 4 of exp/nvfp4-occupancy) take 1.19 ms at M 128, and
+// the issue slots are ~60% used (ncu run 28: 4.3 cycles per issued instruction with 2.7 warps per
+// scheduler), mostly by the decode (~4.7 instructions per weight).
+// Tried and not kept (run 28): 256-K stages (a whole line per row and stage, 34 KB stages, 2 CTAs
+// per SM): 1.48-1.50 ms at M 128 (same), 1.88 at M 2048 (worse, from 1.66).
 //
 #include "run/cuda/gemm_wgmma.cuh"
 
@@ -69,7 +74,7 @@ constexpr int kKS = 128;      // K values per stage
 constexpr int kThreads = 128;
 constexpr int kAhead = 1;      // stages loaded ahead of the one computed
 constexpr int kStages = kAhead + 2;  // ring slots: the two batches of step s - 1 may still run
-constexpr int kPrefetch = 3;   // stages whose weights are prefetched into L2 ahead of the one computed
+constexpr int kPrefetch = 3;   // stages before a tile at which its scale rows are prefetched into L2
 
 struct Layout {
   static constexpr int A = 0;                    // tokens: 2 atoms [32][128 B], SW128, permuted K
@@ -82,6 +87,13 @@ static_assert(Layout::STAGE % 1024 == 0, "token atoms need 1024-byte alignment")
 
 __device__ __forceinline__ void cp_async8(uint32_t dst, const void* src, bool valid) {
   asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 8 : 0));
+}
+// The weight copies ask L2 for the 256-byte block around each 16-byte request (two 128-byte
+// lines: this stage's row bytes and the next three stages'), instead of a separate prefetch
+// instruction per row every second stage (run 29: 1.49 / 1.61 ms at M 128 / 2048 against 1.52 /
+// 1.66 with the prefetch; ncu run 28 had L2 72% busy at 48% DRAM with it).
+__device__ __forceinline__ void cp_async16_l2_256(uint32_t dst, const void* src, bool valid) {
+  asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0));
 }
 __device__ __forceinline__ void prefetch_l2(const void* p) { asm volatile("prefetch.global.L2 [%0];\n" ::"l"(p)); }
 __device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {
@@ -235,15 +247,11 @@ __global__ void __launch_bounds__(kThreads) nvfp4_wgmma_kernel(GemmArgs p) {
   };
   wg::LoadCursor lc;
   lc.start(walk, enter_tile);
-  // The prefetch cursor, kPrefetch stages ahead of the compute: row tid of its tile.
-  const uint8_t* pf_row = nullptr;
+  // The prefetch cursor, kPrefetch stages ahead of the compute: the scale row tid of the tile it
+  // enters.
   auto enter_prefetch = [&](const Cur& c) {
-    const int e = c.mt.expert;
-    const bool ok = walk.w_ok(c.n0, tid);
-    pf_row = nullptr;
-    if (!ok) return;
-    const int64_t row = int64_t(e) * rows_w + walk.w_row(c.n0, tid);
-    pf_row = static_cast<const uint8_t*>(p.W.data) + row * w_row_bytes;
+    if (!walk.w_ok(c.n0, tid)) return;
+    const int64_t row = int64_t(c.mt.expert) * rows_w + walk.w_row(c.n0, tid);
     const uint8_t* sc = static_cast<const uint8_t*>(p.W.scales) + row * s_row_bytes;
     for (int64_t off = 0; off < s_row_bytes; off += 128) prefetch_l2(sc + off);
     prefetch_l2(sc + s_row_bytes - 1);
@@ -251,17 +259,14 @@ __global__ void __launch_bounds__(kThreads) nvfp4_wgmma_kernel(GemmArgs p) {
   wg::LoadCursor pc;
   pc.start(walk, enter_prefetch);
   for (int i = 0; i < kPrefetch; ++i) pc.advance(KT, 1, walk, enter_prefetch);
-  auto prefetch_next = [&]() {
-    if (pc.local < my_tiles && pf_row && (pc.kt & 1) == 0) prefetch_l2(pf_row + int64_t(pc.kt) * 64);
-    pc.advance(KT, 1, walk, enter_prefetch);
-  };
+  auto prefetch_next = [&]() { pc.advance(KT, 1, walk, enter_prefetch); };
   auto load_next = [&]() {
     const uint32_t st = base + uint32_t(lc.slot) * Layout::STAGE;
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
       const bool v = (lok >> j) & 1u;
       const uint8_t* src = (v ? lw[j >> 1] + (j & 1) * w32 : lw_masked) + int64_t(lc.kt) * 64;
-      cp_async16(st + w_off + 2048u * j, src, v);
+      cp_async16_l2_256(st + w_off + 2048u * j, src, v);
     }
     cp_async8(st + Layout::S + tid * 8, ls + int64_t(lc.kt) * 8, (lok >> 4) & 1u);
     // Token rows past the m-tile's rows are not copied at all (not even zero-filled): they only
