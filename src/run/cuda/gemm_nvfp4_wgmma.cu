@@ -43,9 +43,9 @@
 // the next three stages' bytes into L2 and DRAM sees whole lines (cp_async16_l2_256). Until run 29
 // an explicit prefetch instruction per row every second stage, 3 stages ahead, did that (runs
 // 24-25: 2.02 -> 1.90 ms at M 128), but it doubled L2 requests (ncu run 28: L2 72% busy at 48%
-// DRAM); the hint measured 1.49 / 1.61 ms at M 128 / 2048 against 1.52 / 1.66. The scale rows of a
-// tile are still prefetched kPrefetch stages before the tile starts. Neither reaches the copy rate:
-// the loads alone (no decode; run 28, variant 4 of exp/nvfp4-occupancy) take 1.19 ms at M 128, and
+// DRAM); the hint measured 1.49 / 1.61 ms at M 128 / 2048 against 1.52 / 1.66, and dropping the
+// last prefetch (a tile's scale rows, a tile ahead) 1.445 / 1.576 (run 30). Neither reaches the
+// copy rate: the loads alone (no decode; run 28, variant 4 of exp/nvfp4-occupancy) take 1.19 ms at M 128, and
 // the issue slots are ~60% used (ncu run 28: 4.3 cycles per issued instruction with 2.7 warps per
 // scheduler), mostly by the decode (~4.7 instructions per weight).
 // Tried and not kept (run 28): 256-K stages (a whole line per row and stage, 34 KB stages, 2 CTAs
@@ -74,7 +74,6 @@ constexpr int kKS = 128;      // K values per stage
 constexpr int kThreads = 128;
 constexpr int kAhead = 1;      // stages loaded ahead of the one computed
 constexpr int kStages = kAhead + 2;  // ring slots: the two batches of step s - 1 may still run
-constexpr int kPrefetch = 3;   // stages before a tile at which its scale rows are prefetched into L2
 
 struct Layout {
   static constexpr int A = 0;                    // tokens: 2 atoms [32][128 B], SW128, permuted K
@@ -88,14 +87,10 @@ static_assert(Layout::STAGE % 1024 == 0, "token atoms need 1024-byte alignment")
 __device__ __forceinline__ void cp_async8(uint32_t dst, const void* src, bool valid) {
   asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 8 : 0));
 }
-// The weight copies ask L2 for the 256-byte block around each 16-byte request (two 128-byte
-// lines: this stage's row bytes and the next three stages'), instead of a separate prefetch
-// instruction per row every second stage (run 29: 1.49 / 1.61 ms at M 128 / 2048 against 1.52 /
-// 1.66 with the prefetch; ncu run 28 had L2 72% busy at 48% DRAM with it).
+// A weight copy that asks L2 for the aligned 256-byte block around its 16 bytes (see "L2" above).
 __device__ __forceinline__ void cp_async16_l2_256(uint32_t dst, const void* src, bool valid) {
   asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0));
 }
-__device__ __forceinline__ void prefetch_l2(const void* p) { asm volatile("prefetch.global.L2 [%0];\n" ::"l"(p)); }
 __device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {
   uint32_t d;
   asm("prmt.b32 %0, %1, %2, %3;\n" : "=r"(d) : "r"(a), "r"(b), "r"(sel));
@@ -247,19 +242,6 @@ __global__ void __launch_bounds__(kThreads) nvfp4_wgmma_kernel(GemmArgs p) {
   };
   wg::LoadCursor lc;
   lc.start(walk, enter_tile);
-  // The prefetch cursor, kPrefetch stages ahead of the compute: the scale row tid of the tile it
-  // enters.
-  auto enter_prefetch = [&](const Cur& c) {
-    if (!walk.w_ok(c.n0, tid)) return;
-    const int64_t row = int64_t(c.mt.expert) * rows_w + walk.w_row(c.n0, tid);
-    const uint8_t* sc = static_cast<const uint8_t*>(p.W.scales) + row * s_row_bytes;
-    for (int64_t off = 0; off < s_row_bytes; off += 128) prefetch_l2(sc + off);
-    prefetch_l2(sc + s_row_bytes - 1);
-  };
-  wg::LoadCursor pc;
-  pc.start(walk, enter_prefetch);
-  for (int i = 0; i < kPrefetch; ++i) pc.advance(KT, 1, walk, enter_prefetch);
-  auto prefetch_next = [&]() { pc.advance(KT, 1, walk, enter_prefetch); };
   auto load_next = [&]() {
     const uint32_t st = base + uint32_t(lc.slot) * Layout::STAGE;
 #pragma unroll
@@ -308,7 +290,6 @@ __global__ void __launch_bounds__(kThreads) nvfp4_wgmma_kernel(GemmArgs p) {
     {
       if (s + kAhead < steps) load_next();
       cp_commit();
-      prefetch_next();
     }
     const uint32_t st = base + uint32_t(slot) * Layout::STAGE;
     const uint8_t* sp = sbase + slot * Layout::STAGE;
