@@ -5,7 +5,9 @@
 // both. Run as its gate half (the plain bf16 GEMM, N = I) and then its up half, whose epilogue
 // loads the gate as its source tensor C (per-group pointers, TMA, like D) and writes
 // bf16(silu(gate) * alpha * acc). Against GEMM1 [rows][2I] + a SwiGLU pass, that moves 6I instead
-// of 10I bytes per row through HBM and drops the pass (run 21: 123 us at M 32768, DeepSeek-V3).
+// of 10I bytes per row through HBM and drops the pass (run 21: 123 us at M 32768, DeepSeek-V3),
+// but two N = I GEMMs and the source load cost more than that: 4.74 ms against 4.71 unfused (run
+// 28a, bf16 M 32768), so the runner uses this only when asked (EPMOE_CUTLASS_SWIGLU=1).
 // Numerics: the gate is rounded to bf16 as before; the up half is not rounded before the product
 // (the unfused pass read it as bf16), as in the decode engines' fused epilogues.
 #define EPMOE_CUTLASS_GROUPED_IMPL 1
