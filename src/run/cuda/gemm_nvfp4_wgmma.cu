@@ -52,6 +52,7 @@
 // per SM): 1.48-1.50 ms at M 128 (same), 1.88 at M 2048 (worse, from 1.66).
 //
 #include "run/cuda/gemm_wgmma.cuh"
+#include "run/cuda/nvfp4_layout.h"
 
 namespace epmoe::cuda::wgf4 {
 namespace {
@@ -67,6 +68,7 @@ using wg::wgmma_commit;
 using wg::wgmma_fence;
 using wg::wgmma_wait0;
 using wg::wgmma_wait1;
+using namespace nvfp4_layout;
 
 constexpr int kBT = 32;       // tokens per m-tile (wgmma N)
 constexpr int kRowsW = 128;   // weight rows per CTA tile
@@ -97,22 +99,10 @@ __device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {
   return d;
 }
 
-// Eight e2m1 codes (nibbles 0-7 of x) -> four bf16x2, d[i] = (nibble i, nibble i + 4), each
-// 2^-126 times its value: the code's three magnitude bits go to bf16 bits 8..6 (the two lowest
-// exponent bits and the top mantissa bit) and its sign to bit 15. With a zero exponent field the
-// bf16 is subnormal, m * 2^-127, which is the e2m1 subnormal (m / 2) times 2^-126 too, so the
-// mapping is linear for every code and the block scale's multiply takes the 2^126 back (see
-// e4m3x2_to_bf16x2_2p118). Shifts and masks instead of PRMT lookups: run 28 (exp/nvfp4-occupancy
-// variant 6) timed this decode 13% faster than the lookup one (1.56 vs 1.80 ms at M 128); the
-// shifts issue on the FMA pipe (IMAD.SHL) next to the ALU pipe's LOP3s, where the PRMTs all went
-// to the ALU pipe (51% busy, ncu run 22).
-__device__ __forceinline__ void e2m1x8_to_bf16(uint32_t x, uint32_t (&d)[4]) {
-  const uint32_t y = x & 0x77777777u;
-  d[0] = ((y << 6) & 0x01C001C0u) | ((x << 12) & 0x80008000u);
-  d[1] = ((y << 2) & 0x01C001C0u) | ((x << 8) & 0x80008000u);
-  d[2] = ((y >> 2) & 0x01C001C0u) | ((x << 4) & 0x80008000u);
-  d[3] = ((y >> 6) & 0x01C001C0u) | (x & 0x80008000u);
-}
+// e2m1x8_to_bf16 (nvfp4_layout.h): shifts and masks instead of PRMT lookups. Run 28
+// (exp/nvfp4-occupancy variant 6) timed this decode 13% faster than the lookup one (1.56 vs 1.80 ms
+// at M 128); the shifts issue on the FMA pipe (IMAD.SHL) next to the ALU pipe's LOP3s, where the
+// PRMTs all went to the ALU pipe (51% busy, ncu run 22).
 
 // Two e4m3 block scales -> bf16x2 of scale * 2^118 (exact: e4m3 has 4 significant bits, and
 // 448 * 2^118 < 2^127). Times a decoded weight (value * 2^-126) that is value * scale * 2^-8,
@@ -123,35 +113,9 @@ __device__ __forceinline__ uint32_t e4m3x2_to_bf16x2_2p118(uint16_t two) {
   const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(two), __NV_E4M3);
   const uint32_t x = uint32_t(h.x) | (uint32_t(h.y) << 16);
   const uint32_t m3 = (x & 0x7fff7fffu) >> 3;
-  constexpr uint32_t kBias = (112u + 118u) << 7;  // fp16 -> bf16 exponent bias, plus 118
+  constexpr uint32_t kBias = (112u + kScaleExp) << 7;  // fp16 -> bf16 exponent bias, plus 118
   return (x & 0x80008000u) | (m3 + ((kBias | (kBias << 16)) & __vcmpne2(m3, 0u)));
 }
-constexpr float kAccScale = 256.0f;  // 2^8, undoes the 2^-8 of the scaled weights
-
-// K order inside a 64-K block. Thread t of a quad holds natural K 16t .. 16t+15 (one scale block)
-// over the block's four k16 instructions. The decode pairs nibbles (i, i + 4) of each 8-code word
-// into one register, so position p of the permuted block holds natural column kperm_src(p):
-// within 16t + (0..15), the pair at instruction j, slots (2t, 2t+1) is natural (16t + 8(j/2) +
-// 2(j%2), +4) and slots (2t+8, 2t+9) the next code of each.
-__host__ __device__ constexpr int kperm_pos(int k) {
-  const int k2 = (k & ~7) | ((k & 3) << 1) | ((k >> 2) & 1);  // natural -> decode order within 8
-  return 2 * (4 * ((k2 >> 1) & 7) + (k2 >> 4)) + (k2 & 1);
-}
-__host__ __device__ constexpr int kperm_src(int p) {
-  const int s = p & 15;
-  const int k2 = 16 * ((s >> 1) & 3) + 4 * (p >> 4) + 2 * (s >> 3) + (s & 1);
-  return (k2 & ~7) | ((k2 & 1) << 2) | ((k2 >> 1) & 3);
-}
-constexpr bool kperm_is_bijection() {
-  bool seen[64] = {};
-  for (int k = 0; k < 64; ++k) {
-    const int p = kperm_pos(k);
-    if (p < 0 || p >= 64 || seen[p] || kperm_src(p) != k) return false;
-    seen[p] = true;
-  }
-  return true;
-}
-static_assert(kperm_is_bijection(), "kperm_src must invert kperm_pos on 0..63");
 
 // In place, one thread per 64-K block of a row (it holds all 128 bytes): position p gets natural
 // column kperm_src(p); every index is a compile-time constant after unrolling, so each output word

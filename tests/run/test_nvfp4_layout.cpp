@@ -1,0 +1,92 @@
+// The nvfp4 decode engine's integer tricks (src/run/cuda/nvfp4_layout.h), checked on the host, so
+// that a change to the decode or the K order fails here before it needs a GPU: every code decodes
+// to its value times 2^-126, every (code, block scale) product the engine forms is exact in bf16,
+// and the token K order matches where wgmma's A fragment puts each decoded weight.
+#include "run/cuda/nvfp4_layout.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <random>
+
+#include "epmoe/numeric.h"
+
+namespace epmoe::test {
+namespace {
+
+namespace nl = cuda::nvfp4_layout;
+
+float bf16_bits_to_f32(uint32_t b) {
+  const uint32_t u = b << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+// Exactly representable in bf16: a float whose low 16 bits are zero.
+bool exact_bf16(double v) {
+  const float f = static_cast<float>(v);
+  if (static_cast<double>(f) != v) return false;
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return (u & 0xffffu) == 0;
+}
+
+TEST(Nvfp4Layout, DecodeIsValueTimesTwoToMinus126) {
+  std::mt19937 rng(7);
+  for (int pos = 0; pos < 8; ++pos)
+    for (uint32_t c = 0; c < 16; ++c)
+      for (int rep = 0; rep < 4; ++rep) {
+        // Code c at nibble `pos`, random codes elsewhere (they must not leak into its half).
+        const uint32_t x = (rng() & ~(0xfu << (4 * pos))) | (c << (4 * pos));
+        uint32_t d[4];
+        nl::e2m1x8_to_bf16(x, d);
+        const uint32_t half = pos < 4 ? d[pos] & 0xffffu : d[pos - 4] >> 16;
+        const float got = bf16_bits_to_f32(half);
+        const float want = std::ldexp(num::e2m1_to_f32(static_cast<uint8_t>(c)), -126);
+        EXPECT_EQ(got, want) << "code " << c << " at nibble " << pos << ", word 0x" << std::hex << x;
+        EXPECT_EQ(std::signbit(got), (c & 8u) != 0) << "sign of code " << c << " at nibble " << pos;
+      }
+}
+
+TEST(Nvfp4Layout, ScaledProductsAreExactInBf16) {
+  // The engine multiplies decoded codes (value * 2^-126) by bf16(scale * 2^118); the bf16 multiply
+  // is exact, and the epilogue's 2^8 restores the product bit for bit, only if every such product
+  // is a normal bf16 (or zero) and the scaled scale itself is exact in bf16.
+  int checked = 0;
+  for (int s = 0; s < 0x7f; ++s) {  // non-negative finite e4m3 block scales (0x7f is NaN)
+    const double scale = num::e4m3_to_f32(static_cast<uint8_t>(s));
+    const double scaled = std::ldexp(scale, nl::kScaleExp);
+    ASSERT_TRUE(exact_bf16(scaled) && std::isfinite(static_cast<float>(scaled))) << "scale code " << s;
+    for (int c = 0; c < 16; ++c) {
+      const double decoded = std::ldexp(static_cast<double>(num::e2m1_to_f32(static_cast<uint8_t>(c))), -126);
+      const double prod = decoded * scaled;  // exact in double
+      const double want = static_cast<double>(num::e2m1_to_f32(static_cast<uint8_t>(c))) * scale / nl::kAccScale;
+      EXPECT_EQ(prod, want) << "scale code " << s << " code " << c;
+      EXPECT_TRUE(exact_bf16(prod)) << "product not exact in bf16: scale code " << s << " code " << c;
+      EXPECT_TRUE(prod == 0.0 || std::fabs(prod) >= std::ldexp(1.0, -126)) << "subnormal product: scale " << s;
+      ++checked;
+    }
+  }
+  EXPECT_EQ(checked, 127 * 16);
+}
+
+TEST(Nvfp4Layout, TokenOrderMatchesTheAFragments) {
+  // Model of the engine (gemm_nvfp4_wgmma.cu): in a 64-K block thread t of a quad loads the 16
+  // codes of natural K 16t .. 16t+15 as two words; register i (0-7) of its A set is decode word
+  // i / 4, pair i % 4 = codes (i % 4, i % 4 + 4) of that word; instruction j takes registers 2j
+  // (K slots 2t, 2t+1) and 2j + 1 (slots 2t+8, 2t+9) of the m64nNk16 A fragment, i.e. position
+  // 16j + slot of the permuted block. The tokens must hold the same natural column there.
+  for (int p = 0; p < 64; ++p) {
+    const int j = p >> 4, slot = p & 15;
+    const int t = (slot & 7) >> 1, e = slot & 1;
+    const int reg = 2 * j + (slot >> 3);
+    const int natural = 16 * t + 8 * (reg >> 2) + (reg & 3) + 4 * e;
+    EXPECT_EQ(nl::kperm_src(p), natural) << "position " << p;
+    EXPECT_EQ(nl::kperm_pos(natural), p) << "natural column " << natural;
+  }
+}
+
+}  // namespace
+}  // namespace epmoe::test
