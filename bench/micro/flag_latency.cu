@@ -1,0 +1,205 @@
+// Cross-GPU signalling micro-benchmark (not part of the library): what one status round trip of
+// the nvlink dispatcher can cost at best. The dispatch's status phase (a system-scope release of a
+// small record into the peer's memory, then an acquire spin on the peer's record) measured 7-9 us
+// at 128 tokens (bench a2a --phases, runs 22-29), far more than one NVLink round trip should take.
+// This measures, on two P2P-enabled GPUs and without NCCL:
+//   A. ping-pong of a flag between one thread on each GPU: st.release.sys into the peer's memory,
+//      ld.acquire.sys spin on our own (the dispatcher's pattern) and, for reference, relaxed
+//      (volatile) stores and loads with no fences;
+//   B. the same ping-pong when, before each release, the CTA has just written B bytes into the
+//      peer's memory (the release must make them visible first: what the dispatch's status does
+//      after the count phase, and what each combine row flag does after its row);
+//   C. a grid barrier of G CTAs on one GPU (atomic add + acquire spin, as the dispatch's one grid
+//      barrier), per barrier;
+//   D. __threadfence_system() alone, with nothing pending and after B bytes of peer stores.
+// Usage: nvcc -O3 -std=c++17 -arch=sm_90a bench/micro/flag_latency.cu -o /tmp/fl && /tmp/fl [iters]
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+
+#define CK(x)                                                                              \
+  do {                                                                                     \
+    cudaError_t e_ = (x);                                                                  \
+    if (e_ != cudaSuccess) {                                                               \
+      std::printf("CUDA error %s at %s:%d\n", cudaGetErrorString(e_), __FILE__, __LINE__); \
+      std::exit(1);                                                                        \
+    }                                                                                      \
+  } while (0)
+
+constexpr uint64_t kSpinLimitNs = 2000000000ull;  // a spin that takes 2 s reports a failure
+
+__device__ __forceinline__ uint64_t now_ns() {
+  uint64_t t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+__device__ __forceinline__ void st_release_sys(uint64_t* p, uint64_t v) {
+  asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+}
+__device__ __forceinline__ uint64_t ld_acquire_sys(const uint64_t* p) {
+  uint64_t v;
+  asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+  return v;
+}
+__device__ __forceinline__ void st_volatile(uint64_t* p, uint64_t v) { *reinterpret_cast<volatile uint64_t*>(p) = v; }
+__device__ __forceinline__ uint64_t ld_volatile(const uint64_t* p) { return *reinterpret_cast<const volatile uint64_t*>(p); }
+
+// Waits until *p >= v; false after kSpinLimitNs.
+template <bool kAcquire>
+__device__ bool spin_until(const uint64_t* p, uint64_t v) {
+  const uint64_t t0 = now_ns();
+  while ((kAcquire ? ld_acquire_sys(p) : ld_volatile(p)) < v)
+    if (now_ns() - t0 > kSpinLimitNs) return false;
+  return true;
+}
+
+// One CTA per GPU. The initiator (GPU 0) signals i into the peer's flag and waits for i back;
+// the responder (GPU 1) waits for i and signals it back. Before each signal the whole CTA stores
+// `burst` bytes into the peer's buffer (0: none). out[0] = ns per round trip, out[1] = 1 if a spin
+// timed out.
+template <bool kAcquire>
+__global__ void pingpong(bool initiator, uint64_t* my_flag, uint64_t* peer_flag, uint4* peer_buf, size_t burst,
+                         int iters, uint64_t base, uint64_t* out) {
+  __shared__ int failed;
+  if (threadIdx.x == 0) failed = 0;
+  __syncthreads();
+  const size_t n16 = burst / 16;
+  uint64_t t0 = 0;
+  for (int i = 1; i <= iters && !failed; ++i) {
+    const uint64_t v = base + uint64_t(i);
+    if (!initiator && threadIdx.x == 0 && !spin_until<kAcquire>(my_flag, v)) failed = 1;
+    __syncthreads();
+    if (failed) break;
+    if (i == 2 && initiator) t0 = now_ns();  // the first round trip warms up
+    for (size_t k = threadIdx.x; k < n16; k += blockDim.x) peer_buf[k] = make_uint4(uint32_t(v), uint32_t(k), 0, 0);
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      if (kAcquire) st_release_sys(peer_flag, v);
+      else st_volatile(peer_flag, v);
+      if (initiator && !spin_until<kAcquire>(my_flag, v)) failed = 1;
+    }
+    __syncthreads();
+  }
+  if (initiator && threadIdx.x == 0) {
+    out[0] = iters > 1 ? (now_ns() - t0) / uint64_t(iters - 1) : 0;
+    out[1] = failed;
+  }
+}
+
+// G CTAs, one barrier per iteration on a monotone counter (target i * G), as the dispatch does.
+__global__ void grid_barrier(uint64_t* counter, int iters, uint64_t* out) {
+  const int G = gridDim.x;
+  uint64_t t0 = 0;
+  for (int i = 1; i <= iters; ++i) {
+    if (i == 2) t0 = now_ns();
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      asm volatile("red.release.gpu.global.add.u64 [%0], 1;" ::"l"(counter) : "memory");
+      uint64_t v;
+      do {
+        asm volatile("ld.acquire.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(counter) : "memory");
+      } while (v < uint64_t(i) * G);
+    }
+    __syncthreads();
+  }
+  if (blockIdx.x == 0 && threadIdx.x == 0) out[0] = iters > 1 ? (now_ns() - t0) / uint64_t(iters - 1) : 0;
+}
+
+// __threadfence_system() after `burst` bytes of peer stores by the CTA; out[0] = ns per fence
+// (thread 0's fence alone, after the CTA's stores were issued).
+__global__ void fence_cost(uint4* peer_buf, size_t burst, int iters, uint64_t* out) {
+  const size_t n16 = burst / 16;
+  uint64_t sum = 0;
+  for (int i = 0; i < iters; ++i) {
+    for (size_t k = threadIdx.x; k < n16; k += blockDim.x) peer_buf[k] = make_uint4(uint32_t(i), uint32_t(k), 0, 0);
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      const uint64_t t = now_ns();
+      __threadfence_system();
+      sum += now_ns() - t;
+    }
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) out[0] = sum / uint64_t(iters);
+}
+
+int main(int argc, char** argv) {
+  const int iters = argc > 1 ? std::atoi(argv[1]) : 2000;
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) n = 0;
+  if (n < 2) {
+    std::printf("flag_latency: needs 2 GPUs, found %d\n", n);
+    return 77;
+  }
+  int can01 = 0, can10 = 0;
+  CK(cudaDeviceCanAccessPeer(&can01, 0, 1));
+  CK(cudaDeviceCanAccessPeer(&can10, 1, 0));
+  if (!can01 || !can10) {
+    std::printf("flag_latency: GPUs 0 and 1 have no P2P access\n");
+    return 77;
+  }
+  constexpr size_t kBuf = 4u << 20;
+  uint64_t* flag[2];
+  uint4* buf[2];
+  uint64_t* out[2];
+  for (int d = 0; d < 2; ++d) {
+    CK(cudaSetDevice(d));
+    CK(cudaDeviceEnablePeerAccess(1 - d, 0));
+    CK(cudaMalloc(&flag[d], 64));
+    CK(cudaMemset(flag[d], 0, 64));
+    CK(cudaMalloc(&buf[d], kBuf));
+    CK(cudaMalloc(&out[d], 64));
+    CK(cudaMemset(out[d], 0, 64));
+  }
+  cudaDeviceProp prop;
+  CK(cudaGetDeviceProperties(&prop, 0));
+  std::printf("# flag_latency: 2 x %s, %d iterations per figure (the first round trip not timed)\n", prop.name, iters);
+
+  uint64_t base = 0;  // flags only grow, so every run continues from the last value
+  auto run_pingpong = [&](bool acquire, size_t burst, int threads) {
+    for (int d = 1; d >= 0; --d) {  // responder first, so that it spins before the first signal
+      CK(cudaSetDevice(d));
+      const bool init = d == 0;
+      if (acquire)
+        pingpong<true><<<1, threads>>>(init, flag[d], flag[1 - d], buf[1 - d], burst, iters, base, out[d]);
+      else
+        pingpong<false><<<1, threads>>>(init, flag[d], flag[1 - d], buf[1 - d], burst, iters, base, out[d]);
+      CK(cudaGetLastError());
+    }
+    for (int d = 0; d < 2; ++d) {
+      CK(cudaSetDevice(d));
+      CK(cudaDeviceSynchronize());
+    }
+    base += uint64_t(iters);
+    uint64_t h[2];
+    CK(cudaSetDevice(0));
+    CK(cudaMemcpy(h, out[0], sizeof h, cudaMemcpyDeviceToHost));
+    std::printf("A/B  %-8s burst %8zu B, %4d threads: %7.2f us per round trip%s\n", acquire ? "acq/rel" : "volatile",
+                burst, threads, double(h[0]) / 1e3, h[1] ? "  (A SPIN TIMED OUT)" : "");
+  };
+  run_pingpong(false, 0, 32);
+  run_pingpong(true, 0, 32);
+  for (size_t b : {size_t(2048), size_t(16384), size_t(131072), size_t(1) << 20}) run_pingpong(true, b, 512);
+
+  CK(cudaSetDevice(0));
+  for (int G : {1, 8, 24, 64}) {
+    CK(cudaMemset(flag[0], 0, 64));
+    grid_barrier<<<G, 512>>>(flag[0], iters, out[0]);
+    CK(cudaGetLastError());
+    CK(cudaDeviceSynchronize());
+    uint64_t h;
+    CK(cudaMemcpy(&h, out[0], sizeof h, cudaMemcpyDeviceToHost));
+    std::printf("C    grid barrier, %2d CTAs of 512 threads: %7.2f us per barrier\n", G, double(h) / 1e3);
+  }
+  for (size_t b : {size_t(0), size_t(16384), size_t(131072), size_t(1) << 20}) {
+    fence_cost<<<1, 512>>>(buf[1], b, iters / 10 + 1, out[0]);
+    CK(cudaGetLastError());
+    CK(cudaDeviceSynchronize());
+    uint64_t h;
+    CK(cudaMemcpy(&h, out[0], sizeof h, cudaMemcpyDeviceToHost));
+    std::printf("D    __threadfence_system after %8zu B of peer stores: %7.2f us\n", b, double(h) / 1e3);
+  }
+  return 0;
+}
