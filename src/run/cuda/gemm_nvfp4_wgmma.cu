@@ -5,7 +5,8 @@
 // (e2m1 * e4m3 block scale, exact in bf16: <= 6 significant bits). Widening in registers straight
 // into wgmma's A fragment skips a shared-memory round trip of the widened tile. The widening is
 // shifts and masks that put a code's bits straight into a (2^-126-scaled) bf16, then one bf16x2
-// multiply by the block scale (e2m1x8_to_bf16 below; before run 28, PRMT table lookups).
+// multiply by the block scale (e2m1x8_to_bf16 in nvfp4_layout.h; before run 28, PRMT table
+// lookups).
 //
 // K order. The nvfp4 scale changes every 16 K. In wgmma's A fragment a thread holds, per k16
 // instruction and row, only 4 of the 16 K values, so in natural order it would need one scale
@@ -14,7 +15,7 @@
 // instructions of a block, thread t of a quad (t = lane % 4) holds exactly the 16 K values
 // 16t .. 16t+15 of its rows, i.e. one whole scale block: one 8-byte load and one scale per row.
 // Within those 16 the decode's own pairing (codes i and i + 4 of a 32-bit word share a register)
-// fixes the rest: kperm_pos / kperm_src below. The weights stay in their natural layout; only the
+// fixes the rest: kperm_pos / kperm_src (nvfp4_layout.h). The weights stay in their natural layout; only the
 // tokens are permuted, and they arrive that way already (kperm_nvfp4_tokens below rewrites GEMM1's
 // rows in place, and GEMM1's epilogue writes the intermediate that way when GEMM2 runs here too),
 // so a stage's token bytes are plain 16-byte copies into the SW128 layout instead of sixteen
@@ -45,9 +46,9 @@
 // 24-25: 2.02 -> 1.90 ms at M 128), but it doubled L2 requests (ncu run 28: L2 72% busy at 48%
 // DRAM); the hint measured 1.49 / 1.61 ms at M 128 / 2048 against 1.52 / 1.66, and dropping the
 // last prefetch (a tile's scale rows, a tile ahead) 1.445 / 1.576 (run 30). Neither reaches the
-// copy rate: the loads alone (no decode; run 28, variant 4 of exp/nvfp4-occupancy) take 1.19 ms at M 128, and
-// the issue slots are ~60% used (ncu run 28: 4.3 cycles per issued instruction with 2.7 warps per
-// scheduler), mostly by the decode (~4.7 instructions per weight).
+// copy rate: the loads alone (no decode; run 28, variant 4 of exp/nvfp4-occupancy) take 1.19 ms
+// at M 128, and the issue slots are ~60% used (ncu run 28: 4.3 cycles per issued instruction with
+// 2.7 warps per scheduler; ~2.9 instructions per weight in the stage loop are the decode).
 // Tried and not kept (run 28): 256-K stages (a whole line per row and stage, 34 KB stages, 2 CTAs
 // per SM): 1.48-1.50 ms at M 128 (same), 1.88 at M 2048 (worse, from 1.66).
 //
