@@ -136,7 +136,8 @@ __global__ void kperm_kernel(bf16_raw* __restrict__ A, const int32_t* __restrict
 #pragma unroll
     for (int q = 0; q < 32; ++q) {
       const int a = kperm_src(2 * q), b = kperm_src(2 * q + 1);
-      o[q] = __byte_perm(w[a >> 1], w[b >> 1], ((a & 1) ? 0x32u : 0x10u) | (((b & 1) ? 0x76u : 0x54u) << 8));
+      const uint32_t sel = ((a & 1) ? 0x32u : 0x10u) | (((b & 1) ? 0x76u : 0x54u) << 8);
+      o[q] = __byte_perm(w[a >> 1], w[b >> 1], sel);
     }
 #pragma unroll
     for (int c = 0; c < 8; ++c) p[c] = make_uint4(o[4 * c], o[4 * c + 1], o[4 * c + 2], o[4 * c + 3]);
