@@ -43,7 +43,7 @@
 // L2::256B hint, so the first copy of an aligned 256-byte block of a row brings this stage's and
 // the next three stages' bytes into L2 and DRAM sees whole lines (cp_async16_l2_256). Until run 29
 // an explicit prefetch instruction per row every second stage, 3 stages ahead, did that (runs
-// 24-25: 2.02 -> 1.90 ms at M 128), but it doubled L2 requests (ncu run 28: L2 72% busy at 48%
+// 24-25: 2.02 -> 1.90 ms at M 128), but it adds L2 requests of its own (ncu run 28: L2 72% busy at 48%
 // DRAM); the hint measured 1.49 / 1.61 ms at M 128 / 2048 against 1.52 / 1.66, and dropping the
 // last prefetch (a tile's scale rows, a tile ahead) 1.445 / 1.576 (run 30). Neither reaches the
 // copy rate: the loads alone (no decode; run 28, variant 4 of exp/nvfp4-occupancy) take 1.19 ms
