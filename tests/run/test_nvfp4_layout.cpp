@@ -8,7 +8,6 @@
 
 #include <cmath>
 #include <cstdint>
-#include <cstring>
 #include <random>
 
 #include "epmoe/numeric.h"
@@ -18,19 +17,10 @@ namespace {
 
 namespace nl = cuda::nvfp4_layout;
 
-float bf16_bits_to_f32(uint32_t b) {
-  const uint32_t u = b << 16;
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
 // Exactly representable in bf16: a float whose low 16 bits are zero.
 bool exact_bf16(double v) {
   const float f = static_cast<float>(v);
-  if (static_cast<double>(f) != v) return false;
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  return (u & 0xffffu) == 0;
+  return static_cast<double>(f) == v && (num::f32_bits(f) & 0xffffu) == 0;
 }
 
 TEST(Nvfp4Layout, DecodeIsValueTimesTwoToMinus126) {
@@ -43,7 +33,7 @@ TEST(Nvfp4Layout, DecodeIsValueTimesTwoToMinus126) {
         uint32_t d[4];
         nl::e2m1x8_to_bf16(x, d);
         const uint32_t half = pos < 4 ? d[pos] & 0xffffu : d[pos - 4] >> 16;
-        const float got = bf16_bits_to_f32(half);
+        const float got = num::bf16_to_f32(static_cast<uint16_t>(half));
         const float want = std::ldexp(num::e2m1_to_f32(static_cast<uint8_t>(c)), -126);
         EXPECT_EQ(got, want) << "code " << c << " at nibble " << pos << ", word 0x" << std::hex << x;
         EXPECT_EQ(std::signbit(got), (c & 8u) != 0) << "sign of code " << c << " at nibble " << pos;

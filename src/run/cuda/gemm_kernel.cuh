@@ -92,12 +92,17 @@ __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
 
 // Two e4m3 codes (low byte = lower k) to bf16x2, exactly: the hardware cvt gives f16x2 (every
 // e4m3 value is a normal f16 or zero), then the f16 fields are re-biased into bf16 (3 mantissa
-// bits used, so the shift loses nothing and no bit leaks between the halves).
+// bits used, so the shift loses nothing and no bit leaks between the halves). kExtraExp > 0 gives
+// code * 2^kExtraExp instead (the nvfp4 decode engine's scaled block scales), still exact while
+// 448 * 2^kExtraExp < 2^128.
+template <uint32_t kExtraExp = 0>
 __device__ __forceinline__ uint32_t e4m3x2_to_bf16x2(uint16_t two) {
+  static_assert(kExtraExp <= 118, "448 * 2^kExtraExp must stay finite in bf16");
+  constexpr uint32_t kBias = (112u + kExtraExp) << 7;  // f16 -> bf16 exponent re-bias
   const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(two), __NV_E4M3);
   const uint32_t x = uint32_t(h.x) | (uint32_t(h.y) << 16);
   const uint32_t m3 = (x & 0x7fff7fffu) >> 3;
-  return (x & 0x80008000u) | (m3 + (0x38003800u & __vcmpne2(m3, 0u)));
+  return (x & 0x80008000u) | (m3 + ((kBias | (kBias << 16)) & __vcmpne2(m3, 0u)));
 }
 // Two e4m3 codes (low byte = lower k) to bf16x2 of code * scale, through fp32 (measured faster
 // here than the exact bf16 re-bias plus a bf16x2 multiply, and it keeps the scale in fp32).

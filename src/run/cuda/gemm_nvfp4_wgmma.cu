@@ -105,19 +105,6 @@ __device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {
 // at M 128); the shifts issue on the FMA pipe (IMAD.SHL) next to the ALU pipe's LOP3s, where the
 // PRMTs all went to the ALU pipe (51% busy, ncu run 22).
 
-// Two e4m3 block scales -> bf16x2 of scale * 2^118 (exact: e4m3 has 4 significant bits, and
-// 448 * 2^118 < 2^127). Times a decoded weight (value * 2^-126) that is value * scale * 2^-8,
-// exact in bf16 (<= 6 significant bits, >= 2^-18: never subnormal); the epilogue multiplies the
-// accumulator by 2^8, so the result equals the unscaled product's bit for bit. (2^126 itself would
-// overflow bf16 for scales >= 2.) As gemm::e4m3x2_to_bf16x2 with a larger exponent re-bias.
-__device__ __forceinline__ uint32_t e4m3x2_to_bf16x2_2p118(uint16_t two) {
-  const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(two), __NV_E4M3);
-  const uint32_t x = uint32_t(h.x) | (uint32_t(h.y) << 16);
-  const uint32_t m3 = (x & 0x7fff7fffu) >> 3;
-  constexpr uint32_t kBias = (112u + kScaleExp) << 7;  // fp16 -> bf16 exponent bias, plus 118
-  return (x & 0x80008000u) | (m3 + ((kBias | (kBias << 16)) & __vcmpne2(m3, 0u)));
-}
-
 // In place, one thread per 64-K block of a row (it holds all 128 bytes): position p gets natural
 // column kperm_src(p); every index is a compile-time constant after unrolling, so each output word
 // is one byte permute of two input words. Rows past offsets[E-1] + cnt[E-1] (unused) are left alone.
@@ -270,7 +257,10 @@ __global__ void __launch_bounds__(kThreads) nvfp4_wgmma_kernel(GemmArgs p) {
         const int r = h * 64 + 16 * warp + g + 8 * q;
         const uint2 sc8 = *reinterpret_cast<const uint2*>(sp + Layout::S + r * 8);
         const uint32_t two = prmt(sc8.x, sc8.y, uint32_t(t) | (uint32_t(t + 4) << 4));
-        const uint32_t s2 = e4m3x2_to_bf16x2_2p118(static_cast<uint16_t>(two));
+        // Exactly scale * 2^118: times a decoded code (value * 2^-126) that is value * scale *
+        // 2^-8, exact and normal in bf16 (tests/run/test_nvfp4_layout.cpp); the epilogue's
+        // kAccScale takes the 2^-8 back bit for bit.
+        const uint32_t s2 = gemm::e4m3x2_to_bf16x2<kScaleExp>(static_cast<uint16_t>(two));
         scl[h][q][0] = prmt(s2, s2, 0x1010u);
         scl[h][q][1] = prmt(s2, s2, 0x3232u);
       }

@@ -5,11 +5,7 @@
 
 #include <cstdint>
 
-#if defined(__CUDACC__)
-#define EPMOE_NVFP4_HD __host__ __device__ __forceinline__
-#else
-#define EPMOE_NVFP4_HD inline
-#endif
+#include "epmoe/numeric.h"  // EPMOE_HD
 
 namespace epmoe::cuda::nvfp4_layout {
 
@@ -18,7 +14,7 @@ namespace epmoe::cuda::nvfp4_layout {
 // exponent bits and the top mantissa bit) and its sign to bit 15. With a zero exponent field the
 // bf16 is subnormal, m * 2^-127, which is the e2m1 subnormal (m / 2) times 2^-126 too, so the
 // mapping is linear for every code and the block scale's multiply takes the 2^126 back.
-EPMOE_NVFP4_HD constexpr void e2m1x8_to_bf16(uint32_t x, uint32_t (&d)[4]) {
+EPMOE_HD constexpr void e2m1x8_to_bf16(uint32_t x, uint32_t (&d)[4]) {
   const uint32_t y = x & 0x77777777u;
   d[0] = ((y << 6) & 0x01C001C0u) | ((x << 12) & 0x80008000u);
   d[1] = ((y << 2) & 0x01C001C0u) | ((x << 8) & 0x80008000u);
@@ -30,17 +26,18 @@ EPMOE_NVFP4_HD constexpr void e2m1x8_to_bf16(uint32_t x, uint32_t (&d)[4]) {
 // scales >= 2), so the products carry 2^-8, which the epilogue multiplies back.
 constexpr int kScaleExp = 118;
 constexpr float kAccScale = 256.0f;  // 2^(126 - kScaleExp)
+static_assert(kAccScale == float(1u << (126 - kScaleExp)), "kAccScale must undo the scales' 2^(kScaleExp - 126)");
 
 // K order inside a 64-K block. Thread t of a quad holds natural K 16t .. 16t+15 (one scale block)
 // over the block's four k16 instructions. The decode pairs nibbles (i, i + 4) of each 8-code word
 // into one register, so position p of the permuted block holds natural column kperm_src(p):
 // within 16t + (0..15), the pair at instruction j, slots (2t, 2t+1) is natural (16t + 8(j/2) +
 // 2(j%2), +4) and slots (2t+8, 2t+9) the next code of each.
-EPMOE_NVFP4_HD constexpr int kperm_pos(int k) {
+EPMOE_HD constexpr int kperm_pos(int k) {
   const int k2 = (k & ~7) | ((k & 3) << 1) | ((k >> 2) & 1);  // natural -> decode order within 8
   return 2 * (4 * ((k2 >> 1) & 7) + (k2 >> 4)) + (k2 & 1);
 }
-EPMOE_NVFP4_HD constexpr int kperm_src(int p) {
+EPMOE_HD constexpr int kperm_src(int p) {
   const int s = p & 15;
   const int k2 = 16 * ((s >> 1) & 3) + 4 * (p >> 4) + 2 * (s >> 3) + (s & 1);
   return (k2 & ~7) | ((k2 & 1) << 2) | ((k2 >> 1) & 3);
@@ -57,5 +54,3 @@ constexpr bool kperm_is_bijection() {
 static_assert(kperm_is_bijection(), "kperm_src must invert kperm_pos on 0..63");
 
 }  // namespace epmoe::cuda::nvfp4_layout
-
-#undef EPMOE_NVFP4_HD
