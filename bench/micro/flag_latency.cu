@@ -11,7 +11,10 @@
 //      after the count phase, and what each combine row flag does after its row);
 //   C. a grid barrier of G CTAs on one GPU (atomic add + acquire spin, as the dispatch's one grid
 //      barrier), per barrier;
-//   D. __threadfence_system() alone, with nothing pending and after B bytes of peer stores.
+//   D. __threadfence_system() alone, with nothing pending and after B bytes of peer stores;
+//   E. what G CTAs can move at all (the dispatch runs on 24 SMs and measured SM-bound at 4096
+//      tokens): a plain local copy, and the fp8 dispatch's byte pattern without its arithmetic
+//      (read 16 bytes, store 8 into our memory and 8 into the peer's), 64 MiB read per figure.
 // Usage: nvcc -O3 -std=c++17 -arch=sm_90a bench/micro/flag_latency.cu -o /tmp/fl && /tmp/fl [iters]
 #include <cuda_runtime.h>
 
@@ -125,6 +128,34 @@ __global__ void fence_cost(uint4* peer_buf, size_t burst, int iters, uint64_t* o
   if (threadIdx.x == 0) out[0] = sum / uint64_t(iters);
 }
 
+// Each thread takes two 16-byte input chunks per step (two loads in flight per unroll, four steps
+// unrolled) and stores one 16-byte word per destination: into `dst_local` always, into `dst_peer`
+// too when it is set (then each destination gets half the input bytes, as the fp8 dispatch's
+// local and remote copies do). half == false: a plain copy (both chunks stored locally).
+__global__ void __launch_bounds__(512) move_pattern(const uint4* __restrict__ src, size_t n16, uint4* dst_local,
+                                                    uint4* dst_peer, bool half) {
+  const size_t pairs = n16 / 2, stride = size_t(gridDim.x) * blockDim.x;
+  for (size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x; i < pairs; i += 4 * stride) {
+    uint4 a[4], b[4];
+#pragma unroll
+    for (int u = 0; u < 4; ++u)
+      if (i + u * stride < pairs) a[u] = src[2 * (i + u * stride)], b[u] = src[2 * (i + u * stride) + 1];
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+      const size_t j = i + u * stride;
+      if (j >= pairs) break;
+      if (!half) {
+        dst_local[2 * j] = a[u];
+        dst_local[2 * j + 1] = b[u];
+      } else {
+        const uint4 w = make_uint4(a[u].x ^ a[u].y, a[u].z ^ a[u].w, b[u].x ^ b[u].y, b[u].z ^ b[u].w);
+        dst_local[j] = w;
+        if (dst_peer) dst_peer[j] = w;
+      }
+    }
+  }
+}
+
 int main(int argc, char** argv) {
   const int iters = argc > 1 ? std::atoi(argv[1]) : 2000;
   int n = 0;
@@ -200,6 +231,42 @@ int main(int argc, char** argv) {
     uint64_t h;
     CK(cudaMemcpy(&h, out[0], sizeof h, cudaMemcpyDeviceToHost));
     std::printf("D    __threadfence_system after %8zu B of peer stores: %7.2f us\n", b, double(h) / 1e3);
+  }
+
+  // E. 64 MiB read per call (the fp8 dispatch at 4096 DeepSeek-V3 tokens reads 58.7 MB).
+  constexpr size_t kMove = 64u << 20;
+  uint4 *src, *dst, *peer_dst;
+  CK(cudaSetDevice(1));
+  CK(cudaMalloc(&peer_dst, kMove / 2));
+  CK(cudaSetDevice(0));
+  CK(cudaMalloc(&src, kMove));
+  CK(cudaMalloc(&dst, kMove));
+  CK(cudaMemset(src, 1, kMove));
+  cudaEvent_t e0, e1;
+  CK(cudaEventCreate(&e0));
+  CK(cudaEventCreate(&e1));
+  struct Mode {
+    const char* name;
+    bool half, peer;
+  };
+  for (const Mode m : {Mode{"copy local", false, false}, Mode{"fp8 pattern, local only", true, false},
+                       Mode{"fp8 pattern, local + peer", true, true}}) {
+    for (int G : {16, 24, 32, 48, 64, 132}) {
+      float best = 1e30f;
+      for (int r = 0; r < 6; ++r) {
+        CK(cudaEventRecord(e0));
+        move_pattern<<<G, 512>>>(src, kMove / 16, dst, m.peer ? peer_dst : nullptr, m.half);
+        CK(cudaEventRecord(e1));
+        CK(cudaEventSynchronize(e1));
+        float ms = 0;
+        CK(cudaEventElapsedTime(&ms, e0, e1));
+        if (r > 0 && ms < best) best = ms;
+      }
+      const double stored = m.half ? (m.peer ? 1.0 : 0.5) * kMove : double(kMove);
+      std::printf("E    %-26s %3d CTAs: %8.1f us, read %6.0f GB/s, read+stored %6.0f GB/s (%5.1f GB/s per CTA)\n",
+                  m.name, G, best * 1e3, kMove / (best * 1e6), (kMove + stored) / (best * 1e6),
+                  (kMove + stored) / (best * 1e6) / G);
+    }
   }
   return 0;
 }
