@@ -39,6 +39,7 @@ struct Opts {
   int reps = 50;
   int comm_sms = 24;
   bool phases = false;  // nvlink: CTA 0's phase stamps
+  bool graph = false;   // the timed steps captured in one CUDA graph and replayed
 };
 
 // One rank's inputs and baseline buffers.
@@ -168,7 +169,7 @@ constexpr Phase kPhases[] = {{"count+barrier", detail::kTrDispatchStart, detail:
 
 // Dispatch + combine of one configuration on this rank; rank 0's figures matter.
 Point time_dispatcher(Communicator& comm, RankData& d, const MoeConfig& cfg, long long T, int reps, void* r1_buf,
-                      bool phases) {
+                      bool phases, bool graph) {
   const int r = comm.rank(), R = comm.size(), H = cfg.hidden, K = cfg.top_k;
   auto disp = Registry::global().find_dispatcher(cfg.dispatcher)->create(cfg, comm);
   DispatchInput di;
@@ -196,15 +197,35 @@ Point time_dispatcher(Communicator& comm, RankData& d, const MoeConfig& cfg, lon
     EPMOE_CUDA_CHECK(cudaMemsetAsync(stamps.get(), 0xff, size_t(reps) * detail::kNvlTrace * 8, d.st));
     EPMOE_CUDA_CHECK(cudaStreamSynchronize(d.st));
   }
+  // Graph mode: the same steps (events included, as event-record nodes) captured once and replayed,
+  // so no host launch sits between two kernels (how a serving engine runs a decode step).
+  auto record = [&](cudaEvent_t e) {
+    EPMOE_CUDA_CHECK(graph ? cudaEventRecordWithFlags(e, d.st, cudaEventRecordExternal) : cudaEventRecord(e, d.st));
+  };
+  cudaGraph_t g = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  if (graph) EPMOE_CUDA_CHECK(cudaStreamBeginCapture(d.st, cudaStreamCaptureModeThreadLocal));
   for (int i = 0; i < reps; ++i) {
     if (trace) detail::nvlink_set_trace(*disp, stamps.get<uint64_t>() + size_t(i) * detail::kNvlTrace);
-    EPMOE_CUDA_CHECK(cudaEventRecord(ev[3 * i], d.st));
+    record(ev[3 * i]);
     o = disp->dispatch(di);
-    EPMOE_CUDA_CHECK(cudaEventRecord(ev[3 * i + 1], d.st));
+    record(ev[3 * i + 1]);
     disp->combine(ci, d.out.get<bf16_raw>());
-    EPMOE_CUDA_CHECK(cudaEventRecord(ev[3 * i + 2], d.st));
+    record(ev[3 * i + 2]);
+  }
+  if (graph) {
+    EPMOE_CUDA_CHECK(cudaStreamEndCapture(d.st, &g));
+    EPMOE_CUDA_CHECK(cudaGraphInstantiate(&exec, g, 0));
+    EPMOE_CUDA_CHECK(cudaGraphUpload(exec, d.st));
+    EPMOE_CUDA_CHECK(cudaGraphLaunch(exec, d.st));  // warm-up replay; its stamps are discarded
+    if (trace) EPMOE_CUDA_CHECK(cudaMemsetAsync(stamps.get(), 0xff, size_t(reps) * detail::kNvlTrace * 8, d.st));
+    EPMOE_CUDA_CHECK(cudaGraphLaunch(exec, d.st));
   }
   detail::gpu_dispatcher_sync(*disp, d.st);
+  if (graph) {
+    EPMOE_CUDA_CHECK(cudaGraphExecDestroy(exec));
+    EPMOE_CUDA_CHECK(cudaGraphDestroy(g));
+  }
   if (trace) detail::nvlink_set_trace(*disp, nullptr);
   std::vector<double> td, tc;
   for (int i = 0; i < reps; ++i) {
@@ -338,7 +359,9 @@ void a2a_rank(Communicator& comm, const Opts& o) {
           if (talk) std::printf("%-7s %-6s %6lld | skipped: %s\n", dname.c_str(), format_name(f), T, e.what());
           continue;
         }
-        Point pt = time_dispatcher(comm, d, cfg, T, o.reps, r1_buf, o.phases);
+        Point pt = time_dispatcher(comm, d, cfg, T, o.reps, r1_buf, o.phases, o.graph);
+        // Every rank's phases (the same count on each): a rank that waits in "statuses" waits for a peer.
+        const std::vector<double> phases_all = pt.phase_us.empty() ? std::vector<double>{} : allgather(comm, pt.phase_us);
         // NCCL all-to-all of rank 0's link bytes, the same size on every rank (p2p sizes must match).
         const double link0 = allgather(comm, {pt.link_bytes})[0];
         const size_t per_peer = R > 1 ? size_t(link0 / (R - 1)) : 0;
@@ -351,9 +374,10 @@ void a2a_rank(Communicator& comm, const Opts& o) {
                       pt.dispatch_us > 0 ? pt.nccl_us / pt.dispatch_us : 0.0,
                       pt.dispatch_us > 0 ? pt.link_bytes / pt.dispatch_us / 1e3 : 0.0,
                       pt.combine_us > 0 ? pt.combine_link_bytes / pt.combine_us / 1e3 : 0.0);
-          if (!pt.phase_us.empty()) {
-            std::printf("        phases (rank 0, CTA 0, median us):");
-            for (size_t i = 0; i < pt.phase_us.size(); ++i) std::printf(" %s %.1f", kPhases[i].name, pt.phase_us[i]);
+          const size_t np = pt.phase_us.size();
+          for (int q = 0; np > 0 && q < R; ++q) {
+            std::printf("        phases (rank %d, CTA 0, median us):", q);
+            for (size_t i = 0; i < np; ++i) std::printf(" %s %.1f", kPhases[i].name, phases_all[q * np + i]);
             std::printf("\n");
           }
           std::fflush(stdout);
@@ -381,8 +405,10 @@ int bench_a2a(const std::vector<std::string>& args) {
   flags.add("reps", "N", "timed repetitions (median; default 50, quick 20)");
   flags.add("quick", "", "tokens 128,4096 and fewer repetitions");
   flags.add("phases", "",
-            "nvlink: also print the median time of each kernel phase (CTA 0 of rank 0) and each kernel's span "
+            "nvlink: also print the median time of each kernel phase (CTA 0 of each rank) and each kernel's span "
             "over all its CTAs (d.kernel, c.kernel: first start to last end, what a profiler reports)");
+  flags.add("graph", "", "capture the timed dispatch+combine steps in one CUDA graph and replay it (no host launch "
+            "gaps; the nvlink dispatcher only, nccl is not capturable)");
   if (wants_help(args)) {
     std::printf("usage: epmoe bench a2a [flags]\nRuns on every visible GPU (one process), or one process per GPU "
                 "under mpirun -np N.\n%s",
@@ -403,6 +429,12 @@ int bench_a2a(const std::vector<std::string>& args) {
   if (o.reps <= 0) throw UsageError("--reps: " + std::to_string(o.reps) + " must be positive");
   o.comm_sms = flags.get_int("comm-sms", 24);
   o.phases = flags.get_bool("phases", false);
+  o.graph = flags.get_bool("graph", false);
+  if (o.graph)
+    for (const std::string& dn : o.disps)
+      if (dn != "nvlink")
+        throw UsageError("--graph: the '" + dn + "' dispatcher synchronises with the host and cannot be captured; "
+                         "use --dispatchers nvlink");
   o.presets = parse_presets(flags.has("preset") ? flags.get("preset") : "deepseek-v3");
   const int R = default_gpu_ranks();
   if (R < 2) {
