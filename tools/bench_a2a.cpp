@@ -155,8 +155,11 @@ struct Phase {
   const char* name;
   int from, to;
 };
-constexpr Phase kPhases[] = {{"count+barrier", detail::kTrDispatchStart, detail::kTrCounted},
-                             {"statuses", detail::kTrCounted, detail::kTrStatuses},
+constexpr Phase kPhases[] = {{"count", detail::kTrDispatchStart, detail::kTrChunkCounted},
+                             {"barrier", detail::kTrChunkCounted, detail::kTrCounted},
+                             {"status out", detail::kTrCounted, detail::kTrStatusSent},
+                             {"slots", detail::kTrStatusSent, detail::kTrSlotsDone},
+                             {"status wait", detail::kTrSlotsDone, detail::kTrStatuses},
                              {"push", detail::kTrStatuses, detail::kTrPushed},
                              {"arrival", detail::kTrPushed, detail::kTrArrived},
                              {"finish", detail::kTrArrived, detail::kTrDispatchEnd},
@@ -165,7 +168,12 @@ constexpr Phase kPhases[] = {{"count+barrier", detail::kTrDispatchStart, detail:
                              {"c.total", detail::kTrCombineStart, detail::kTrCombineEnd},
                              // Kernel spans, first CTA start to last CTA end (a profiler's kernel time).
                              {"d.kernel", detail::kTrDispatchFirst, detail::kTrDispatchLastInv},
-                             {"c.kernel", detail::kTrCombineFirst, detail::kTrCombineLastInv}};
+                             {"c.kernel", detail::kTrCombineFirst, detail::kTrCombineLastInv},
+                             // Spread of the CTAs: first to last start, first to last end.
+                             {"d.starts", detail::kTrDispatchFirst, detail::kTrDispatchLastStartInv},
+                             {"d.ends", detail::kTrDispatchFirstEnd, detail::kTrDispatchLastInv},
+                             {"c.starts", detail::kTrCombineFirst, detail::kTrCombineLastStartInv},
+                             {"c.ends", detail::kTrCombineFirstEnd, detail::kTrCombineLastInv}};
 
 // Dispatch + combine of one configuration on this rank; rank 0's figures matter.
 Point time_dispatcher(Communicator& comm, RankData& d, const MoeConfig& cfg, long long T, int reps, void* r1_buf,
@@ -254,7 +262,8 @@ Point time_dispatcher(Communicator& comm, RankData& d, const MoeConfig& cfg, lon
     std::vector<uint64_t> h(size_t(reps) * detail::kNvlTrace);
     EPMOE_CUDA_CHECK(cudaMemcpy(h.data(), stamps.get(), h.size() * 8, cudaMemcpyDeviceToHost));
     for (int i = 0; i < reps; ++i)  // the last-end slots hold the complement of the time
-      for (int k : {int(detail::kTrDispatchLastInv), int(detail::kTrCombineLastInv)}) {
+      for (int k : {int(detail::kTrDispatchLastInv), int(detail::kTrCombineLastInv),
+                    int(detail::kTrDispatchLastStartInv), int(detail::kTrCombineLastStartInv)}) {
         uint64_t& v = h[size_t(i) * detail::kNvlTrace + k];
         v = ~v;
       }

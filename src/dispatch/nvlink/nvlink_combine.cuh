@@ -323,7 +323,7 @@ __global__ void __launch_bounds__(kThreads, 1) combine_kernel(Args a) {
     return;
   }
   trace_point(a, detail::kTrCombineStart);
-  trace_span(a, detail::kTrCombineFirst, false);
+  trace_span(a, detail::kTrCombineFirst, detail::kTrCombineLastStartInv);
   if ((threadIdx.x >> 5) < a.push_warps) {
     combine_push<CF>(a, e);
     trace_point(a, detail::kTrCombinePushed);  // warp 0's rows (thread 0 is a push lane)
@@ -334,7 +334,7 @@ __global__ void __launch_bounds__(kThreads, 1) combine_kernel(Args a) {
   }
   if (a.trace) __syncthreads();  // uniform: every CTA traces or none
   trace_point(a, detail::kTrCombineEnd);
-  trace_span(a, detail::kTrCombineLastInv, true);
+  trace_span(a, detail::kTrCombineFirstEnd, detail::kTrCombineLastInv);
 }
 
 }  // namespace epmoe::nvl

@@ -90,7 +90,7 @@ __global__ void __launch_bounds__(kThreads, 1) dispatch_kernel(Args a) {
   __shared__ uint64_t sm_epoch;
   const int R = a.R, me = a.me, G = gridDim.x, b = blockIdx.x;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
-  trace_span(a, detail::kTrDispatchFirst, false);
+  trace_span(a, detail::kTrDispatchFirst, detail::kTrDispatchLastStartInv);
   if (threadIdx.x == 0) {
     sm_epoch = *reinterpret_cast<volatile uint64_t*>(&a.S->epoch);
     sm_bad_any = 0;
@@ -109,6 +109,7 @@ __global__ void __launch_bounds__(kThreads, 1) dispatch_kernel(Args a) {
   }
   if (b == 0)
     for (int i = threadIdx.x; i < a.E_loc; i += blockDim.x) a.expert_counts[i] = 0;
+  trace_point(a, detail::kTrChunkCounted);
   grid_sync(a, e * G);  // one barrier per dispatch: target e*G
   trace_point(a, detail::kTrCounted);
 
@@ -138,6 +139,7 @@ __global__ void __launch_bounds__(kThreads, 1) dispatch_kernel(Args a) {
     st_release_sys(&st->epoch, e);
   }
   __syncthreads();
+  trace_point(a, detail::kTrStatusSent);
   const bool my_bad = sm_my_bad != 0;
 
   // 3. Before the statuses arrive: slots of this chunk (local work only) and the first unit's loads,
@@ -204,6 +206,7 @@ __global__ void __launch_bounds__(kThreads, 1) dispatch_kernel(Args a) {
     advance(ic);
   }
 
+  trace_point(a, detail::kTrSlotsDone);
   // 4. Everyone's status (thread s < R watches source s).
   uint8_t* mine = a.peer_base[me];
   if (threadIdx.x < R) {
@@ -319,7 +322,7 @@ __global__ void __launch_bounds__(kThreads, 1) dispatch_kernel(Args a) {
   }
   if (a.trace) __syncthreads();  // uniform: every CTA traces or none
   trace_point(a, detail::kTrDispatchEnd);
-  trace_span(a, detail::kTrDispatchLastInv, true);
+  trace_span(a, detail::kTrDispatchFirstEnd, detail::kTrDispatchLastInv);
 }
 
 size_t align_up(size_t x, size_t a) { return (x + a - 1) / a * a; }

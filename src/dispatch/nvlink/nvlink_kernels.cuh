@@ -97,13 +97,14 @@ __device__ __forceinline__ void trace_point(const Args& a, int i) {
   }
 }
 
-// Every CTA, thread 0: folds now into a span slot (min for the first start, min of the complement
-// for the last end), when tracing.
-__device__ __forceinline__ void trace_span(const Args& a, int i, bool end) {
+// Every CTA, thread 0: folds now into span slots, when tracing: `first` gets the minimum, `last_inv`
+// the minimum of the complement (i.e. the maximum).
+__device__ __forceinline__ void trace_span(const Args& a, int first, int last_inv) {
   if (a.trace && threadIdx.x == 0) {
     uint64_t t;
     asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-    atomicMin(reinterpret_cast<unsigned long long*>(a.trace + i), static_cast<unsigned long long>(end ? ~t : t));
+    atomicMin(reinterpret_cast<unsigned long long*>(a.trace + first), static_cast<unsigned long long>(t));
+    atomicMin(reinterpret_cast<unsigned long long*>(a.trace + last_inv), static_cast<unsigned long long>(~t));
   }
 }
 

@@ -11,7 +11,10 @@ namespace detail {
 
 enum NvlTrace : int {
   kTrDispatchStart,   // after the epoch is read
+  kTrChunkCounted,    // this CTA's chunk counted (before the grid barrier)
   kTrCounted,         // chunk counts published, grid barrier passed
+  kTrStatusSent,      // our status released to every peer
+  kTrSlotsDone,       // slots of the chunk and the first units' loads issued (the status wait starts)
   kTrStatuses,        // every rank's status (count, errors) arrived
   kTrPushed,          // this CTA's units stored to every destination
   kTrArrived,         // every source's data arrived
@@ -26,6 +29,11 @@ enum NvlTrace : int {
   kTrDispatchLastInv,
   kTrCombineFirst,
   kTrCombineLastInv,
+  // Spread of the CTAs: the latest start (complement) and the earliest end of each kernel.
+  kTrDispatchLastStartInv,
+  kTrDispatchFirstEnd,
+  kTrCombineLastStartInv,
+  kTrCombineFirstEnd,
   kNvlTrace
 };
 
