@@ -34,16 +34,31 @@ __device__ __forceinline__ void choose_copy(const DevPlacement& p, int e, int sr
   slot = p.slots[o + pick];
 }
 
+// f(k, ids[t*K + k]) for k = 0 .. K-1, the ids loaded eight at a time: eight independent loads in
+// flight cost one memory round trip, where a loop that uses each id before loading the next costs
+// K (run 34: counting 128 tokens took 2.7 us, mostly eight L2 round trips per token).
+template <class Fn>
+__device__ __forceinline__ void for_each_id(const int32_t* ids, int K, int64_t t, Fn&& f) {
+  const int32_t* row = ids + t * K;
+  for (int k0 = 0; k0 < K; k0 += 8) {
+    int32_t e[8];
+#pragma unroll
+    for (int j = 0; j < 8; ++j) e[j] = k0 + j < K ? row[k0 + j] : -1;
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+      if (k0 + j < K) f(k0 + j, e[j]);
+  }
+}
+
 // Ranks that token t goes to (ids already validated).
 __device__ __forceinline__ uint32_t token_mask(const DevPlacement& p, const int32_t* ids, int K, int src, int64_t t) {
   uint32_t m = 0;
-  for (int k = 0; k < K; ++k) {
-    const int e = ids[t * K + k];
-    if (e < 0) continue;
+  for_each_id(ids, K, t, [&](int, int e) {
+    if (e < 0) return;
     int r, s;
     choose_copy(p, e, src, t, r, s);
     m |= 1u << r;
-  }
+  });
   return m;
 }
 
@@ -57,15 +72,18 @@ __device__ inline void count_chunk(const DevPlacement& p, const int32_t* ids, in
   __syncthreads();
   for (int64_t t = t0 + threadIdx.x; t < t1; t += blockDim.x) {
     bool ok = true;
-    for (int k = 0; k < K; ++k) {
-      const int e = ids[t * K + k];
+    uint32_t m = 0;
+    for_each_id(ids, K, t, [&](int k, int e) {
       if (e < -1 || e >= p.num_experts) {
         atomicMin(bad, static_cast<int>(t * K + k));
         ok = false;
+      } else if (e >= 0 && ok) {
+        int r, s;
+        choose_copy(p, e, src, t, r, s);
+        m |= 1u << r;
       }
-    }
+    });
     if (!ok) continue;
-    uint32_t m = token_mask(p, ids, K, src, t);
     while (m) {
       const int d = __ffs(m) - 1;
       m &= m - 1;

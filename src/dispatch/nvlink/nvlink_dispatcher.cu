@@ -81,6 +81,7 @@ __device__ inline void finish_regions(const Args& a, uint8_t* mine, const int* s
 template <ActFormat F>
 __global__ void __launch_bounds__(kThreads, 1) dispatch_kernel(Args a) {
   __shared__ int sm_counts[a2a::kMaxRanks], sm_prefix[a2a::kMaxRanks], sm_running[a2a::kMaxRanks];
+  __shared__ int32_t sm_total[a2a::kMaxRanks];
   __shared__ int sm_warp[(kThreads / 32) * a2a::kMaxRanks];
   __shared__ a2a::DestRegion sm_dst[a2a::kMaxRanks];
   __shared__ int sm_n[a2a::kMaxRanks];
@@ -113,13 +114,31 @@ __global__ void __launch_bounds__(kThreads, 1) dispatch_kernel(Args a) {
   grid_sync(a, e * G);  // one barrier per dispatch: target e*G
   trace_point(a, detail::kTrCounted);
 
+  // Per destination d (warp d % nwarps): the counts of this source's chunks before ours (our slots'
+  // base) and of all its chunks (CTA 0's status), each lane adding every 32nd chunk and the warp
+  // reducing, so a CTA waits for one load round trip instead of up to G dependent additions.
+  for (int d = warp; d < R; d += nwarps) {
+    int32_t pre = 0, tot = 0;
+    for (int c = lane; c < G; c += 32) {
+      const int32_t v = a.chunk_counts[size_t(c) * R + d];
+      tot += v;
+      if (c < b) pre += v;
+    }
+    pre = __reduce_add_sync(0xffffffffu, pre);
+    tot = __reduce_add_sync(0xffffffffu, tot);
+    if (lane == 0) {
+      sm_prefix[d] = pre;
+      sm_total[d] = tot;
+    }
+  }
+  __syncthreads();
+
   // 2. Our status to every peer (CTA 0).
   if (threadIdx.x == 0)
     sm_my_bad = a.local_code != kOk || *reinterpret_cast<volatile int32_t*>(&a.S->bad) != INT_MAX;
   if (b == 0 && threadIdx.x < R) {
     const int d = threadIdx.x;
-    int32_t total = 0;
-    for (int c = 0; c < G; ++c) total += a.chunk_counts[size_t(c) * R + d];
+    const int32_t total = sm_total[d];
     int32_t code = a.local_code, bt = 0, bk = 0, bid = 0;
     const int32_t bad = *reinterpret_cast<volatile int32_t*>(&a.S->bad);
     if (code == kOk && bad != INT_MAX) {
@@ -149,9 +168,6 @@ __global__ void __launch_bounds__(kThreads, 1) dispatch_kernel(Args a) {
   const size_t ps = payload_bytes(F, a.H), ss = scale_bytes(F, a.H);
   if (!my_bad && t1 > t0) {
     for (int d = threadIdx.x; d < R; d += blockDim.x) {
-      int s = 0;
-      for (int c = 0; c < b; ++c) s += a.chunk_counts[size_t(c) * R + d];
-      sm_prefix[d] = s;
       const size_t base = size_t(me) * a.C;
       uint8_t* w = a.peer_base[d];
       sm_dst[d] = a2a::DestRegion{w + a.L.payload + base * ps, ss ? w + a.L.scales + base * ss : nullptr,
@@ -374,7 +390,16 @@ class NvlinkDispatcher final : public Dispatcher {
                          std::to_string(kMinPushWarps) + ", " + std::to_string(kMaxPushWarps) +
                          "] (combine warps per CTA that push rows; the others sum)");
     }
-    // The kernels stage loads in dynamic shared memory beyond the default 48 KB.
+    // The kernels stage loads in dynamic shared memory beyond the default 48 KB. All of them ask
+    // for the largest shared-memory carveout, so that alternating dispatch and combine launches
+    // never make an SM change its L1 / shared split in between.
+    for (const void* k : {reinterpret_cast<const void*>(dispatch_kernel<ActFormat::bf16>),
+                          reinterpret_cast<const void*>(dispatch_kernel<ActFormat::fp8>),
+                          reinterpret_cast<const void*>(dispatch_kernel<ActFormat::nvfp4>),
+                          reinterpret_cast<const void*>(combine_kernel<ActFormat::bf16>),
+                          reinterpret_cast<const void*>(combine_kernel<ActFormat::fp8>)})
+      EPMOE_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                            int(cudaSharedmemCarveoutMaxShared)));
     EPMOE_CUDA_CHECK(cudaFuncSetAttribute(dispatch_kernel<ActFormat::bf16>,
                                           cudaFuncAttributeMaxDynamicSharedMemorySize, int(kDispatchSmem)));
     EPMOE_CUDA_CHECK(cudaFuncSetAttribute(dispatch_kernel<ActFormat::fp8>,
