@@ -390,16 +390,7 @@ class NvlinkDispatcher final : public Dispatcher {
                          std::to_string(kMinPushWarps) + ", " + std::to_string(kMaxPushWarps) +
                          "] (combine warps per CTA that push rows; the others sum)");
     }
-    // The kernels stage loads in dynamic shared memory beyond the default 48 KB. All of them ask
-    // for the largest shared-memory carveout, so that alternating dispatch and combine launches
-    // never make an SM change its L1 / shared split in between.
-    for (const void* k : {reinterpret_cast<const void*>(dispatch_kernel<ActFormat::bf16>),
-                          reinterpret_cast<const void*>(dispatch_kernel<ActFormat::fp8>),
-                          reinterpret_cast<const void*>(dispatch_kernel<ActFormat::nvfp4>),
-                          reinterpret_cast<const void*>(combine_kernel<ActFormat::bf16>),
-                          reinterpret_cast<const void*>(combine_kernel<ActFormat::fp8>)})
-      EPMOE_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributePreferredSharedMemoryCarveout,
-                                            int(cudaSharedmemCarveoutMaxShared)));
+    // The kernels stage loads in dynamic shared memory beyond the default 48 KB.
     EPMOE_CUDA_CHECK(cudaFuncSetAttribute(dispatch_kernel<ActFormat::bf16>,
                                           cudaFuncAttributeMaxDynamicSharedMemorySize, int(kDispatchSmem)));
     EPMOE_CUDA_CHECK(cudaFuncSetAttribute(dispatch_kernel<ActFormat::fp8>,
