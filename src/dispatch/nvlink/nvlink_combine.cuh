@@ -129,7 +129,8 @@ __device__ void combine_sum(const Args& a, uint64_t e) {
         const size_t row = size_t(lane) * a.C + j;
         prow = mine + a.L.cpayload + row * ps;
         srow = ss ? mine + a.L.cscales + row * ss : nullptr;
-        ok = wait_flag(a, reinterpret_cast<const uint64_t*>(mine + a.L.cflag) + row, e, lane, kAtCombineData);
+        ok = wait_flag(a, reinterpret_cast<const uint64_t*>(mine + a.L.cflag) + combine_flag_row(a, lane, j), e, lane,
+                       kAtCombineData);
       }
     }
     const uint32_t mask = __ballot_sync(0xffffffffu, j >= 0);
@@ -239,7 +240,8 @@ __device__ inline void combine_sum_r2_bf16(const Args& a, uint64_t e) {
       } else {
         const size_t row = size_t(lane) * a.C + j;
         prow = mine + a.L.cpayload + row * ps;
-        ok = wait_flag(a, reinterpret_cast<const uint64_t*>(mine + a.L.cflag) + row, e, lane, kAtCombineData);
+        ok = wait_flag(a, reinterpret_cast<const uint64_t*>(mine + a.L.cflag) + combine_flag_row(a, lane, j), e, lane,
+                       kAtCombineData);
       }
     }
     const uint32_t mask = __ballot_sync(0xffffffffu, j >= 0);
@@ -325,7 +327,7 @@ __global__ void __launch_bounds__(kThreads, 1) combine_kernel(Args a) {
   trace_point(a, detail::kTrCombineStart);
   trace_span(a, detail::kTrCombineFirst, detail::kTrCombineLastStartInv);
   if ((threadIdx.x >> 5) < a.push_warps) {
-    combine_push<CF>(a, e);
+    if (a.ce_rows == 0) combine_push<CF>(a, e);  // else the copy engine moves the rows
     trace_point(a, detail::kTrCombinePushed);  // warp 0's rows (thread 0 is a push lane)
   } else if (CF == ActFormat::bf16 && a.R == 2) {
     combine_sum_r2_bf16(a, e);

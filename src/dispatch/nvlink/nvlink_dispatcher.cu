@@ -26,6 +26,7 @@
 #include <nccl.h>
 #include <nccl_device.h>
 
+#include <algorithm>
 #include <atomic>
 #include <climits>
 #include <cstdlib>
@@ -390,6 +391,25 @@ class NvlinkDispatcher final : public Dispatcher {
                          std::to_string(kMinPushWarps) + ", " + std::to_string(kMaxPushWarps) +
                          "] (combine warps per CTA that push rows; the others sum)");
     }
+    // Copy-engine combine (bf16 rows only: fp8 rows are encoded by the push warps on the way).
+    if (const char* env = std::getenv("EPMOE_NVL_COMBINE"); env && *env) {
+      const std::string v = env;
+      if (v != "sm" && v != "ce")
+        throw UsageError("dispatcher \"nvlink\": environment variable EPMOE_NVL_COMBINE='" + v +
+                         "' is not sm or ce (who moves the combine rows: the push warps or the copy engine)");
+      use_ce_ = v == "ce";
+    }
+    if (const char* env = std::getenv("EPMOE_NVL_CE_ROWS"); env && *env) {
+      const std::string v = env;
+      const bool digits = v.size() <= 6 && v.find_first_not_of("0123456789") == std::string::npos;
+      ce_chunk_ = digits ? std::stoi(v) : 0;
+      if (ce_chunk_ < 1)
+        throw UsageError("dispatcher \"nvlink\": environment variable EPMOE_NVL_CE_ROWS='" + v +
+                         "' is not a positive number of rows (rows per copy-engine copy of the combine)");
+    }
+    if (use_ce_ && cfg.combine_format == ActFormat::bf16) ce_rows_ = std::min(ce_chunk_, std::max(1, cfg.capacity));
+    // Both sides of a combine must agree on who writes which flags.
+    comm_.check_same(uint64_t(ce_rows_), "dispatcher \"nvlink\" combine mode (EPMOE_NVL_COMBINE, EPMOE_NVL_CE_ROWS)");
     // The kernels stage loads in dynamic shared memory beyond the default 48 KB.
     EPMOE_CUDA_CHECK(cudaFuncSetAttribute(dispatch_kernel<ActFormat::bf16>,
                                           cudaFuncAttributeMaxDynamicSharedMemorySize, int(kDispatchSmem)));
@@ -441,6 +461,13 @@ class NvlinkDispatcher final : public Dispatcher {
     std::memset(err_host_, 0, sizeof(ErrorRecord));
     EPMOE_CUDA_CHECK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&err_dev_), err_host_, 0));
     EPMOE_CUDA_CHECK(cudaDeviceSynchronize());
+    if (ce_rows_ > 0) {
+      peer_host_.resize(R_);
+      EPMOE_CUDA_CHECK(cudaMemcpy(peer_host_.data(), peer_base_.get(), size_t(R_) * sizeof(void*), cudaMemcpyDeviceToHost));
+      EPMOE_CUDA_CHECK(cudaStreamCreateWithFlags(&ce_stream_, cudaStreamNonBlocking));
+      EPMOE_CUDA_CHECK(cudaEventCreateWithFlags(&fork_ev_, cudaEventDisableTiming));
+      EPMOE_CUDA_CHECK(cudaEventCreateWithFlags(&join_ev_, cudaEventDisableTiming));
+    }
     // Also the barrier that keeps peers from writing before our window was cleared.
   }
 
@@ -454,6 +481,9 @@ class NvlinkDispatcher final : public Dispatcher {
     if (win_ && comm_.handle()) ncclCommWindowDeregister(comm_.handle(), win_);
     if (window_mem_) ncclMemFree(window_mem_);
     if (err_host_) cudaFreeHost(err_host_);
+    if (fork_ev_) cudaEventDestroy(fork_ev_);
+    if (join_ev_) cudaEventDestroy(join_ev_);
+    if (ce_stream_) cudaStreamDestroy(ce_stream_);
   }
 
   const char* name() const override { return "nvlink"; }
@@ -516,11 +546,47 @@ class NvlinkDispatcher final : public Dispatcher {
     a.y = in.y;
     a.out = out;
     const cudaStream_t st = static_cast<cudaStream_t>(in.stream);
+    if (ce_rows_ > 0) {
+      copy_rows(in.y, st);
+      a.push_warps = kMinPushWarps;  // idle: the copy engine moves the rows; the other warps sum
+    }
     if (cfg_.combine_format == ActFormat::fp8)
       combine_kernel<ActFormat::fp8><<<G_, kThreads, 0, st>>>(a);
     else
       combine_kernel<ActFormat::bf16><<<G_, kThreads, combine_smem(a.push_warps), st>>>(a);
     EPMOE_CUDA_CHECK_LAUNCH();
+    if (ce_rows_ > 0) EPMOE_CUDA_CHECK(cudaStreamWaitEvent(st, join_ev_, 0));
+  }
+
+  // Copy-engine combine: region [s] of y (the rows this rank ran for source s's tokens) goes to
+  // rank s's combine region [me] by cudaMemcpyAsync on a side stream, ce_rows_ rows per copy, each
+  // copy followed by an 8-byte copy of the combine epoch (State::combines, read when the copy runs,
+  // so CUDA-graph replays carry the right value) into the flag of the copy's first row. Stream order
+  // puts the flag after its rows; the sum warps acquire it as they do the per-row flags of the push
+  // warps. The host does not know how many rows are valid, so every copy covers capacity rows; the
+  // rows past counts[s] are never read. A rejected dispatch leaves State::combines unchanged, so
+  // its flags repeat an epoch nobody waits for. The side stream forks from and joins the caller's.
+  void copy_rows(const bf16_raw* y, cudaStream_t st) {
+    const int C = cfg_.capacity, H = cfg_.hidden;
+    if (!y && C > 0)
+      throw UsageError("combine: y is null; pass the runner's output [R * capacity, H] bf16 (the copy-engine combine "
+                       "copies whole regions)");
+    const size_t ps = payload_bytes(ActFormat::bf16, H);
+    const uint64_t* epoch = &state_.get<State>()->combines;
+    EPMOE_CUDA_CHECK(cudaEventRecord(fork_ev_, st));
+    EPMOE_CUDA_CHECK(cudaStreamWaitEvent(ce_stream_, fork_ev_, 0));
+    for (int r0 = 0; r0 < C; r0 += ce_rows_) {
+      const int n = std::min(ce_rows_, C - r0);
+      for (int k = 1; k < R_; ++k) {
+        const int s = (me_ + k) % R_;
+        const size_t row = size_t(me_) * C + r0;
+        EPMOE_CUDA_CHECK(cudaMemcpyAsync(peer_host_[s] + L_.cpayload + row * ps, y + (size_t(s) * C + r0) * H,
+                                         size_t(n) * ps, cudaMemcpyDeviceToDevice, ce_stream_));
+        EPMOE_CUDA_CHECK(cudaMemcpyAsync(peer_host_[s] + L_.cflag + row * 8, epoch, 8, cudaMemcpyDeviceToDevice,
+                                         ce_stream_));
+      }
+    }
+    EPMOE_CUDA_CHECK(cudaEventRecord(join_ev_, ce_stream_));
   }
 
   // Waits for the stream (bounded by the kernels' own timeouts) and raises what they recorded.
@@ -555,6 +621,7 @@ class NvlinkDispatcher final : public Dispatcher {
     a.expert_counts = expert_counts_.get<int32_t>();
     a.trace = trace_;
     a.push_warps = push_warps_;
+    a.ce_rows = ce_rows_;
     return a;
   }
 
@@ -596,6 +663,12 @@ class NvlinkDispatcher final : public Dispatcher {
   NcclComm& comm_;
   int R_, me_, G_ = 24;
   int push_warps_ = kPushWarps;  // EPMOE_NVL_PUSH_WARPS (a tuning knob; any value gives the same results)
+  bool use_ce_ = false;           // EPMOE_NVL_COMBINE=ce
+  int ce_chunk_ = kCeRows;        // EPMOE_NVL_CE_ROWS
+  int ce_rows_ = 0;               // rows per copy-engine copy; 0: the push warps move the combine rows
+  std::vector<uint8_t*> peer_host_;  // peer_base_ on the host (copy-engine combine)
+  cudaStream_t ce_stream_ = nullptr;
+  cudaEvent_t fork_ev_ = nullptr, join_ev_ = nullptr;
   std::unique_ptr<DevicePlacement> placement_;
   Layout L_{};
   void* window_mem_ = nullptr;

@@ -86,7 +86,15 @@ struct Args {
   int32_t* expert_counts; // [E_loc]
   uint64_t* trace;        // optional [kNvlTrace] phase stamps of CTA 0 (a2a_host.h); null: off
   int push_warps;  // combine warps per CTA that push rows (EPMOE_NVL_PUSH_WARPS, default kPushWarps)
+  // Combine rows moved by the copy engine (0: by the push warps): rows per copy, and the flag of a
+  // row is the flag of its copy's first row (nvlink_dispatcher.cu, "copy-engine combine").
+  int ce_rows;
 };
+
+// The flag that releases combine row j of source s.
+__device__ __forceinline__ size_t combine_flag_row(const Args& a, int s, int j) {
+  return size_t(s) * a.C + (a.ce_rows > 0 ? j - j % a.ce_rows : j);
+}
 
 // CTA 0, thread 0: the global timer at trace point i (when tracing).
 __device__ __forceinline__ void trace_point(const Args& a, int i) {
@@ -118,6 +126,7 @@ constexpr int kStages = 4;       // cp.async stages per warp (dispatch units, co
 // Dynamic shared memory of the kernels (set as the functions' limit at setup).
 constexpr size_t kDispatchSmem = size_t(kThreads / 32) * kStages * (128 * 16 + 96 * 4);
 constexpr int kMinPushWarps = 4, kMaxPushWarps = 12;  // EPMOE_NVL_PUSH_WARPS must lie in these
+constexpr int kCeRows = 512;  // copy-engine combine: rows per copy (EPMOE_NVL_CE_ROWS)
 constexpr size_t combine_smem(int push_warps) { return size_t(kThreads / 32 - push_warps) * kStages * (2 * 128 * 16 + 16); }
 constexpr size_t kCombineSmem = combine_smem(kMinPushWarps);  // the function's limit
 
