@@ -407,13 +407,6 @@ class NvlinkDispatcher final : public Dispatcher {
         throw UsageError("dispatcher \"nvlink\": environment variable EPMOE_NVL_CE_ROWS='" + v +
                          "' is not a positive number of rows (rows per copy-engine copy of the combine)");
     }
-    if (const char* env = std::getenv("EPMOE_NVL_CE_STREAMS"); env && *env) {
-      const std::string v = env;
-      ce_streams_ = v.size() == 1 && v[0] >= '1' && v[0] <= '4' ? v[0] - '0' : 0;
-      if (ce_streams_ == 0)
-        throw UsageError("dispatcher \"nvlink\": environment variable EPMOE_NVL_CE_STREAMS='" + v +
-                         "' is not 1-4 (side streams, i.e. copy engines, of the copy-engine combine)");
-    }
     if (use_ce_ && cfg.combine_format == ActFormat::bf16) ce_rows_ = std::min(ce_chunk_, std::max(1, cfg.capacity));
     // Both sides of a combine must agree on who writes which flags.
     comm_.check_same(uint64_t(ce_rows_), "dispatcher \"nvlink\" combine mode (EPMOE_NVL_COMBINE, EPMOE_NVL_CE_ROWS)");
@@ -471,11 +464,9 @@ class NvlinkDispatcher final : public Dispatcher {
     if (ce_rows_ > 0) {
       peer_host_.resize(R_);
       EPMOE_CUDA_CHECK(cudaMemcpy(peer_host_.data(), peer_base_.get(), size_t(R_) * sizeof(void*), cudaMemcpyDeviceToHost));
+      EPMOE_CUDA_CHECK(cudaStreamCreateWithFlags(&ce_stream_, cudaStreamNonBlocking));
       EPMOE_CUDA_CHECK(cudaEventCreateWithFlags(&fork_ev_, cudaEventDisableTiming));
-      for (int i = 0; i < ce_streams_; ++i) {
-        EPMOE_CUDA_CHECK(cudaStreamCreateWithFlags(&ce_stream_[i], cudaStreamNonBlocking));
-        EPMOE_CUDA_CHECK(cudaEventCreateWithFlags(&join_ev_[i], cudaEventDisableTiming));
-      }
+      EPMOE_CUDA_CHECK(cudaEventCreateWithFlags(&join_ev_, cudaEventDisableTiming));
     }
     // Also the barrier that keeps peers from writing before our window was cleared.
   }
@@ -491,10 +482,8 @@ class NvlinkDispatcher final : public Dispatcher {
     if (window_mem_) ncclMemFree(window_mem_);
     if (err_host_) cudaFreeHost(err_host_);
     if (fork_ev_) cudaEventDestroy(fork_ev_);
-    for (int i = 0; i < 4; ++i) {
-      if (join_ev_[i]) cudaEventDestroy(join_ev_[i]);
-      if (ce_stream_[i]) cudaStreamDestroy(ce_stream_[i]);
-    }
+    if (join_ev_) cudaEventDestroy(join_ev_);
+    if (ce_stream_) cudaStreamDestroy(ce_stream_);
   }
 
   const char* name() const override { return "nvlink"; }
@@ -566,7 +555,7 @@ class NvlinkDispatcher final : public Dispatcher {
     else
       combine_kernel<ActFormat::bf16><<<G_, kThreads, combine_smem(a.push_warps), st>>>(a);
     EPMOE_CUDA_CHECK_LAUNCH();
-    for (int i = 0; ce_rows_ > 0 && i < ce_streams_; ++i) EPMOE_CUDA_CHECK(cudaStreamWaitEvent(st, join_ev_[i], 0));
+    if (ce_rows_ > 0) EPMOE_CUDA_CHECK(cudaStreamWaitEvent(st, join_ev_, 0));
   }
 
   // Copy-engine combine: region [s] of y (the rows this rank ran for source s's tokens) goes to
@@ -585,21 +574,19 @@ class NvlinkDispatcher final : public Dispatcher {
     const size_t ps = payload_bytes(ActFormat::bf16, H);
     const uint64_t* epoch = &state_.get<State>()->combines;
     EPMOE_CUDA_CHECK(cudaEventRecord(fork_ev_, st));
-    for (int i = 0; i < ce_streams_; ++i) EPMOE_CUDA_CHECK(cudaStreamWaitEvent(ce_stream_[i], fork_ev_, 0));
-    int q = 0;  // copies go round the side streams (one copy engine each)
+    EPMOE_CUDA_CHECK(cudaStreamWaitEvent(ce_stream_, fork_ev_, 0));
     for (int r0 = 0; r0 < C; r0 += ce_rows_) {
       const int n = std::min(ce_rows_, C - r0);
       for (int k = 1; k < R_; ++k) {
         const int s = (me_ + k) % R_;
         const size_t row = size_t(me_) * C + r0;
-        const cudaStream_t cs = ce_stream_[q];
-        q = (q + 1) % ce_streams_;
         EPMOE_CUDA_CHECK(cudaMemcpyAsync(peer_host_[s] + L_.cpayload + row * ps, y + (size_t(s) * C + r0) * H,
-                                         size_t(n) * ps, cudaMemcpyDeviceToDevice, cs));
-        EPMOE_CUDA_CHECK(cudaMemcpyAsync(peer_host_[s] + L_.cflag + row * 8, epoch, 8, cudaMemcpyDeviceToDevice, cs));
+                                         size_t(n) * ps, cudaMemcpyDeviceToDevice, ce_stream_));
+        EPMOE_CUDA_CHECK(cudaMemcpyAsync(peer_host_[s] + L_.cflag + row * 8, epoch, 8, cudaMemcpyDeviceToDevice,
+                                         ce_stream_));
       }
     }
-    for (int i = 0; i < ce_streams_; ++i) EPMOE_CUDA_CHECK(cudaEventRecord(join_ev_[i], ce_stream_[i]));
+    EPMOE_CUDA_CHECK(cudaEventRecord(join_ev_, ce_stream_));
   }
 
   // Waits for the stream (bounded by the kernels' own timeouts) and raises what they recorded.
@@ -680,9 +667,8 @@ class NvlinkDispatcher final : public Dispatcher {
   int ce_chunk_ = kCeRows;        // EPMOE_NVL_CE_ROWS
   int ce_rows_ = 0;               // rows per copy-engine copy; 0: the push warps move the combine rows
   std::vector<uint8_t*> peer_host_;  // peer_base_ on the host (copy-engine combine)
-  int ce_streams_ = 2;             // EPMOE_NVL_CE_STREAMS
-  cudaStream_t ce_stream_[4] = {};
-  cudaEvent_t fork_ev_ = nullptr, join_ev_[4] = {};
+  cudaStream_t ce_stream_ = nullptr;
+  cudaEvent_t fork_ev_ = nullptr, join_ev_ = nullptr;
   std::unique_ptr<DevicePlacement> placement_;
   Layout L_{};
   void* window_mem_ = nullptr;
