@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <memory>
@@ -410,10 +411,9 @@ TEST(NcclNvlinkDispatch, ThousandBackToBackCalls) {
 
 // nvlink: dispatch + a device-side stand-in runner + combine captured in one CUDA graph per rank and
 // replayed; the replays must give the fabric's result (epochs live in device memory).
-TEST(NvlinkDispatch, CudaGraphReplay) {
-  NEED_GPUS(2);
+// A captured dispatch + combine replayed 50 times, then eager calls, against the fabric.
+void expect_graph_replay(const MoeConfig& cfg) {
   auto comms = group(2);
-  MoeConfig cfg = small_config("nvlink", ActFormat::bf16, ActFormat::bf16, 64);
   auto disps = create_all(cfg, comms);
   const auto in = random_inputs(cfg, {64, 29}, 1234);
   // Reference: y = 1.0 for every slot (a constant runner that a graph can hold as a memcpy).
@@ -461,6 +461,49 @@ TEST(NvlinkDispatch, CudaGraphReplay) {
   // Eager calls after 50 replays still agree with the fabric.
   const auto in2 = random_inputs(cfg, {12, 64}, 4321);
   expect_same(cfg, in2, gpu_round_trip(cfg, comms, disps, in2), "nvlink after graph replays");
+}
+
+TEST(NvlinkDispatch, CudaGraphReplay) {
+  NEED_GPUS(2);
+  expect_graph_replay(small_config("nvlink", ActFormat::bf16, ActFormat::bf16, 64));
+}
+
+// Sets an environment variable for a scope (the dispatchers read their tuning knobs when built).
+struct ScopedEnv {
+  std::string name, old;
+  bool had;
+  ScopedEnv(const char* n, const char* v) : name(n) {
+    const char* o = std::getenv(n);
+    had = o != nullptr;
+    if (had) old = o;
+    setenv(n, v, 1);
+  }
+  ~ScopedEnv() {
+    if (had) setenv(name.c_str(), old.c_str(), 1);
+    else unsetenv(name.c_str());
+  }
+};
+
+// The copy-engine combine (EPMOE_NVL_COMBINE=ce): whole regions copied 32 rows at a time (so a
+// region of 96 slots spans three copies and three flags), the same bytes as the cpu fabric for
+// every traffic shape, and under graph replay.
+TEST(NvlinkDispatch, CopyEngineCombineMatchesCpuFabric) {
+  NEED_GPUS(2);
+  ScopedEnv mode("EPMOE_NVL_COMBINE", "ce"), rows("EPMOE_NVL_CE_ROWS", "32");
+  {
+    MoeConfig cfg = small_config("nvlink", ActFormat::fp8, ActFormat::bf16);
+    auto comms = group(2);
+    auto disps = create_all(cfg, comms);
+    const std::vector<std::vector<int64_t>> shapes = {{37, 50}, {0, 61}, {96, 1}, {0, 0}, {96, 96}, {5, 0}};
+    uint32_t seed = 77;
+    for (const auto& T : shapes) {
+      const auto in = random_inputs(cfg, T, seed++);
+      expect_same(cfg, in, gpu_round_trip(cfg, comms, disps, in),
+                  "ce combine T={" + std::to_string(T[0]) + "," + std::to_string(T[1]) + "}");
+      if (HasFatalFailure()) return;
+    }
+  }
+  expect_graph_replay(small_config("nvlink", ActFormat::bf16, ActFormat::bf16, 64));
 }
 
 // nvlink round trips vs the cpu fabric, for each shape on one dispatcher of capacity 700 (E 32,
