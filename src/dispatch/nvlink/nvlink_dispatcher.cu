@@ -19,7 +19,8 @@
 // rank's region [me][slot] and release a per-row flag with the combine epoch; the other warps sum
 // tokens as soon as the flags of their rows are set (ascending rank, fp32, no fma), so the sum
 // overlaps the transfer; with R = 2 and bf16 rows the sum streams through a cp.async ring too.
-// bf16: a rank's own rows are read from y in place, never copied.
+// bf16: a rank's own rows are read from y in place, never copied. Opt-in (EPMOE_NVL_COMBINE=ce,
+// bf16 rows): the copy engine moves whole regions of y instead, with a flag per copy (copy_rows).
 // No host synchronisation; CUDA-graph capturable (epochs and counters live in device memory).
 // Waits are bounded: a peer that never arrives leaves an error record naming it, and the host
 // raises TimeoutError at its next call (or at gpu_dispatcher_sync).
