@@ -345,6 +345,20 @@ __global__ void __launch_bounds__(kThreads, 1) dispatch_kernel(Args a) {
 
 size_t align_up(size_t x, size_t a) { return (x + a - 1) / a * a; }
 
+// A tuning knob from the environment: `dflt` when unset, else a whole number in [lo, hi] or a
+// UsageError naming the variable and what it sets.
+int env_int(const char* name, int dflt, int lo, int hi, const char* what) {
+  const char* env = std::getenv(name);
+  if (!env || !*env) return dflt;
+  const std::string v = env;
+  const bool digits = v.size() <= 7 && v.find_first_not_of("0123456789") == std::string::npos;
+  const int x = digits ? std::stoi(v) : -1;
+  if (x < lo || x > hi)
+    throw UsageError("dispatcher \"nvlink\": environment variable " + std::string(name) + "='" + v + "' is not in [" +
+                     std::to_string(lo) + ", " + std::to_string(hi) + "] (" + what + ")");
+  return x;
+}
+
 Layout make_layout(const MoeConfig& cfg) {
   const size_t R = cfg.num_ranks, C = cfg.capacity, H = cfg.hidden, K = cfg.top_k;
   const size_t slots = R * C;
@@ -383,15 +397,8 @@ class NvlinkDispatcher final : public Dispatcher {
                        std::to_string(sms) + " SMs of device " + std::to_string(comm_.device_index()) +
                        "; the spinning CTAs must all be resident, use --comm-sms <= " + std::to_string(sms));
     G_ = cfg.comm_sms;
-    if (const char* env = std::getenv("EPMOE_NVL_PUSH_WARPS"); env && *env) {
-      const std::string v = env;
-      const bool digits = v.size() <= 2 && v.find_first_not_of("0123456789") == std::string::npos;
-      push_warps_ = digits ? std::stoi(v) : 0;
-      if (push_warps_ < kMinPushWarps || push_warps_ > kMaxPushWarps)
-        throw UsageError("dispatcher \"nvlink\": environment variable EPMOE_NVL_PUSH_WARPS='" + v + "' is not in [" +
-                         std::to_string(kMinPushWarps) + ", " + std::to_string(kMaxPushWarps) +
-                         "] (combine warps per CTA that push rows; the others sum)");
-    }
+    push_warps_ = env_int("EPMOE_NVL_PUSH_WARPS", kPushWarps, kMinPushWarps, kMaxPushWarps,
+                          "combine warps per CTA that push rows; the others sum");
     // Copy-engine combine (bf16 rows only: fp8 rows are encoded by the push warps on the way).
     if (const char* env = std::getenv("EPMOE_NVL_COMBINE"); env && *env) {
       const std::string v = env;
@@ -400,15 +407,8 @@ class NvlinkDispatcher final : public Dispatcher {
                          "' is not sm or ce (who moves the combine rows: the push warps or the copy engine)");
       use_ce_ = v == "ce";
     }
-    if (const char* env = std::getenv("EPMOE_NVL_CE_ROWS"); env && *env) {
-      const std::string v = env;
-      const bool digits = v.size() <= 6 && v.find_first_not_of("0123456789") == std::string::npos;
-      ce_chunk_ = digits ? std::stoi(v) : 0;
-      if (ce_chunk_ < 1)
-        throw UsageError("dispatcher \"nvlink\": environment variable EPMOE_NVL_CE_ROWS='" + v +
-                         "' is not a positive number of rows (rows per copy-engine copy of the combine)");
-    }
-    if (use_ce_ && cfg.combine_format == ActFormat::bf16) ce_rows_ = std::min(ce_chunk_, std::max(1, cfg.capacity));
+    const int ce_chunk = env_int("EPMOE_NVL_CE_ROWS", kCeRows, 1, 1 << 20, "rows per copy-engine copy of the combine");
+    if (use_ce_ && cfg.combine_format == ActFormat::bf16) ce_rows_ = std::min(ce_chunk, std::max(1, cfg.capacity));
     // Both sides of a combine must agree on who writes which flags.
     comm_.check_same(uint64_t(ce_rows_), "dispatcher \"nvlink\" combine mode (EPMOE_NVL_COMBINE, EPMOE_NVL_CE_ROWS)");
     // The kernels stage loads in dynamic shared memory beyond the default 48 KB.
@@ -665,7 +665,6 @@ class NvlinkDispatcher final : public Dispatcher {
   int R_, me_, G_ = 24;
   int push_warps_ = kPushWarps;  // EPMOE_NVL_PUSH_WARPS (a tuning knob; any value gives the same results)
   bool use_ce_ = false;           // EPMOE_NVL_COMBINE=ce
-  int ce_chunk_ = kCeRows;        // EPMOE_NVL_CE_ROWS
   int ce_rows_ = 0;               // rows per copy-engine copy; 0: the push warps move the combine rows
   std::vector<uint8_t*> peer_host_;  // peer_base_ on the host (copy-engine combine)
   cudaStream_t ce_stream_ = nullptr;

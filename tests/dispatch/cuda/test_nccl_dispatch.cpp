@@ -12,6 +12,7 @@
 #include <memory>
 #include <ostream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "common/gpu_ranks.h"
@@ -249,21 +250,25 @@ std::string case_name(const ::testing::TestParamInfo<Case>& i) {
   return i.param.dispatcher + "_" + format_name(i.param.f) + "_combine_" + format_name(i.param.cf);
 }
 
-// Every pair and format, with several shapes of traffic, on one group and one dispatcher each.
-TEST_P(GpuA2A, MatchesCpuFabricBitwise) {
-  NEED_GPUS(2);
-  const Case c = GetParam();
-  MoeConfig cfg = small_config(c.dispatcher, c.f, c.cf);
+// Round trips of several traffic shapes (some ranks with no tokens, full capacity, one token) on
+// one group and one dispatcher per rank, each against the cpu fabric.
+void expect_traffic_shapes(const MoeConfig& cfg, uint32_t seed, const std::string& label) {
   auto comms = group(2);
   auto disps = create_all(cfg, comms);
   const std::vector<std::vector<int64_t>> shapes = {{37, 50}, {0, 61}, {96, 1}, {0, 0}, {96, 96}, {5, 0}};
-  uint32_t seed = 11;
   for (const auto& T : shapes) {
     const auto in = random_inputs(cfg, T, seed++);
-    const RoundTrip gpu = gpu_round_trip(cfg, comms, disps, in);
-    expect_same(cfg, in, gpu, c.dispatcher + " T={" + std::to_string(T[0]) + "," + std::to_string(T[1]) + "}");
-    if (HasFatalFailure()) return;
+    expect_same(cfg, in, gpu_round_trip(cfg, comms, disps, in),
+                label + " T={" + std::to_string(T[0]) + "," + std::to_string(T[1]) + "}");
+    if (::testing::Test::HasFatalFailure()) return;
   }
+}
+
+// Every pair and format, with several shapes of traffic.
+TEST_P(GpuA2A, MatchesCpuFabricBitwise) {
+  NEED_GPUS(2);
+  const Case c = GetParam();
+  expect_traffic_shapes(small_config(c.dispatcher, c.f, c.cf), 11, c.dispatcher);
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -484,25 +489,29 @@ struct ScopedEnv {
   }
 };
 
+// A bad value of a tuning variable is a UsageError naming it, on every rank (no hang).
+TEST(NvlinkDispatch, BadTuningVariableIsAUsageError) {
+  NEED_GPUS(2);
+  auto comms = group(2);
+  for (const auto& [name, value] : std::vector<std::pair<const char*, const char*>>{
+           {"EPMOE_NVL_COMBINE", "dma"}, {"EPMOE_NVL_CE_ROWS", "0"}, {"EPMOE_NVL_PUSH_WARPS", "13"}}) {
+    ScopedEnv bad(name, value);
+    const std::vector<std::string> msgs = usage_errors(comms, [&](Communicator& c) {
+      Registry::global().find_dispatcher("nvlink")->create(small_config("nvlink", ActFormat::bf16, ActFormat::bf16), c);
+    });
+    for (int r = 0; r < 2; ++r)
+      if (is_local_rank(r)) EXPECT_NE(msgs[r].find(name), std::string::npos) << name << ": " << msgs[r];
+  }
+}
+
 // The copy-engine combine (EPMOE_NVL_COMBINE=ce): whole regions copied 32 rows at a time (so a
 // region of 96 slots spans three copies and three flags), the same bytes as the cpu fabric for
 // every traffic shape, and under graph replay.
 TEST(NvlinkDispatch, CopyEngineCombineMatchesCpuFabric) {
   NEED_GPUS(2);
   ScopedEnv mode("EPMOE_NVL_COMBINE", "ce"), rows("EPMOE_NVL_CE_ROWS", "32");
-  {
-    MoeConfig cfg = small_config("nvlink", ActFormat::fp8, ActFormat::bf16);
-    auto comms = group(2);
-    auto disps = create_all(cfg, comms);
-    const std::vector<std::vector<int64_t>> shapes = {{37, 50}, {0, 61}, {96, 1}, {0, 0}, {96, 96}, {5, 0}};
-    uint32_t seed = 77;
-    for (const auto& T : shapes) {
-      const auto in = random_inputs(cfg, T, seed++);
-      expect_same(cfg, in, gpu_round_trip(cfg, comms, disps, in),
-                  "ce combine T={" + std::to_string(T[0]) + "," + std::to_string(T[1]) + "}");
-      if (HasFatalFailure()) return;
-    }
-  }
+  expect_traffic_shapes(small_config("nvlink", ActFormat::fp8, ActFormat::bf16), 77, "ce combine");
+  if (HasFatalFailure()) return;
   expect_graph_replay(small_config("nvlink", ActFormat::bf16, ActFormat::bf16, 64));
 }
 
