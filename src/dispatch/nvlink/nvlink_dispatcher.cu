@@ -400,15 +400,19 @@ class NvlinkDispatcher final : public Dispatcher {
     push_warps_ = env_int("EPMOE_NVL_PUSH_WARPS", kPushWarps, kMinPushWarps, kMaxPushWarps,
                           "combine warps per CTA that push rows; the others sum");
     // Copy-engine combine (bf16 rows only: fp8 rows are encoded by the push warps on the way).
+    bool use_ce = false;
     if (const char* env = std::getenv("EPMOE_NVL_COMBINE"); env && *env) {
       const std::string v = env;
       if (v != "sm" && v != "ce")
         throw UsageError("dispatcher \"nvlink\": environment variable EPMOE_NVL_COMBINE='" + v +
                          "' is not sm or ce (who moves the combine rows: the push warps or the copy engine)");
-      use_ce_ = v == "ce";
+      use_ce = v == "ce";
     }
     const int ce_chunk = env_int("EPMOE_NVL_CE_ROWS", kCeRows, 1, 1 << 20, "rows per copy-engine copy of the combine");
-    if (use_ce_ && cfg.combine_format == ActFormat::bf16) ce_rows_ = std::min(ce_chunk, std::max(1, cfg.capacity));
+    if (use_ce && cfg.combine_format == ActFormat::bf16) {
+      ce_rows_ = std::min(ce_chunk, std::max(1, cfg.capacity));
+      push_warps_ = kMinPushWarps;  // idle: the copy engine moves the rows, the other warps sum
+    }
     // Both sides of a combine must agree on who writes which flags.
     comm_.check_same(uint64_t(ce_rows_), "dispatcher \"nvlink\" combine mode (EPMOE_NVL_COMBINE, EPMOE_NVL_CE_ROWS)");
     // The kernels stage loads in dynamic shared memory beyond the default 48 KB.
@@ -547,10 +551,7 @@ class NvlinkDispatcher final : public Dispatcher {
     a.y = in.y;
     a.out = out;
     const cudaStream_t st = static_cast<cudaStream_t>(in.stream);
-    if (ce_rows_ > 0) {
-      copy_rows(in.y, st);
-      a.push_warps = kMinPushWarps;  // idle: the copy engine moves the rows; the other warps sum
-    }
+    if (ce_rows_ > 0) copy_rows(in.y, st);
     if (cfg_.combine_format == ActFormat::fp8)
       combine_kernel<ActFormat::fp8><<<G_, kThreads, 0, st>>>(a);
     else
@@ -664,7 +665,6 @@ class NvlinkDispatcher final : public Dispatcher {
   NcclComm& comm_;
   int R_, me_, G_ = 24;
   int push_warps_ = kPushWarps;  // EPMOE_NVL_PUSH_WARPS (a tuning knob; any value gives the same results)
-  bool use_ce_ = false;           // EPMOE_NVL_COMBINE=ce
   int ce_rows_ = 0;               // rows per copy-engine copy; 0: the push warps move the combine rows
   std::vector<uint8_t*> peer_host_;  // peer_base_ on the host (copy-engine combine)
   cudaStream_t ce_stream_ = nullptr;
