@@ -26,6 +26,7 @@
 #include "epmoe/presets.h"
 #include "epmoe/quant.h"
 #include "run/cuda/fill.h"
+#include "run/cuda/gemm.h"
 #include "run/cuda/runner.h"
 
 namespace epmoe::cli {
@@ -65,9 +66,25 @@ void check_cublas(cublasStatus_t s, const char* what) {
 }
 
 struct DeviceWeights {
-  DeviceBuffer d13, s13, g13, d2, s2, g2;
+  DeviceBuffer d13, s13, g13, d2, s2, g2, p13, p2;
   ExpertWeights w;
 };
+
+// nvfp4: the decode engine's prepared copy of both matrices (where the shapes allow it).
+void prepare_weights(DeviceWeights& dw) {
+  ExpertWeights& w = dw.w;
+  const int H = w.hidden, I = w.intermediate;
+  if (cuda::wgmma_nvfp4_supports(H, I, true)) {
+    dw.p13.reserve(cuda::nvfp4_prepared_bytes(w.w13, true, I));
+    cuda::prepare_nvfp4_weights(w.w13, true, I, dw.p13.get(), nullptr);
+    w.w13.prepared = dw.p13.get();
+  }
+  if (cuda::wgmma_nvfp4_supports(I, H, false)) {
+    dw.p2.reserve(cuda::nvfp4_prepared_bytes(w.w2, false, H));
+    cuda::prepare_nvfp4_weights(w.w2, false, H, dw.p2.get(), nullptr);
+    w.w2.prepared = dw.p2.get();
+  }
+}
 
 // Random weights of format f, generated on the device.
 void make_weights(DeviceWeights& dw, WeightFormat f, int E, int H, int I, uint64_t seed) {
@@ -115,6 +132,8 @@ struct Opts {
   cuda::CudaRunner::Engine engine = cuda::CudaRunner::Engine::automatic;
   std::string engine_name = "auto", iq_name = "none";
   IntermediateQuant iq = IntermediateQuant::none;
+  // nvfp4 weights in their natural layout and/or prepared for the decode engine.
+  bool nvfp4_natural = false, nvfp4_prepared = true;
 };
 
 // One preset: the runner for every weight format and M, the cuBLAS loop, the table.
@@ -150,7 +169,20 @@ void bench_preset(const Opts& o, const ModelPreset& pre, double hbm_gbs, Timer& 
   std::vector<Row> rows;
   std::vector<std::string> skipped;
   std::vector<double> cublas_ms(Ms.size(), 0.0);
+  struct Pass {
+    WeightFormat f;
+    bool prepared;
+  };
+  std::vector<Pass> passes;
   for (WeightFormat f : o.fmts) {
+    if (f != WeightFormat::nvfp4) passes.push_back({f, false});
+    else {
+      if (o.nvfp4_natural) passes.push_back({f, false});
+      if (o.nvfp4_prepared) passes.push_back({f, true});
+    }
+  }
+  for (const Pass& pass : passes) {
+    const WeightFormat f = pass.f;
     MoeConfig cfg = pre.config;
     cfg.num_experts = E;
     cfg.top_k = 1;
@@ -170,6 +202,7 @@ void bench_preset(const Opts& o, const ModelPreset& pre, double hbm_gbs, Timer& 
     }
     DeviceWeights dw;
     make_weights(dw, f, E, H, I, 1234 + int(f));
+    if (pass.prepared) prepare_weights(dw);
     EPMOE_CUDA_CHECK(cudaDeviceSynchronize());
     cuda::CudaRunner runner(cfg, 0);
     runner.set_engine(o.engine);
@@ -284,6 +317,7 @@ int bench_runner(const std::vector<std::string>& args) {
   flags.add("no-cublas", "", "skip the cuBLAS baseline");
   flags.add("engine", "NAME", "runner GEMM engine: auto (default), mma or cutlass (CUTLASS where the format allows)");
   flags.add("iq", "NAME", "intermediate_quant: none (default) or fp8 (fp8 weights then run GEMM2 on fp8 too)");
+  flags.add("nvfp4-layout", "NAME", "nvfp4 weights: prepared (default: the decode engine's copy), natural, or both");
   if (wants_help(args)) {
     std::printf("usage: epmoe bench runner [flags]\n%s", flags.help().c_str());
     return 0;
@@ -321,6 +355,11 @@ int bench_runner(const std::vector<std::string>& args) {
   if (o.iq_name != "none" && o.iq_name != "fp8")
     throw UsageError("--iq: '" + o.iq_name + "' is not an intermediate quantization; use none or fp8");
   o.iq = o.iq_name == "fp8" ? IntermediateQuant::fp8 : IntermediateQuant::none;
+  const std::string layout = flags.has("nvfp4-layout") ? flags.get("nvfp4-layout") : "prepared";
+  if (layout != "prepared" && layout != "natural" && layout != "both")
+    throw UsageError("--nvfp4-layout: '" + layout + "' is not a layout; use prepared, natural or both");
+  o.nvfp4_natural = layout != "prepared";
+  o.nvfp4_prepared = layout != "natural";
 
   std::string why;
   if (cuda::device_count(&why) == 0) {

@@ -64,6 +64,13 @@ bool wgmma_nvfp4_supports(int K, int N, bool fused);
 // order (per 64-K block, natural 4-byte word 8t + m to word 4m + t). K % 64 == 0.
 void kperm_nvfp4_tokens(bf16_raw* A, const int32_t* offsets, const int32_t* cnt, int E, int K, int64_t max_rows,
                         cudaStream_t stream);
+// The same engine on prepared weights (W.prepared, gemm_nvfp4_prepared.cu): bitwise the same
+// results, the weights loaded straight into registers. prepare_nvfp4_weights writes the prepared
+// copy of one matrix, nvfp4_prepared_bytes(m, fused, N) bytes at `out` (W13: fused, N = I; W2:
+// N = H), on `stream`; shapes wgmma_nvfp4_supports rejects throw UsageError.
+void launch_grouped_gemm_wgmma_nvfp4_prepared(const GemmArgs& a, cudaStream_t stream);
+size_t nvfp4_prepared_bytes(const MatrixView& m, bool fused, int N);
+void prepare_nvfp4_weights(const MatrixView& m, bool fused, int N, void* out, cudaStream_t stream);
 constexpr int kWgmmaBlockM = 32;
 
 inline void launch_grouped_gemm(const GemmArgs& a, int bm, cudaStream_t stream) {

@@ -52,8 +52,7 @@
 // Tried and not kept (run 28): 256-K stages (a whole line per row and stage, 34 KB stages, 2 CTAs
 // per SM): 1.48-1.50 ms at M 128 (same), 1.88 at M 2048 (worse, from 1.66).
 //
-#include "run/cuda/gemm_wgmma.cuh"
-#include "run/cuda/nvfp4_layout.h"
+#include "run/cuda/nvfp4_wgmma.cuh"
 
 namespace epmoe::cuda::wgf4 {
 namespace {
@@ -71,10 +70,6 @@ using wg::wgmma_wait0;
 using wg::wgmma_wait1;
 using namespace nvfp4_layout;
 
-constexpr int kBT = 32;       // tokens per m-tile (wgmma N)
-constexpr int kRowsW = 128;   // weight rows per CTA tile
-constexpr int kKS = 128;      // K values per stage
-constexpr int kThreads = 128;
 constexpr int kAhead = 1;      // stages loaded ahead of the one computed
 constexpr int kStages = kAhead + 2;  // ring slots: the two batches of step s - 1 may still run
 
@@ -94,12 +89,6 @@ __device__ __forceinline__ void cp_async8(uint32_t dst, const void* src, bool va
 __device__ __forceinline__ void cp_async16_l2_256(uint32_t dst, const void* src, bool valid) {
   asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0));
 }
-__device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {
-  uint32_t d;
-  asm("prmt.b32 %0, %1, %2, %3;\n" : "=r"(d) : "r"(a), "r"(b), "r"(sel));
-  return d;
-}
-
 // e2m1x8_to_bf16 (nvfp4_layout.h): shifts and masks instead of PRMT lookups. Run 28
 // (exp/nvfp4-occupancy variant 6) timed this decode 13% faster than the lookup one (1.56 vs 1.80 ms
 // at M 128); the shifts issue on the FMA pipe (IMAD.SHL) next to the ALU pipe's LOP3s, where the
@@ -129,16 +118,6 @@ __global__ void kperm_kernel(bf16_raw* __restrict__ A, const int32_t* __restrict
 #pragma unroll
     for (int c = 0; c < 8; ++c) p[c] = make_uint4(o[4 * c], o[4 * c + 1], o[4 * c + 2], o[4 * c + 3]);
   }
-}
-
-__device__ __forceinline__ void wgmma_bf16_rA(float (&d)[16], const uint32_t (&a)[4], uint64_t db) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %21, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 "
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, {%16, %17, %18, %19}, %20, p, 1, 1, 0;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]),
-        "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
 }
 
 __global__ void __launch_bounds__(kThreads) nvfp4_wgmma_kernel(GemmArgs p) {
@@ -247,8 +226,7 @@ __global__ void __launch_bounds__(kThreads) nvfp4_wgmma_kernel(GemmArgs p) {
     const uint32_t st = base + uint32_t(slot) * Layout::STAGE;
     const uint8_t* sp = sbase + slot * Layout::STAGE;
 
-    // Scales of block t (sub-block 0) and 4 + t (sub-block 1) of each row, exactly to bf16 (times
-    // 2^118), each replicated into both halves of a register.
+    // Scales of block t (sub-block 0) and 4 + t (sub-block 1) of each row.
     uint32_t scl[2][2][2];
 #pragma unroll
     for (int h = 0; h < 2; ++h)
@@ -256,13 +234,7 @@ __global__ void __launch_bounds__(kThreads) nvfp4_wgmma_kernel(GemmArgs p) {
       for (int q = 0; q < 2; ++q) {
         const int r = h * 64 + 16 * warp + g + 8 * q;
         const uint2 sc8 = *reinterpret_cast<const uint2*>(sp + Layout::S + r * 8);
-        const uint32_t two = prmt(sc8.x, sc8.y, uint32_t(t) | (uint32_t(t + 4) << 4));
-        // Exactly scale * 2^118: times a decoded code (value * 2^-126) that is value * scale *
-        // 2^-8, exact and normal in bf16 (tests/run/test_nvfp4_layout.cpp); the epilogue's
-        // kAccScale takes the 2^-8 back bit for bit.
-        const uint32_t s2 = gemm::e4m3x2_to_bf16x2<kScaleExp>(static_cast<uint16_t>(two));
-        scl[h][q][0] = prmt(s2, s2, 0x1010u);
-        scl[h][q][1] = prmt(s2, s2, 0x3232u);
+        scale_pair(prmt(sc8.x, sc8.y, uint32_t(t) | (uint32_t(t + 4) << 4)), scl[h][q]);
       }
 #pragma unroll
     for (int sb = 0; sb < 2; ++sb) {
@@ -277,57 +249,14 @@ __global__ void __launch_bounds__(kThreads) nvfp4_wgmma_kernel(GemmArgs p) {
           const uint32_t s2 = scl[h][q][sb];
           const int c16 = sb * 2 + (t >> 1);
           const uint2 v = *reinterpret_cast<const uint2*>(sp + Layout::W + r * 64 + ((c16 ^ (r & 2)) << 4) + (t & 1) * 8);
-          uint32_t d[2][4];
-          e2m1x8_to_bf16(v.x, d[0]);
-          e2m1x8_to_bf16(v.y, d[1]);
-#pragma unroll
-          for (int i = 0; i < 8; ++i) wa[sb][h][q][i] = gemm::bf16x2_mul(d[i >> 2][i & 3], s2);
+          decode16(v.x, v.y, s2, wa[sb][h][q]);
         }
-      wgmma_fence();
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const uint64_t db = desc_sw128(st + Layout::A + sb * 4096 + j * 32);
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const uint32_t a[4] = {wa[sb][h][0][2 * j], wa[sb][h][1][2 * j], wa[sb][h][0][2 * j + 1],
-                                 wa[sb][h][1][2 * j + 1]};
-          wgmma_bf16_rA(acc[h], a, db);
-        }
-      }
-      wgmma_commit();
+      issue_batch(acc, wa[sb], st + Layout::A + sb * 4096);
     }
     if (kt != KT - 1) continue;
 
     wgmma_wait0();
-    reg_fence(acc[0]);
-    reg_fence(acc[1]);
-    const float inv_gs = kAccScale / p.W.global_scale[cur.mt.expert];
-#pragma unroll
-    for (int j = 0; j < 4; ++j)
-#pragma unroll
-      for (int q = 0; q < 2; ++q) {
-        const int tok = 8 * j + 2 * t + q;
-        if (tok >= cur.mt.rows) continue;
-        bf16_raw* orow = p.out + int64_t(cur.mt.row0 + tok) * p.N;
-#pragma unroll
-        for (int hh = 0; hh < 2; ++hh) {
-          const int r = 16 * warp + g + 8 * hh, i = 4 * j + 2 * hh + q;
-          if (p.fused) {
-            const float gt = acc[0][i] * inv_gs, up = acc[1][i] * inv_gs;
-            orow[cur.n0 + (p.out_kperm ? kperm_pos(r) : r)] = num::f32_to_bf16(silu(gt) * up);
-          } else {
-#pragma unroll
-            for (int h = 0; h < 2; ++h) {
-              const int n = cur.n0 + h * 64 + r;
-              if (n < p.N) orow[n] = num::f32_to_bf16(acc[h][i] * inv_gs);
-            }
-          }
-        }
-      }
-#pragma unroll
-    for (int h = 0; h < 2; ++h)
-#pragma unroll
-      for (int i = 0; i < 16; ++i) acc[h][i] = 0.f;
+    store_tile(p, cur, acc, warp, g, t);
     if (++c_local < my_tiles) cur = walk.at(c_local);
   }
   wgmma_wait0();

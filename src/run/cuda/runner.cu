@@ -193,6 +193,7 @@ struct Routing {
 void launch_on_engine(const GemmArgs& g, bool wgmma_fp8, bool wgmma_bf16, bool wgmma_nvfp4, int bm, cudaStream_t st) {
   if (wgmma_fp8) launch_grouped_gemm_wgmma_fp8(g, st);
   else if (wgmma_bf16) launch_grouped_gemm_wgmma_bf16(g, st);
+  else if (wgmma_nvfp4 && g.W.prepared) launch_grouped_gemm_wgmma_nvfp4_prepared(g, st);
   else if (wgmma_nvfp4) launch_grouped_gemm_wgmma_nvfp4(g, st);
   else launch_grouped_gemm(g, bm, st);
 }
@@ -295,8 +296,11 @@ void CudaRunner::run(const DispatchOutput& in, const ExpertWeights& w, bf16_raw*
   // nvfp4 weights: wgmma with the weights decoded in registers (K % 128 == 0), else mma.sync.
   const bool wg_f4_1 = decode && wf == WeightFormat::nvfp4 && wgmma_nvfp4_supports(H, I, true);
   const bool wg_f4_2 = decode && wf == WeightFormat::nvfp4 && wgmma_nvfp4_supports(I, H, false);
-  if (wg_f4_1 || wg_f4_2)
-    last_engines_ = wg_f4_1 ? (wg_f4_2 ? "wgmma-nvfp4/wgmma-nvfp4" : "wgmma-nvfp4/mma") : "mma/wgmma-nvfp4";
+  if (wg_f4_1 || wg_f4_2) {
+    auto name = [](bool wg, const MatrixView& m) { return !wg ? "mma" : m.prepared ? "wgmma-nvfp4p" : "wgmma-nvfp4"; };
+    engines_ = std::string(name(wg_f4_1, w.w13)) + "/" + name(wg_f4_2, w.w2);
+    last_engines_ = engines_.c_str();
+  }
   if (wg_fp8_1) {
     a8_.reserve(size_t(max_rows) * H);
     as_.reserve(size_t(max_rows) * (H / 128) * 4);

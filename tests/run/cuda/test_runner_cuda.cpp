@@ -15,6 +15,7 @@
 #include "epmoe/error.h"
 #include "epmoe/quant.h"
 #include "quant/cuda/gpu_test_util.h"
+#include "run/cuda/gemm.h"
 #include "run/cuda/runner.h"
 #include "run/cuda/runner_test_util.h"
 #include "run/reference.h"
@@ -33,6 +34,41 @@ struct Problem {
   const char* name = "";
   bool wgmma = true;   // decode (m-tile 32) GEMMs on the wgmma engine; false: mma.sync
 };
+
+// The nvfp4 decode engine on prepared weights (cuda::prepare_nvfp4_weights) runs the same
+// arithmetic in the same order as on the natural layout: the same runner call must give the same
+// bits, and say so in its engine names.
+void expect_prepared_equal(const Problem& p, cuda::CudaRunner& runner, const DispatchOutput& dout,
+                           const ExpertWeights& dw, const std::vector<bf16_raw>& natural, int n) {
+  SCOPED_TRACE("prepared nvfp4 weights");
+  const int H = p.H, I = p.I;
+  const bool ok1 = cuda::wgmma_nvfp4_supports(H, I, true), ok2 = cuda::wgmma_nvfp4_supports(I, H, false);
+  if (!ok1 && !ok2) return;  // neither GEMM is on the engine
+  ExpertWeights pw = dw;
+  Dev<uint8_t> p13(ok1 ? cuda::nvfp4_prepared_bytes(dw.w13, true, I) : 1),
+      p2(ok2 ? cuda::nvfp4_prepared_bytes(dw.w2, false, H) : 1);
+  p13.poison();
+  p2.poison();
+  if (ok1) {
+    cuda::prepare_nvfp4_weights(dw.w13, true, I, p13.get(), nullptr);
+    pw.w13.prepared = p13.get();
+  }
+  if (ok2) {
+    cuda::prepare_nvfp4_weights(dw.w2, false, H, p2.get(), nullptr);
+    pw.w2.prepared = p2.get();
+  }
+  Dev<bf16_raw> y(natural.size());
+  y.poison();
+  runner.run(dout, pw, y.get(), nullptr);
+  EPMOE_CUDA_CHECK(cudaDeviceSynchronize());
+  const auto yp = y.download();
+  const std::string e = runner.last_engines();
+  EXPECT_EQ(e, std::string(ok1 ? "wgmma-nvfp4p" : "mma") + "/" + (ok2 ? "wgmma-nvfp4p" : "mma"));
+  size_t differ = 0;
+  for (size_t i = 0; i < size_t(n) * H; ++i) differ += yp[i] != natural[i];
+  EXPECT_EQ(differ, 0u) << "of " << size_t(n) * H << " outputs differ from the natural-layout engine's";
+  expect_poison_after(yp, n, H);
+}
 
 // both_decode_engines: run the runner twice on the same data and reference, decode GEMMs on the
 // wgmma engines and then on mma.sync (the CPU reference, the slow part, is computed once).
@@ -101,6 +137,7 @@ void run_problem(const Problem& p, uint32_t seed, bool both_decode_engines = fal
     }
     expect_within_bound(d, p.iq);
     expect_poison_after(yg, n, H);
+    if (p.wf == WeightFormat::nvfp4 && wgmma && runner.last_block_m() == 32) expect_prepared_equal(p, runner, dout, dw, yg, n);
   }
 }
 

@@ -1,0 +1,103 @@
+// What the two nvfp4 register-decode wgmma kernels share (gemm_nvfp4_wgmma.cu reads the weights
+// through shared memory in their natural layout, gemm_nvfp4_prepared.cu straight into registers
+// from the prepared layout): the tile geometry, the decode of one thread's 16 codes of a row into
+// wgmma A fragments, the batch of wgmmas of one 64-K sub-block, and the epilogue. Both kernels run
+// the same arithmetic in the same order, so their outputs are bitwise equal (tested).
+#pragma once
+#include "run/cuda/gemm_wgmma.cuh"
+#include "run/cuda/nvfp4_layout.h"
+
+namespace epmoe::cuda::wgf4 {
+
+constexpr int kBT = 32;       // tokens per m-tile (wgmma N)
+constexpr int kRowsW = 128;   // weight rows per CTA tile
+constexpr int kKS = 128;      // K values per stage
+constexpr int kThreads = 128;
+
+__device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {
+  uint32_t d;
+  asm("prmt.b32 %0, %1, %2, %3;\n" : "=r"(d) : "r"(a), "r"(b), "r"(sel));
+  return d;
+}
+
+__device__ __forceinline__ void wgmma_bf16_rA(float (&d)[16], const uint32_t (&a)[4], uint64_t db) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %21, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, {%16, %17, %18, %19}, %20, p, 1, 1, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]),
+        "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
+}
+
+// Two e4m3 block scales of one row (low byte: sub-block 0's block, high byte: sub-block 1's) ->
+// one bf16x2 per sub-block, the scale replicated into both halves, exactly scale * 2^118: times a
+// decoded code (value * 2^-126) that is value * scale * 2^-8, exact and normal in bf16
+// (tests/run/test_nvfp4_layout.cpp); the epilogue's kAccScale takes the 2^-8 back bit for bit.
+__device__ __forceinline__ void scale_pair(uint32_t two, uint32_t (&s)[2]) {
+  const uint32_t s2 = gemm::e4m3x2_to_bf16x2<nvfp4_layout::kScaleExp>(static_cast<uint16_t>(two));
+  s[0] = prmt(s2, s2, 0x1010u);
+  s[1] = prmt(s2, s2, 0x3232u);
+}
+
+// The 16 codes of one row and scale block (8 bytes) -> 8 bf16x2 of code * scale (times 2^-8).
+__device__ __forceinline__ void decode16(uint32_t lo, uint32_t hi, uint32_t s2, uint32_t (&out)[8]) {
+  uint32_t d[2][4];
+  nvfp4_layout::e2m1x8_to_bf16(lo, d[0]);
+  nvfp4_layout::e2m1x8_to_bf16(hi, d[1]);
+#pragma unroll
+  for (int i = 0; i < 8; ++i) out[i] = gemm::bf16x2_mul(d[i >> 2][i & 3], s2);
+}
+
+// The 8 wgmmas of one 64-K sub-block: both m64 halves against the sub-block's token atom at
+// `tokens` (SW128, 32 rows x 128 B). wa[h][q] holds rows (g, g + 8) of half h.
+__device__ __forceinline__ void issue_batch(float (&acc)[2][16], const uint32_t (&wa)[2][2][8], uint32_t tokens) {
+  wg::wgmma_fence();
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const uint64_t db = wg::desc_sw128(tokens + j * 32);
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const uint32_t a[4] = {wa[h][0][2 * j], wa[h][1][2 * j], wa[h][0][2 * j + 1], wa[h][1][2 * j + 1]};
+      wgmma_bf16_rA(acc[h], a, db);
+    }
+  }
+  wg::wgmma_commit();
+}
+
+// A finished tile's accumulators to its output rows (fused: SwiGLU of gate half 0 and up half 1),
+// then zeroed for the next tile. The caller has waited for every wgmma.
+__device__ __forceinline__ void store_tile(const GemmArgs& p, const wg::TileWalk::Tile& cur, float (&acc)[2][16],
+                                           int warp, int g, int t) {
+  wg::reg_fence(acc[0]);
+  wg::reg_fence(acc[1]);
+  const float inv_gs = nvfp4_layout::kAccScale / p.W.global_scale[cur.mt.expert];
+#pragma unroll
+  for (int j = 0; j < 4; ++j)
+#pragma unroll
+    for (int q = 0; q < 2; ++q) {
+      const int tok = 8 * j + 2 * t + q;
+      if (tok >= cur.mt.rows) continue;
+      bf16_raw* orow = p.out + int64_t(cur.mt.row0 + tok) * p.N;
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        const int r = 16 * warp + g + 8 * hh, i = 4 * j + 2 * hh + q;
+        if (p.fused) {
+          const float gt = acc[0][i] * inv_gs, up = acc[1][i] * inv_gs;
+          orow[cur.n0 + (p.out_kperm ? nvfp4_layout::kperm_pos(r) : r)] = num::f32_to_bf16(silu(gt) * up);
+        } else {
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            const int n = cur.n0 + h * 64 + r;
+            if (n < p.N) orow[n] = num::f32_to_bf16(acc[h][i] * inv_gs);
+          }
+        }
+      }
+    }
+#pragma unroll
+  for (int h = 0; h < 2; ++h)
+#pragma unroll
+    for (int i = 0; i < 16; ++i) acc[h][i] = 0.f;
+}
+
+}  // namespace epmoe::cuda::wgf4
