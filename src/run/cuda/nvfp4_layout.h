@@ -22,6 +22,31 @@ EPMOE_HD constexpr void e2m1x8_to_bf16(uint32_t x, uint32_t (&d)[4]) {
   d[3] = ((y >> 6) & 0x01C001C0u) | (x & 0x80008000u);
 }
 
+// The prepared layout (gemm_nvfp4_prepared.cu) stores each 32-bit word of eight codes with its bits
+// permuted: bit s of the prepared word is bit prep_src(s) of the natural word. The permutation is
+// one found by exhaustive search so that the four bf16x2 of e2m1x8_to_bf16 come out of four
+// rotations and six masks (10 integer operations instead of ~20 as compiled for the natural word):
+// no tiling of the 32 bits by four shifted copies of the bf16x2 bit pattern {6-8, 15, 22-24, 31}
+// exists, so two of the outputs take two masked pieces each.
+EPMOE_HD constexpr int prep_src(int s) {
+  constexpr int src[32] = {4,  5,  6,  3,  8,  31, 12, 9,  10, 7,  16, 17, 18, 13, 14, 11,
+                           20, 21, 22, 19, 24, 15, 28, 25, 26, 23, 0,  1,  2,  29, 30, 27};
+  return src[s];
+}
+EPMOE_HD constexpr uint32_t rotl32(uint32_t x, int r) { return r == 0 ? x : (x << r) | (x >> (32 - r)); }
+EPMOE_HD constexpr uint32_t prepare_word(uint32_t natural) {
+  uint32_t w = 0;
+  for (int s = 0; s < 32; ++s) w |= ((natural >> prep_src(s)) & 1u) << s;
+  return w;
+}
+// e2m1x8_to_bf16 of the natural word x, given w = prepare_word(x): the same four registers.
+EPMOE_HD constexpr void e2m1x8_to_bf16_prepared(uint32_t w, uint32_t (&d)[4]) {
+  d[0] = rotl32(w, 12) & 0x81C081C0u;
+  d[1] = rotl32(w, 6) & 0x81C081C0u;
+  d[2] = (rotl32(w, 2) & 0x00400040u) | (w & 0x81808180u);
+  d[3] = (rotl32(w, 26) & 0x81808180u) | (w & 0x00400040u);
+}
+
 // The decoded weights carry 2^-126 and the block scales 2^118 (2^126 would overflow bf16 for
 // scales >= 2), so the products carry 2^-8, which the epilogue multiplies back.
 constexpr int kScaleExp = 118;

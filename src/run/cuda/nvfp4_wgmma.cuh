@@ -40,11 +40,18 @@ __device__ __forceinline__ void scale_pair(uint32_t two, uint32_t (&s)[2]) {
   s[1] = prmt(s2, s2, 0x3232u);
 }
 
-// The 16 codes of one row and scale block (8 bytes) -> 8 bf16x2 of code * scale (times 2^-8).
+// The 16 codes of one row and scale block (8 bytes) -> 8 bf16x2 of code * scale (times 2^-8);
+// kPrepared: the words are in the prepared bit order (nvfp4_layout::prepare_word).
+template <bool kPrepared = false>
 __device__ __forceinline__ void decode16(uint32_t lo, uint32_t hi, uint32_t s2, uint32_t (&out)[8]) {
   uint32_t d[2][4];
-  nvfp4_layout::e2m1x8_to_bf16(lo, d[0]);
-  nvfp4_layout::e2m1x8_to_bf16(hi, d[1]);
+  if constexpr (kPrepared) {
+    nvfp4_layout::e2m1x8_to_bf16_prepared(lo, d[0]);
+    nvfp4_layout::e2m1x8_to_bf16_prepared(hi, d[1]);
+  } else {
+    nvfp4_layout::e2m1x8_to_bf16(lo, d[0]);
+    nvfp4_layout::e2m1x8_to_bf16(hi, d[1]);
+  }
 #pragma unroll
   for (int i = 0; i < 8; ++i) out[i] = gemm::bf16x2_mul(d[i >> 2][i & 3], s2);
 }
