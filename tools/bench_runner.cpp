@@ -26,7 +26,6 @@
 #include "epmoe/presets.h"
 #include "epmoe/quant.h"
 #include "run/cuda/fill.h"
-#include "run/cuda/gemm.h"
 #include "run/cuda/runner.h"
 
 namespace epmoe::cli {
@@ -69,22 +68,6 @@ struct DeviceWeights {
   DeviceBuffer d13, s13, g13, d2, s2, g2, p13, p2;
   ExpertWeights w;
 };
-
-// nvfp4: the decode engine's prepared copy of both matrices (where the shapes allow it).
-void prepare_weights(DeviceWeights& dw) {
-  ExpertWeights& w = dw.w;
-  const int H = w.hidden, I = w.intermediate;
-  if (cuda::wgmma_nvfp4_supports(H, I, true)) {
-    dw.p13.reserve(cuda::nvfp4_prepared_bytes(w.w13, true, I));
-    cuda::prepare_nvfp4_weights(w.w13, true, I, dw.p13.get(), nullptr);
-    w.w13.prepared = dw.p13.get();
-  }
-  if (cuda::wgmma_nvfp4_supports(I, H, false)) {
-    dw.p2.reserve(cuda::nvfp4_prepared_bytes(w.w2, false, H));
-    cuda::prepare_nvfp4_weights(w.w2, false, H, dw.p2.get(), nullptr);
-    w.w2.prepared = dw.p2.get();
-  }
-}
 
 // Random weights of format f, generated on the device.
 void make_weights(DeviceWeights& dw, WeightFormat f, int E, int H, int I, uint64_t seed) {
@@ -202,7 +185,7 @@ void bench_preset(const Opts& o, const ModelPreset& pre, double hbm_gbs, Timer& 
     }
     DeviceWeights dw;
     make_weights(dw, f, E, H, I, 1234 + int(f));
-    if (pass.prepared) prepare_weights(dw);
+    if (pass.prepared) cuda::prepare_nvfp4_weights(dw.w, dw.p13, dw.p2, nullptr);
     EPMOE_CUDA_CHECK(cudaDeviceSynchronize());
     cuda::CudaRunner runner(cfg, 0);
     runner.set_engine(o.engine);

@@ -15,7 +15,10 @@ class MoeLayer {
   // Validates cfg (UsageError listing every issue), resolves the (dispatcher, runner) pair through
   // the registry, and checks with the other ranks that they were built with the same
   // configuration (collective). `weights` are this rank's experts on the runner's device;
-  // `router_bias` is [E] fp32 on the same device, or null.
+  // `router_bias` is [E] fp32 on the same device, or null. nvfp4 weights on runner "cuda" are
+  // also copied once, here, into the decode engine's prepared layout (the same bytes again; the
+  // same results, ~20% faster decode; docs/RUNNER.md): weights changed after construction need a
+  // new layer. EPMOE_NVFP4_PREPARE=0 turns the copy off (the engine then reads data and scales).
   MoeLayer(const MoeConfig& cfg, Communicator& comm, const ExpertWeights& weights,
            const float* router_bias = nullptr);
   ~MoeLayer();

@@ -2,6 +2,7 @@
 // runs the registered step (dispatch -> run -> combine) of the configured backend pair.
 #include "epmoe/layer.h"
 
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -13,11 +14,20 @@
 #include <cuda_runtime.h>
 
 #include "route/cuda/route.h"
+#include "run/cuda/runner.h"
 #endif
 
 namespace epmoe {
 
 namespace {
+
+// EPMOE_NVFP4_PREPARE: unset or 1 = prepare nvfp4 weights for the cuda runner, 0 = do not.
+bool nvfp4_prepare_enabled() {
+  const char* e = std::getenv("EPMOE_NVFP4_PREPARE");
+  if (!e || std::string(e) == "1") return true;
+  if (std::string(e) == "0") return false;
+  throw UsageError(std::string("EPMOE_NVFP4_PREPARE='") + e + "' is not 0 or 1");
+}
 
 std::string dims(const MatrixView& m) {
   std::string s = "[";
@@ -104,6 +114,7 @@ struct MoeLayer::Impl {
   std::vector<float> w_host;
 #if defined(EPMOE_WITH_CUDA)
   DeviceBuffer y_dev, ids_dev, w_dev;
+  cuda::DeviceBuffer prep13, prep2;  // nvfp4 weights in the decode engine's prepared layout
 #endif
 
   Impl(const MoeConfig& c, Communicator& cm, const ExpertWeights& w, const float* bias)
@@ -178,6 +189,12 @@ MoeLayer::MoeLayer(const MoeConfig& cfg, Communicator& comm, const ExpertWeights
     s.y_dev.reserve(y_elems * sizeof(bf16_raw), comm.device_index());
     s.ids_dev.reserve(size_t(cfg.capacity) * cfg.top_k * sizeof(int32_t), comm.device_index());
     s.w_dev.reserve(size_t(cfg.capacity) * cfg.top_k * sizeof(float), comm.device_index());
+    if (cfg.runner == "cuda" && cfg.weight_format == WeightFormat::nvfp4 && nvfp4_prepare_enabled()) {
+      cuda::DeviceGuard guard(comm.device_index());
+      cuda::prepare_nvfp4_weights(s.weights, s.prep13, s.prep2, nullptr);
+      // Complete before any forward, whatever stream the caller then uses.
+      EPMOE_CUDA_CHECK(cudaDeviceSynchronize());
+    }
 #else
     throw UsageError("MoeLayer: runner=" + cfg.runner + " needs CUDA, which this build does not have");
 #endif

@@ -44,19 +44,18 @@ void expect_prepared_equal(const Problem& p, cuda::CudaRunner& runner, const Dis
   const int H = p.H, I = p.I;
   const bool ok1 = cuda::wgmma_nvfp4_supports(H, I, true), ok2 = cuda::wgmma_nvfp4_supports(I, H, false);
   if (!ok1 && !ok2) return;  // neither GEMM is on the engine
+  // Through the public helper; its buffers are poisoned first so that every prepared byte it
+  // leaves unwritten would show.
   ExpertWeights pw = dw;
-  Dev<uint8_t> p13(ok1 ? cuda::nvfp4_prepared_bytes(dw.w13, true, I) : 1),
-      p2(ok2 ? cuda::nvfp4_prepared_bytes(dw.w2, false, H) : 1);
-  p13.poison();
-  p2.poison();
-  if (ok1) {
-    cuda::prepare_nvfp4_weights(dw.w13, true, I, p13.get(), nullptr);
-    pw.w13.prepared = p13.get();
-  }
-  if (ok2) {
-    cuda::prepare_nvfp4_weights(dw.w2, false, H, p2.get(), nullptr);
-    pw.w2.prepared = p2.get();
-  }
+  cuda::DeviceBuffer b13, b2;
+  if (ok1) b13.reserve(cuda::nvfp4_prepared_bytes(dw.w13, true, I));
+  if (ok2) b2.reserve(cuda::nvfp4_prepared_bytes(dw.w2, false, H));
+  if (ok1) EPMOE_CUDA_CHECK(cudaMemset(b13.get(), 0xff, b13.size()));
+  if (ok2) EPMOE_CUDA_CHECK(cudaMemset(b2.get(), 0xff, b2.size()));
+  const size_t bytes = cuda::prepare_nvfp4_weights(pw, b13, b2, nullptr);
+  EXPECT_EQ(bytes, (ok1 ? b13.size() : 0) + (ok2 ? b2.size() : 0));
+  EXPECT_EQ(pw.w13.prepared != nullptr, ok1);
+  EXPECT_EQ(pw.w2.prepared != nullptr, ok2);
   Dev<bf16_raw> y(natural.size());
   y.poison();
   runner.run(dout, pw, y.get(), nullptr);
