@@ -20,14 +20,15 @@
 // model of this layout, used by the prepare kernel and the CPU tests alike.
 //
 // Words are stored in the prepared bit order (nvfp4_layout::prepare_word): the decode of 8 codes is
-// 4 rotations + 6 masks instead of ~20 compiled operations (run 45: 1.335 vs 1.465 ms at M 128).
+// 4 rotations + 6 masks instead of ~20 compiled operations (run 46: 1.335 vs 1.465 ms at M 128,
+// two A sets, 2 CTAs/SM).
 //
 // Pipeline: the token stages keep the cp.async ring of the natural kernel (1 ahead, 3 slots); the
 // weights of step s + kAheadW are loaded at the top of step s into a register ring of kAheadW + 1
 // sets (the step loop is unrolled over the ring so every index is a constant). ONE set of A
 // registers: a sub-block's wgmmas are waited for before the next sub-block is decoded into the same
 // registers. That serializes decode and MMA inside a CTA, but it takes the kernel from ~220 to 168
-// registers and so from 2 to 3 CTAs per SM, which wins (run 46-47, ms at M 128 / 2048, one H200):
+// registers and so from 2 to 3 CTAs per SM, which wins (runs 44-48, ms at M 128 / 2048, one H200):
 //   two A sets, 2 ahead, 2 CTAs/SM   1.335 / 1.477     loads only (no decode, no MMA)  0.732 / 0.903
 //   two A sets, 1 ahead, 3 CTAs/SM   1.217 / 1.336     no decode (raw bits to MMAs)    1.072 / 1.222
 //   one A set,  1 ahead, 4 CTAs/SM   1.180 / 1.277     mma.sync m16n8k16 instead of wgmma,
