@@ -223,6 +223,15 @@ __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
       : "memory");
 }
 
+__device__ __forceinline__ void mma16816(float& c0, float& c1, float& c2, float& c3, const uint32_t (&a)[4], uint32_t b0,
+                                         uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(c0), "+f"(c1), "+f"(c2), "+f"(c3)
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+template <bool kMma>
 __global__ void __launch_bounds__(kThreads, kMinBlocks) nvfp4_prepared_smem_kernel(GemmArgs p) {
   extern __shared__ uint8_t smem_raw[];
   const uint32_t raw = smem_u32(smem_raw);
@@ -337,19 +346,56 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) nvfp4_prepared_smem_kern
     for (int h = 0; h < 2; ++h)
 #pragma unroll
       for (int q = 0; q < 2; ++q) scale_pair((h ? r.s.y : r.s.x) >> (16 * q), scl[h][q]);
+    if constexpr (kMma) {
+      const int nbs = min(4, (cur.mt.rows + 7) >> 3);
 #pragma unroll
-    for (int sb = 0; sb < 2; ++sb) {
-      wg::wgmma_wait0();
+      for (int sb = 0; sb < 2; ++sb) {
+        uint32_t b[4][4][2];
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const uint4 v = r.c[2 * sb + h];
-        decode16<true>(v.x, v.y, scl[h][0][sb], wa[h][0]);
-        decode16<true>(v.z, v.w, scl[h][1][sb], wa[h][1]);
+        for (int nb = 0; nb < 4; ++nb) {
+          if (nb < nbs) {
+            const int row = nb * 8 + (lane & 7);
+#pragma unroll
+            for (int x = 0; x < 2; ++x) {
+              const int chunk = 4 * x + (lane >> 3);
+              uint32_t m4[4];
+              gemm::ldmatrix_x4(m4, st + sb * 4096 + row * 128 + ((chunk ^ (row & 7)) << 4));
+              b[nb][2 * x][0] = m4[0], b[nb][2 * x][1] = m4[1];
+              b[nb][2 * x + 1][0] = m4[2], b[nb][2 * x + 1][1] = m4[3];
+            }
+          }
+        }
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const uint4 v = r.c[2 * sb + h];
+          decode16<true>(v.x, v.y, scl[h][0][sb], wa[h][0]);
+          decode16<true>(v.z, v.w, scl[h][1][sb], wa[h][1]);
+#pragma unroll
+          for (int jj = 0; jj < 4; ++jj) {
+            const uint32_t a[4] = {wa[h][0][2 * jj], wa[h][1][2 * jj], wa[h][0][2 * jj + 1], wa[h][1][2 * jj + 1]};
+#pragma unroll
+            for (int nb = 0; nb < 4; ++nb)
+              if (nb < nbs)
+                mma16816(acc[h][4 * nb], acc[h][4 * nb + 1], acc[h][4 * nb + 2], acc[h][4 * nb + 3], a, b[nb][jj][0],
+                         b[nb][jj][1]);
+          }
+        }
       }
-      issue_batch(acc, wa, st + sb * 4096);
+    } else {
+#pragma unroll
+      for (int sb = 0; sb < 2; ++sb) {
+        wg::wgmma_wait0();
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const uint4 v = r.c[2 * sb + h];
+          decode16<true>(v.x, v.y, scl[h][0][sb], wa[h][0]);
+          decode16<true>(v.z, v.w, scl[h][1][sb], wa[h][1]);
+        }
+        issue_batch(acc, wa, st + sb * 4096);
+      }
     }
     if (kt == KT - 1) {
-      wg::wgmma_wait0();
+      if constexpr (!kMma) wg::wgmma_wait0();
       store_tile(p, cur, acc, warp, g, t);
       if (++c_local < my_tiles) cur = walk.at(c_local);
     }
@@ -429,11 +475,13 @@ void launch_grouped_gemm_wgmma_nvfp4_prepared(const GemmArgs& a, cudaStream_t st
   using namespace wgf4p;
   if (!a.W.prepared || !a.W.global_scale || !a.A)
     throw UsageError("cuda runner (wgmma nvfp4, prepared): needs prepared weights, global_scale and bf16 A");
-  static const bool smem_ring = [] {
+  static const int smem_ring = [] {
     const char* e = std::getenv("EPMOE_NVFP4_PREP_SMEM");
-    return e && e[0] == '1';
+    return e ? std::atoi(e) : 0;
   }();
-  void (*kern)(GemmArgs) = smem_ring ? nvfp4_prepared_smem_kernel : nvfp4_prepared_kernel;
+  void (*kern)(GemmArgs) = smem_ring == 1   ? nvfp4_prepared_smem_kernel<false>
+                           : smem_ring == 2 ? nvfp4_prepared_smem_kernel<true>
+                                            : nvfp4_prepared_kernel;
   const int smem = smem_ring ? kSmemS : kSmem;
   const KernelFit fit = fit_kernel(reinterpret_cast<const void*>(kern), kThreads, smem);
   const int n_per_tile = a.fused ? kRowsW / 2 : kRowsW;
