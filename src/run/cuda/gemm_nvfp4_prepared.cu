@@ -33,7 +33,10 @@
 //   two A sets, 1 ahead, 3 CTAs/SM   1.217 / 1.336     no decode (raw bits to MMAs)    1.072 / 1.222
 //   one A set,  1 ahead, 4 CTAs/SM   1.180 / 1.277     mma.sync m16n8k16 instead of wgmma,
 //   one A set,  2 ahead, 3 CTAs/SM   1.158 / 1.264       2 CTAs/SM (254 registers)     1.583 / 1.755
-// The loads alone reach the HBM copy rate at M 128; the wgmmas and their waits are what is left.
+// The loads alone reach the HBM copy rate at M 128; without any decode the kernel takes 1.072 /
+// 1.222 ms. Neither deeper loads nor cheaper MMAs moved it (runs 50-51): the weight stages in a
+// shared-memory ring filled by TMA bulk copies, 4 ahead (161 registers, 3 CTAs/SM) 1.237 / 1.330;
+// the same with mma.sync m16n8k16 on the n8 groups that hold tokens (134 registers) 1.186 / 1.375.
 #include "run/cuda/nvfp4_wgmma.cuh"
 
 namespace epmoe::cuda::wgf4p {
@@ -198,212 +201,6 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) nvfp4_prepared_kernel(Ge
   cp_wait<0>();
 }
 
-// The same kernel with the weight stages in a SHARED-MEMORY ring filled by TMA bulk copies (one
-// 9 KB cp.async.bulk per stage, issued by thread 0, completion counted on an mbarrier per slot):
-// loads in flight no longer cost registers, so more of them fit.
-constexpr int kAheadS = 4;             // weight stages loaded ahead
-constexpr int kSlotsW = kAheadS + 1;   // weight ring slots (the slot of step s - 1 is refilled at step s)
-constexpr int kSmemS = kAtoms * kSlotsA + kBlock * kSlotsW + 8 * kSlotsW + 1024;
-
-__device__ __forceinline__ void mbar_init(uint32_t bar, int count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count));
-}
-__device__ __forceinline__ void bulk_load(uint32_t dst, const void* src, int bytes, uint32_t bar) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
-  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst),
-               "l"(src), "r"(bytes), "r"(bar)
-               : "memory");
-}
-__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
-  asm volatile(
-      "{\n.reg .pred done;\nwait_%=:\n"
-      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
-      "@!done bra wait_%=;\n}\n" ::"r"(bar),
-      "r"(parity)
-      : "memory");
-}
-
-__device__ __forceinline__ void mma16816(float& c0, float& c1, float& c2, float& c3, const uint32_t (&a)[4], uint32_t b0,
-                                         uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-      : "+f"(c0), "+f"(c1), "+f"(c2), "+f"(c3)
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-template <bool kMma>
-__global__ void __launch_bounds__(kThreads, kMinBlocks) nvfp4_prepared_smem_kernel(GemmArgs p) {
-  extern __shared__ uint8_t smem_raw[];
-  const uint32_t raw = smem_u32(smem_raw);
-  const uint32_t base = (raw + 1023u) & ~1023u;
-  const uint8_t* sbase = smem_raw + (base - raw);
-  const uint32_t wbase = base + kAtoms * kSlotsA, bars = wbase + kBlock * kSlotsW;
-
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const int g = lane >> 2, t = lane & 3;
-  const int K = p.K, KT = K / kKS;
-  const wg::TileWalk walk(p);
-  const int my_tiles = walk.my_tiles;
-  const int64_t steps = int64_t(my_tiles) * KT;
-  using Cur = wg::TileWalk::Tile;
-  const uint8_t* prep = static_cast<const uint8_t*>(p.W.prepared);
-
-  const int tr = tid >> 2, tq = tid & 3;
-  const uint32_t a_off = uint32_t((tq >> 1) * 4096 + tr * 128);
-  const int a_m0 = 4 * (tq & 1), a_sw = tr & 7;
-  const uint8_t* la = nullptr;
-  bool aok = false;
-  auto enter_tokens = [&](const Cur& c) {
-    aok = tr < c.mt.rows;
-    la = reinterpret_cast<const uint8_t*>(p.A + int64_t(c.mt.row0 + (aok ? tr : 0)) * K) + tq * 64;
-  };
-  wg::LoadCursor lc;
-  lc.start(walk, enter_tokens);
-  auto load_tokens = [&]() {
-    if (aok) {
-      const uint32_t st = base + uint32_t(lc.slot) * kAtoms;
-      const uint8_t* A = la + int64_t(lc.kt) * kKS * 2;
-#pragma unroll
-      for (int i = 0; i < 4; ++i) cp_async16(st + a_off + (((a_m0 + i) ^ a_sw) << 4), A + i * 16, true);
-    }
-    lc.advance(KT, kSlotsA, walk, enter_tokens);
-  };
-
-  // Weight cursor, thread 0 only: the block of the next step to load, its ring slot.
-  const int64_t tile_blocks = int64_t(KT) * kBlock;
-  auto block_of = [&](const Cur& c) {
-    return prep + (int64_t(c.mt.expert) * walk.NT + c.n0 / walk.n_per_tile) * tile_blocks;
-  };
-  int w_local = 0, w_kt = 0, w_slot = 0;
-  int64_t w_issued = 0;
-  const uint8_t* wp = nullptr;
-  Cur w_next{};
-  if (tid == 0) {
-#pragma unroll
-    for (int i = 0; i < kSlotsW; ++i) mbar_init(bars + 8 * i, 1);
-    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-    if (my_tiles > 0) {
-      wp = block_of(walk.at(0));
-      if (my_tiles > 1) w_next = walk.at(1);
-    }
-  }
-  __syncthreads();
-  auto load_weights = [&]() {  // thread 0
-    if (w_issued >= steps) return;
-    bulk_load(wbase + uint32_t(w_slot) * kBlock, wp, kBlock, bars + 8 * w_slot);
-    ++w_issued;
-    if (++w_slot == kSlotsW) w_slot = 0;
-    wp += kBlock;
-    if (++w_kt == KT) {
-      w_kt = 0;
-      if (++w_local < my_tiles) {
-        wp = block_of(w_next);
-        if (w_local + 1 < my_tiles) w_next = walk.at(w_local + 1);
-      }
-    }
-  };
-
-  float acc[2][16];
-#pragma unroll
-  for (int h = 0; h < 2; ++h)
-#pragma unroll
-    for (int i = 0; i < 16; ++i) acc[h][i] = 0.f;
-
-  if (tid == 0)
-    for (int j = 0; j < kAheadS; ++j) load_weights();
-#pragma unroll
-  for (int s = 0; s < kAheadA; ++s) {
-    if (s < steps) load_tokens();
-    cp_commit();
-  }
-
-  Cur cur = my_tiles > 0 ? walk.at(0) : Cur{};
-  int c_kt = 0, c_slot = 0, c_local = 0, r_slot = 0;
-  uint32_t r_phase = 0;
-  uint32_t wa[2][2][8];
-  for (int64_t s = 0; s < steps; ++s) {
-    const int kt = c_kt, slot = c_slot;
-    if (++c_kt == KT) c_kt = 0;
-    if (++c_slot == kSlotsA) c_slot = 0;
-    cp_wait<kAheadA - 1>();
-    wg::fence_proxy_async();
-    // Tokens of step s visible; every thread has read its weights of step s - 1, so their slot
-    // may be refilled.
-    __syncthreads();
-    if (tid == 0) load_weights();
-    if (s + kAheadA < steps) load_tokens();
-    cp_commit();
-    const uint32_t st = base + uint32_t(slot) * kAtoms;
-    mbar_wait(bars + 8 * r_slot, r_phase);
-    const uint8_t* wsm = sbase + kAtoms * kSlotsA + r_slot * kBlock;
-    WeightRegs r;
-#pragma unroll
-    for (int i = 0; i < 4; ++i) r.c[i] = *reinterpret_cast<const uint4*>(wsm + i * 2048 + tid * 16);
-    r.s = *reinterpret_cast<const uint2*>(wsm + 8192 + tid * 8);
-    if (++r_slot == kSlotsW) r_slot = 0, r_phase ^= 1u;
-    uint32_t scl[2][2][2];
-#pragma unroll
-    for (int h = 0; h < 2; ++h)
-#pragma unroll
-      for (int q = 0; q < 2; ++q) scale_pair((h ? r.s.y : r.s.x) >> (16 * q), scl[h][q]);
-    if constexpr (kMma) {
-      const int nbs = min(4, (cur.mt.rows + 7) >> 3);
-#pragma unroll
-      for (int sb = 0; sb < 2; ++sb) {
-        uint32_t b[4][4][2];
-#pragma unroll
-        for (int nb = 0; nb < 4; ++nb) {
-          if (nb < nbs) {
-            const int row = nb * 8 + (lane & 7);
-#pragma unroll
-            for (int x = 0; x < 2; ++x) {
-              const int chunk = 4 * x + (lane >> 3);
-              uint32_t m4[4];
-              gemm::ldmatrix_x4(m4, st + sb * 4096 + row * 128 + ((chunk ^ (row & 7)) << 4));
-              b[nb][2 * x][0] = m4[0], b[nb][2 * x][1] = m4[1];
-              b[nb][2 * x + 1][0] = m4[2], b[nb][2 * x + 1][1] = m4[3];
-            }
-          }
-        }
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const uint4 v = r.c[2 * sb + h];
-          decode16<true>(v.x, v.y, scl[h][0][sb], wa[h][0]);
-          decode16<true>(v.z, v.w, scl[h][1][sb], wa[h][1]);
-#pragma unroll
-          for (int jj = 0; jj < 4; ++jj) {
-            const uint32_t a[4] = {wa[h][0][2 * jj], wa[h][1][2 * jj], wa[h][0][2 * jj + 1], wa[h][1][2 * jj + 1]};
-#pragma unroll
-            for (int nb = 0; nb < 4; ++nb)
-              if (nb < nbs)
-                mma16816(acc[h][4 * nb], acc[h][4 * nb + 1], acc[h][4 * nb + 2], acc[h][4 * nb + 3], a, b[nb][jj][0],
-                         b[nb][jj][1]);
-          }
-        }
-      }
-    } else {
-#pragma unroll
-      for (int sb = 0; sb < 2; ++sb) {
-        wg::wgmma_wait0();
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const uint4 v = r.c[2 * sb + h];
-          decode16<true>(v.x, v.y, scl[h][0][sb], wa[h][0]);
-          decode16<true>(v.z, v.w, scl[h][1][sb], wa[h][1]);
-        }
-        issue_batch(acc, wa, st + sb * 4096);
-      }
-    }
-    if (kt == KT - 1) {
-      if constexpr (!kMma) wg::wgmma_wait0();
-      store_tile(p, cur, acc, warp, g, t);
-      if (++c_local < my_tiles) cur = walk.at(c_local);
-    }
-  }
-  wg::wgmma_wait0();
-  cp_wait<0>();
-}
-
 // One thread per (expert, n-tile, k-stage, tid): the 64 code bytes and 8 scale bytes that thread
 // tid of the GEMM kernel loads for that step.
 __global__ void prepare_kernel(MatrixView m, bool fused, int N, int NT, int n_per_tile, uint8_t* out) {
@@ -475,14 +272,8 @@ void launch_grouped_gemm_wgmma_nvfp4_prepared(const GemmArgs& a, cudaStream_t st
   using namespace wgf4p;
   if (!a.W.prepared || !a.W.global_scale || !a.A)
     throw UsageError("cuda runner (wgmma nvfp4, prepared): needs prepared weights, global_scale and bf16 A");
-  static const int smem_ring = [] {
-    const char* e = std::getenv("EPMOE_NVFP4_PREP_SMEM");
-    return e ? std::atoi(e) : 0;
-  }();
-  void (*kern)(GemmArgs) = smem_ring == 1   ? nvfp4_prepared_smem_kernel<false>
-                           : smem_ring == 2 ? nvfp4_prepared_smem_kernel<true>
-                                            : nvfp4_prepared_kernel;
-  const int smem = smem_ring ? kSmemS : kSmem;
+  void (*kern)(GemmArgs) = nvfp4_prepared_kernel;
+  constexpr int smem = kSmem;
   const KernelFit fit = fit_kernel(reinterpret_cast<const void*>(kern), kThreads, smem);
   const int n_per_tile = a.fused ? kRowsW / 2 : kRowsW;
   const int64_t work = int64_t(a.max_tiles) * ((a.N + n_per_tile - 1) / n_per_tile);
