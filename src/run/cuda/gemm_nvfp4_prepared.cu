@@ -82,7 +82,6 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) nvfp4_prepared_kernel(Ge
   const uint32_t base = (raw + 1023u) & ~1023u;
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const int g = lane >> 2, t = lane & 3;
   const int K = p.K, KT = K / kKS;
   const wg::TileWalk walk(p);
   const int my_tiles = walk.my_tiles;
@@ -142,10 +141,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) nvfp4_prepared_kernel(Ge
   };
 
   float acc[2][16];
-#pragma unroll
-  for (int h = 0; h < 2; ++h)
-#pragma unroll
-    for (int i = 0; i < 16; ++i) acc[h][i] = 0.f;
+  zero(acc);
 
 #pragma unroll
   for (int j = 0; j < kAheadW; ++j) load_weights(ring[j]);
@@ -192,7 +188,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) nvfp4_prepared_kernel(Ge
       }
       if (kt == KT - 1) {
         wg::wgmma_wait0();
-        store_tile(p, cur, acc, warp, g, t);
+        store_tile(p, cur, acc, warp, lane);
         if (++c_local < my_tiles) cur = walk.at(c_local);
       }
     }

@@ -195,10 +195,7 @@ __global__ void __launch_bounds__(kThreads) nvfp4_wgmma_kernel(GemmArgs p) {
   };
 
   float acc[2][16];
-#pragma unroll
-  for (int h = 0; h < 2; ++h)
-#pragma unroll
-    for (int i = 0; i < 16; ++i) acc[h][i] = 0.f;
+  zero(acc);
 
 #pragma unroll
   for (int s = 0; s < kAhead; ++s) {
@@ -256,7 +253,7 @@ __global__ void __launch_bounds__(kThreads) nvfp4_wgmma_kernel(GemmArgs p) {
     if (kt != KT - 1) continue;
 
     wgmma_wait0();
-    store_tile(p, cur, acc, warp, g, t);
+    store_tile(p, cur, acc, warp, lane);
     if (++c_local < my_tiles) cur = walk.at(c_local);
   }
   wgmma_wait0();

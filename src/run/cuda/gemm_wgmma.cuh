@@ -33,6 +33,7 @@
 #pragma once
 #include "epmoe/numeric.h"
 #include "run/cuda/gemm_kernel.cuh"
+#include "run/cuda/nvfp4_layout.h"
 
 namespace epmoe::cuda::wg {
 
@@ -163,6 +164,38 @@ __device__ __forceinline__ void wgmma_bf16(float (&d)[16], uint64_t da, uint64_t
 }
 #undef EPMOE_WG_D16
 #undef EPMOE_WG_OUT16
+
+// Epilogue of a finished tile: bf16 out[row0 + token][n] from both m64 halves' accumulators, each
+// times `scale` (1 here; the nvfp4 engines' 2^8 / global scale); fused: SwiGLU of gate half 0 and
+// up half 1, written in the nvfp4 engine's K order when `kperm`. The volume is tokens x N (small
+// in decode), so plain 2-byte stores are fine; it touches no shared memory, so the loads of the
+// next tile's stages keep running. Layout of acc: see below.
+__device__ __forceinline__ void store_tile(const GemmArgs& p, const TileWalk::Tile& cur, const float (&acc)[2][16],
+                                           int warp, int lane, float scale, bool kperm) {
+  const int g = lane >> 2;
+#pragma unroll
+  for (int j = 0; j < 4; ++j)
+#pragma unroll
+    for (int q = 0; q < 2; ++q) {
+      const int tok = 8 * j + 2 * (lane & 3) + q;
+      if (tok >= cur.mt.rows) continue;
+      bf16_raw* orow = p.out + int64_t(cur.mt.row0 + tok) * p.N;
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        const int r = 16 * warp + g + 8 * hh, i = 4 * j + 2 * hh + q;
+        if (p.fused) {
+          const float gt = acc[0][i] * scale, up = acc[1][i] * scale;
+          orow[cur.n0 + (kperm ? nvfp4_layout::kperm_pos(r) : r)] = num::f32_to_bf16(silu(gt) * up);
+        } else {
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            const int n = cur.n0 + h * 64 + r;
+            if (n < p.N) orow[n] = num::f32_to_bf16(acc[h][i] * scale);
+          }
+        }
+      }
+    }
+}
 
 // Accumulator fragment of m64n32 (f32): register i of thread (warp w, lane l) holds weight row
 // 16w + l/4 + 8*((i >> 1) & 1) and token 8*(i >> 2) + 2*(l % 4) + (i & 1).
@@ -348,32 +381,7 @@ __global__ void __launch_bounds__(kThreads) wgmma_gemm_kernel(GemmArgs p) {
     promote(slot);
     if (kt != KT - 1) continue;
 
-    // Epilogue of the tile: bf16 out[row0 + token][n]. The volume is tokens x N (small in
-    // decode), so plain 2-byte stores are fine; it touches no shared memory, so the loads of the
-    // next tile's stages keep running.
-    const int g = lane >> 2;
-#pragma unroll
-    for (int j = 0; j < 4; ++j)
-#pragma unroll
-      for (int q = 0; q < 2; ++q) {
-        const int tok = 8 * j + 2 * (lane & 3) + q;
-        if (tok >= cur.mt.rows) continue;
-        bf16_raw* orow = p.out + int64_t(cur.mt.row0 + tok) * p.N;
-#pragma unroll
-        for (int hh = 0; hh < 2; ++hh) {
-          const int r = 16 * warp + g + 8 * hh, i = 4 * j + 2 * hh + q;
-          if (p.fused) {
-            const float gt = acc[0][i], up = acc[1][i];
-            orow[cur.n0 + r] = num::f32_to_bf16(silu(gt) * up);
-          } else {
-#pragma unroll
-            for (int h = 0; h < 2; ++h) {
-              const int n = cur.n0 + h * 64 + r;
-              if (n < p.N) orow[n] = num::f32_to_bf16(acc[h][i]);
-            }
-          }
-        }
-      }
+    store_tile(p, cur, acc, warp, lane, 1.0f, false);
     if constexpr (FP8 || !DEFER) {
 #pragma unroll
       for (int h = 0; h < 2; ++h)

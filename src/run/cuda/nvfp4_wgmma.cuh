@@ -20,6 +20,13 @@ __device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {
   return d;
 }
 
+__device__ __forceinline__ void zero(float (&acc)[2][16]) {
+#pragma unroll
+  for (int h = 0; h < 2; ++h)
+#pragma unroll
+    for (int i = 0; i < 16; ++i) acc[h][i] = 0.f;
+}
+
 __device__ __forceinline__ void wgmma_bf16_rA(float (&d)[16], const uint32_t (&a)[4], uint64_t db) {
   asm volatile(
       "{\n.reg .pred p;\nsetp.ne.b32 p, %21, 0;\n"
@@ -72,39 +79,15 @@ __device__ __forceinline__ void issue_batch(float (&acc)[2][16], const uint32_t 
   wg::wgmma_commit();
 }
 
-// A finished tile's accumulators to its output rows (fused: SwiGLU of gate half 0 and up half 1),
-// then zeroed for the next tile. The caller has waited for every wgmma.
+// A finished tile's accumulators to its output rows (wg::store_tile, times 2^8 / global scale;
+// fused GEMM1 in the K order GEMM2 reads when out_kperm), then zeroed for the next tile. The
+// caller has waited for every wgmma.
 __device__ __forceinline__ void store_tile(const GemmArgs& p, const wg::TileWalk::Tile& cur, float (&acc)[2][16],
-                                           int warp, int g, int t) {
+                                           int warp, int lane) {
   wg::reg_fence(acc[0]);
   wg::reg_fence(acc[1]);
-  const float inv_gs = nvfp4_layout::kAccScale / p.W.global_scale[cur.mt.expert];
-#pragma unroll
-  for (int j = 0; j < 4; ++j)
-#pragma unroll
-    for (int q = 0; q < 2; ++q) {
-      const int tok = 8 * j + 2 * t + q;
-      if (tok >= cur.mt.rows) continue;
-      bf16_raw* orow = p.out + int64_t(cur.mt.row0 + tok) * p.N;
-#pragma unroll
-      for (int hh = 0; hh < 2; ++hh) {
-        const int r = 16 * warp + g + 8 * hh, i = 4 * j + 2 * hh + q;
-        if (p.fused) {
-          const float gt = acc[0][i] * inv_gs, up = acc[1][i] * inv_gs;
-          orow[cur.n0 + (p.out_kperm ? nvfp4_layout::kperm_pos(r) : r)] = num::f32_to_bf16(silu(gt) * up);
-        } else {
-#pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            const int n = cur.n0 + h * 64 + r;
-            if (n < p.N) orow[n] = num::f32_to_bf16(acc[h][i] * inv_gs);
-          }
-        }
-      }
-    }
-#pragma unroll
-  for (int h = 0; h < 2; ++h)
-#pragma unroll
-    for (int i = 0; i < 16; ++i) acc[h][i] = 0.f;
+  wg::store_tile(p, cur, acc, warp, lane, nvfp4_layout::kAccScale / p.W.global_scale[cur.mt.expert], p.out_kperm);
+  zero(acc);
 }
 
 }  // namespace epmoe::cuda::wgf4
