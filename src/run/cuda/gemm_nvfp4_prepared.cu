@@ -268,14 +268,9 @@ void launch_grouped_gemm_wgmma_nvfp4_prepared(const GemmArgs& a, cudaStream_t st
   using namespace wgf4p;
   if (!a.W.prepared || !a.W.global_scale || !a.A)
     throw UsageError("cuda runner (wgmma nvfp4, prepared): needs prepared weights, global_scale and bf16 A");
-  void (*kern)(GemmArgs) = nvfp4_prepared_kernel;
-  constexpr int smem = kSmem;
-  const KernelFit fit = fit_kernel(reinterpret_cast<const void*>(kern), kThreads, smem);
-  const int n_per_tile = a.fused ? kRowsW / 2 : kRowsW;
-  const int64_t work = int64_t(a.max_tiles) * ((a.N + n_per_tile - 1) / n_per_tile);
-  const int grid = static_cast<int>(std::min<int64_t>(work, int64_t(fit.sms) * fit.per_sm));
+  const int grid = wg::persistent_grid(a, reinterpret_cast<const void*>(nvfp4_prepared_kernel), kSmem);
   if (grid <= 0) return;
-  kern<<<grid, kThreads, smem, stream>>>(a);
+  nvfp4_prepared_kernel<<<grid, kThreads, kSmem, stream>>>(a);
   EPMOE_CUDA_CHECK_LAUNCH();
 }
 

@@ -291,11 +291,7 @@ void launch_grouped_gemm_wgmma_nvfp4(const GemmArgs& a, cudaStream_t stream) {
     throw UsageError(std::string(what) + ": needs nvfp4 weights with scales and global_scale, and bf16 A (weights are " +
                      format_name(a.W.format) + ")");
   constexpr int smem = Layout::TOTAL;
-  const KernelFit fit = fit_kernel(reinterpret_cast<const void*>(nvfp4_wgmma_kernel), kThreads, smem);
-  const int sms = fit.sms, per_sm = fit.per_sm;
-  const int n_per_tile = a.fused ? kRowsW / 2 : kRowsW;
-  const int64_t work = int64_t(a.max_tiles) * ((a.N + n_per_tile - 1) / n_per_tile);
-  const int grid = static_cast<int>(std::min<int64_t>(work, int64_t(sms) * per_sm));
+  const int grid = wg::persistent_grid(a, reinterpret_cast<const void*>(nvfp4_wgmma_kernel), smem);
   if (grid <= 0) return;
   nvfp4_wgmma_kernel<<<grid, kThreads, smem, stream>>>(a);
   EPMOE_CUDA_CHECK_LAUNCH();

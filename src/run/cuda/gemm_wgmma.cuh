@@ -197,6 +197,16 @@ __device__ __forceinline__ void store_tile(const GemmArgs& p, const TileWalk::Ti
     }
 }
 
+// Grid of a decode-engine launch (this file's and both nvfp4 ones, all kThreads per CTA and
+// kRowsW-row weight tiles): one CTA per (m-tile, weight tile) pair, at most as many as fit on the
+// device at once (the grid is persistent). <= 0: nothing to launch.
+inline int persistent_grid(const GemmArgs& a, const void* kernel, int smem) {
+  const KernelFit fit = fit_kernel(kernel, kThreads, smem);
+  const int n_per_tile = a.fused ? kRowsW / 2 : kRowsW;
+  const int64_t work = int64_t(a.max_tiles) * ((a.N + n_per_tile - 1) / n_per_tile);
+  return static_cast<int>(std::min<int64_t>(work, int64_t(fit.sms) * fit.per_sm));
+}
+
 // Accumulator fragment of m64n32 (f32): register i of thread (warp w, lane l) holds weight row
 // 16w + l/4 + 8*((i >> 1) & 1) and token 8*(i >> 2) + 2*(l % 4) + (i & 1).
 template <bool FP8, bool DEFER>
@@ -410,11 +420,7 @@ void launch(const GemmArgs& a, cudaStream_t stream) {
     throw UsageError(std::string(what) + ": missing operand (fp8 needs A8, a_scales with a_scales_ld > 0 and "
                      "weight scales; bf16 needs A)");
   constexpr int smem = Layout::total(DEFER);
-  const KernelFit fit = fit_kernel(reinterpret_cast<const void*>(wgmma_gemm_kernel<FP8, DEFER>), kThreads, smem);
-  const int sms = fit.sms, per_sm = fit.per_sm;
-  const int n_per_tile = a.fused ? kRowsW / 2 : kRowsW;
-  const int64_t work = int64_t(a.max_tiles) * ((a.N + n_per_tile - 1) / n_per_tile);
-  const int grid = static_cast<int>(std::min<int64_t>(work, int64_t(sms) * per_sm));
+  const int grid = persistent_grid(a, reinterpret_cast<const void*>(wgmma_gemm_kernel<FP8, DEFER>), smem);
   if (grid <= 0) return;
   wgmma_gemm_kernel<FP8, DEFER><<<grid, kThreads, smem, stream>>>(a);
   EPMOE_CUDA_CHECK_LAUNCH();
