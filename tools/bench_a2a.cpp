@@ -358,7 +358,7 @@ void a2a_rank(Communicator& comm, const Opts& o) {
         if (f == ActFormat::nvfp4 && cfg.nvfp4_global_scale <= 0) cfg.nvfp4_global_scale = 448.f * 6.f / 5.f;
         cfg.dispatcher = dname;
         cfg.runner = "cuda";
-        cfg.comm_sms = o.comm_sms;
+        cfg.tuning.comm_sms = o.comm_sms;
         cfg.placement.reset();
         // A format the shape cannot take (fp8 needs H % 128 == 0, ...) is skipped and said; every
         // rank decides alike from the same configuration.

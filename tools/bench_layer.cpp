@@ -496,7 +496,7 @@ int bench_layer(const std::vector<std::string>& args) {
   if ((R == 1) != (b.dispatcher == "local"))
     throw UsageError("--dispatcher=" + b.dispatcher + " with " + std::to_string(R) + " rank" + (R == 1 ? "" : "s") +
                      ": one GPU runs dispatcher local, several run nvlink or nccl");
-  b.comm_sms = flags.get_int("comm-sms", b.comm_sms);
+  b.tuning.comm_sms = flags.get_int("comm-sms", b.tuning.comm_sms);
   if (flags.has("combine")) {
     const auto c = parse_act_format(flags.get("combine"));
     if (!c) throw UsageError("--combine=" + flags.get("combine") + " is not a format; use bf16 or fp8");

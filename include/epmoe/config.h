@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "epmoe/format.h"
+#include "epmoe/options.h"
 #include "epmoe/placement.h"
 
 namespace epmoe {
@@ -54,9 +55,10 @@ struct MoeConfig {
   std::string dispatcher = "cpu";
   std::string runner = "reference";
 
-  // Communication kernels.
-  int comm_sms = 24;           // SMs a device-initiated dispatcher may use
-  int timeout_ms = 10000;      // how long to wait for a peer before naming it in a TimeoutError
+  int timeout_ms = 10000;  // how long to wait for a peer before naming it in a TimeoutError
+
+  // How the backends run (engines, SMs, pipelines): options.h. Defaults from the environment.
+  Tuning tuning = default_tuning();
 
   // Derived.
   int experts_per_rank() const;  // slots per rank (placement-aware)
@@ -70,7 +72,8 @@ struct ConfigIssue {
   std::string message;  // e.g. "hidden=7000 is not a multiple of 128, which dispatch format fp8 requires"
 };
 
-// Every problem with `cfg`, in field order. Empty when valid.
+// Every problem with `cfg`, in field order, then its tuning, the EPMOE_* environment and the
+// chosen backends' own limits (the registry's per-backend checks). Empty when valid.
 std::vector<ConfigIssue> validate(const MoeConfig& cfg);
 // Throws UsageError listing every issue.
 void validate_or_throw(const MoeConfig& cfg);

@@ -22,6 +22,9 @@ struct DispatcherInfo {
   std::vector<ActFormat> formats;       // dispatch formats it carries
   std::vector<ActFormat> combine_formats;
   std::function<std::unique_ptr<Dispatcher>(const MoeConfig&, Communicator&)> create;
+  // This backend's own limits (shapes, tuning ranges), called by validate() when cfg names it, so
+  // that constructors find no configuration errors. May be empty.
+  std::function<void(const MoeConfig&, std::vector<ConfigIssue>&)> check;
 };
 
 struct RunnerInfo {
@@ -30,6 +33,8 @@ struct RunnerInfo {
   std::vector<ActFormat> accepts;       // dispatch formats it reads
   std::vector<WeightFormat> weights;    // weight formats it runs
   std::function<std::unique_ptr<Runner>(const MoeConfig&, int device_index)> create;
+  // As DispatcherInfo::check.
+  std::function<void(const MoeConfig&, std::vector<ConfigIssue>&)> check;
 };
 
 // Everything one forward step needs besides its input.

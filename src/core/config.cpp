@@ -200,10 +200,11 @@ std::vector<ConfigIssue> validate(const MoeConfig& c) {
     is.add("combine_format", format_name(c.combine_format),
            std::string("combine_format=") + format_name(c.combine_format) + " is not supported; use bf16 or fp8");
   }
-  if (c.comm_sms < 1) is.add("comm_sms", c.comm_sms, "must be >= 1; the default is 24");
   if (c.timeout_ms < 1) is.add("timeout_ms", c.timeout_ms, "must be >= 1; the default is 10000");
 
   std::vector<ConfigIssue> out = is.take();
+  for (ConfigIssue& i : validate(c.tuning)) out.push_back(std::move(i));
+  for (const ConfigIssue& i : environment_issues()) out.push_back(i);
   // The registry owns backend legality (names, pairs, formats per backend). A registry that trips
   // over a malformed config must not hide the issues found above.
   try {
@@ -255,8 +256,8 @@ class Hasher {
 }  // namespace
 
 uint64_t config_fingerprint(const MoeConfig& c) {
-  // Only what changes the bytes exchanged or their meaning. timeout_ms and comm_sms are local tuning
-  // and may differ between ranks.
+  // Only what changes the bytes exchanged or their meaning. timeout_ms and the [local] tuning
+  // fields may differ between ranks.
   Hasher h;
   h.str("epmoe-config-v1");
   h.i32(c.hidden);
@@ -299,6 +300,10 @@ uint64_t config_fingerprint(const MoeConfig& c) {
   h.i32(static_cast<int>(c.intermediate_quant));
   h.str(c.dispatcher);
   h.str(c.runner);
+  // Tuning fields marked [agree] (options.h): both sides of a combine must agree on who writes
+  // which flags. Only the effective value counts (the copy engine moves bf16 rows only).
+  const bool ce = c.tuning.combine == CombineMode::ce && c.combine_format == ActFormat::bf16;
+  h.i32(ce ? c.tuning.ce_rows : 0);
   return h.value();
 }
 
@@ -334,7 +339,8 @@ std::string describe(const MoeConfig& c) {
   os << "combine:    " << format_name(c.combine_format) << "\n";
   os << "interm. q:  " << iq_name(c.intermediate_quant) << "\n";
   os << "backends:   dispatcher=" << c.dispatcher << " runner=" << c.runner << "\n";
-  os << "comm:       comm_sms=" << c.comm_sms << " timeout_ms=" << c.timeout_ms << "\n";
+  os << "timeout:    " << c.timeout_ms << " ms\n";
+  os << "tuning:\n" << describe(c.tuning);
   char fp[32];
   std::snprintf(fp, sizeof fp, "%016llx", static_cast<unsigned long long>(config_fingerprint(c)));
   os << "fingerprint: " << fp << "\n";

@@ -4,6 +4,8 @@
 // job always finishes even when every worker is busy elsewhere (concurrent ranks, nesting).
 #include "core/parallel.h"
 
+#include "core/env.h"
+
 #include <algorithm>
 #include <atomic>
 #include <condition_variable>
@@ -25,15 +27,7 @@ namespace {
 constexpr int kMaxDefaultThreads = 64;
 
 int threads_from_env() {
-  const char* s = std::getenv("EPMOE_CPU_THREADS");
-  if (s != nullptr && *s != '\0') {
-    char* end = nullptr;
-    const long v = std::strtol(s, &end, 10);
-    if (end == s || *end != '\0' || v < 1 || v > 4096)
-      throw UsageError(std::string("EPMOE_CPU_THREADS=") + s +
-                       " is not a thread count; set it to an integer in [1, 4096] (1 = serial) or unset it");
-    return int(v);
-  }
+  if (const int n = env::cpu_threads(); n > 0) return n;
   const unsigned hw = std::thread::hardware_concurrency();
   return std::clamp(int(hw == 0 ? 1 : hw), 1, kMaxDefaultThreads);
 }

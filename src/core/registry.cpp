@@ -177,6 +177,11 @@ std::vector<ConfigIssue> Registry::check(const MoeConfig& cfg) const {
                       std::string("combine_format=") + format_name(cfg.combine_format) + " is not supported by dispatcher=" +
                           cfg.dispatcher + "; use one of: " + format_list(disp->combine_formats)});
   }
+  // The backends' own limits, once the pair itself is legal.
+  if (issues.empty()) {
+    if (disp->check) disp->check(cfg, issues);
+    if (runner->check) runner->check(cfg, issues);
+  }
   return issues;
 }
 

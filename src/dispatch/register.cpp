@@ -12,8 +12,8 @@ std::unique_ptr<Dispatcher> make_local_cpu_dispatcher(const MoeConfig& cfg, Comm
 void register_cpu_dispatchers(Registry& reg) {
   const std::vector<ActFormat> all = {ActFormat::bf16, ActFormat::fp8, ActFormat::nvfp4};
   const std::vector<ActFormat> combine = {ActFormat::bf16, ActFormat::fp8};
-  reg.add(DispatcherInfo{"local", {"local"}, DeviceKind::cpu, all, combine, make_local_cpu_dispatcher});
-  reg.add(DispatcherInfo{"cpu", {"cpu"}, DeviceKind::cpu, all, combine, make_cpu_dispatcher});
+  reg.add(DispatcherInfo{"local", {"local"}, DeviceKind::cpu, all, combine, make_local_cpu_dispatcher, {}});
+  reg.add(DispatcherInfo{"cpu", {"cpu"}, DeviceKind::cpu, all, combine, make_cpu_dispatcher, {}});
 }
 
 }  // namespace epmoe::detail

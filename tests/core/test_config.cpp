@@ -223,8 +223,8 @@ TEST(CoreConfig, FormatsAndComm) {
   EXPECT_TRUE(found) << issues_text(validate(c));
 
   c = base();
-  c.comm_sms = 0;
-  expect_has(only_issue(c, "comm_sms").message, "comm_sms=0 must be >= 1");
+  c.tuning.comm_sms = 0;
+  expect_has(only_issue(c, "tuning.comm_sms").message, "tuning.comm_sms=0 is outside [1, 1024]");
   c = base();
   c.timeout_ms = -5;
   expect_has(only_issue(c, "timeout_ms").message, "timeout_ms=-5 must be >= 1");
@@ -304,7 +304,10 @@ TEST(CoreConfig, FingerprintCoversWhatRanksShare) {
   // Local tuning does not have to agree; an explicit map equal to the default agrees with it.
   MoeConfig c = base();
   c.timeout_ms = 5;
-  c.comm_sms = 8;
+  c.tuning.comm_sms = 8;
+  c.tuning.push_warps = 9;
+  c.tuning.engine = RunnerEngine::mma;
+  c.tuning.ce_rows = 7;  // only counts in combine mode ce
   EXPECT_EQ(config_fingerprint(c), fb);
   c.placement = ExpertPlacement::contiguous(16, 2);
   EXPECT_EQ(config_fingerprint(c), fb);

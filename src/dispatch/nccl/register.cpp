@@ -12,8 +12,8 @@ namespace epmoe::detail {
 void register_nccl_backends(Registry& reg) {
   const std::vector<ActFormat> all = {ActFormat::bf16, ActFormat::fp8, ActFormat::nvfp4};
   const std::vector<ActFormat> combine = {ActFormat::bf16, ActFormat::fp8};
-  reg.add(DispatcherInfo{"nccl", {"nccl"}, DeviceKind::cuda, all, combine, make_nccl_dispatcher});
-  reg.add(DispatcherInfo{"nvlink", {"nccl"}, DeviceKind::cuda, all, combine, make_nvlink_dispatcher});
+  reg.add(DispatcherInfo{"nccl", {"nccl"}, DeviceKind::cuda, all, combine, make_nccl_dispatcher, {}});
+  reg.add(DispatcherInfo{"nvlink", {"nccl"}, DeviceKind::cuda, all, combine, make_nvlink_dispatcher, {}});
   reg.add_pair("nccl", "cuda");
   reg.add_pair("nvlink", "cuda");
 }

@@ -1,7 +1,7 @@
 // The "nvlink" dispatcher: device-initiated one-sided push over NCCL symmetric memory (LSA peer
 // pointers into windows registered with NCCL_WIN_DEFAULT; no multicast anywhere).
 //
-// One dispatch is one kernel of cfg.comm_sms CTAs (call epoch e, kept in device memory):
+// One dispatch is one kernel of cfg.tuning.comm_sms CTAs (call epoch e, kept in device memory):
 //   1. each CTA validates and counts its chunk of tokens per destination; grid barrier (the only one);
 //   2. CTA 0 writes a Status {count, input problem, grid size} into every peer's window and releases
 //      it with epoch e. A peer's status for e doubles as its ack that it finished with call e-1's
@@ -392,11 +392,11 @@ class NvlinkDispatcher final : public Dispatcher {
     comm_.check_same(config_fingerprint(cfg), "dispatcher \"nvlink\" configuration (config_fingerprint)");
     int sms = 0;
     EPMOE_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, comm_.device_index()));
-    if (cfg.comm_sms > sms)
-      throw UsageError("dispatcher \"nvlink\": comm_sms=" + std::to_string(cfg.comm_sms) + " exceeds the " +
+    if (cfg.tuning.comm_sms > sms)
+      throw UsageError("dispatcher \"nvlink\": comm_sms=" + std::to_string(cfg.tuning.comm_sms) + " exceeds the " +
                        std::to_string(sms) + " SMs of device " + std::to_string(comm_.device_index()) +
                        "; the spinning CTAs must all be resident, use --comm-sms <= " + std::to_string(sms));
-    G_ = cfg.comm_sms;
+    G_ = cfg.tuning.comm_sms;
     push_warps_ = env_int("EPMOE_NVL_PUSH_WARPS", kPushWarps, kMinPushWarps, kMaxPushWarps,
                           "combine warps per CTA that push rows; the others sum");
     // Copy-engine combine (bf16 rows only: fp8 rows are encoded by the push warps on the way).

@@ -231,7 +231,7 @@ MoeConfig small_config(const std::string& dispatcher, ActFormat f, ActFormat cf,
   MoeConfig cfg = make_config(2, 16, 4, 256, C, f, cf);
   cfg.dispatcher = dispatcher;
   cfg.runner = "cuda";
-  cfg.comm_sms = 8;
+  cfg.tuning.comm_sms = 8;
   return cfg;
 }
 
@@ -529,7 +529,7 @@ void expect_nvlink_shapes(const std::vector<NvlinkShape>& shapes, uint32_t seed,
     MoeConfig cfg = make_config(2, 32, 8, sh.H, 700, sh.f, sh.cf);
     cfg.dispatcher = "nvlink";
     cfg.runner = "cuda";
-    cfg.comm_sms = sh.sms;
+    cfg.tuning.comm_sms = sh.sms;
     auto disps = create_all(cfg, comms);
     for (const auto& T : sh.T) {
       const auto in = random_inputs(cfg, T, seed++);
@@ -565,7 +565,7 @@ TEST(NvlinkDispatch, RanksWithDifferentCommSms) {
   std::vector<std::unique_ptr<Dispatcher>> disps(2);
   run_ranks(comms, [&](Communicator& c) {
     MoeConfig mine = cfg;
-    mine.comm_sms = c.rank() == 0 ? 11 : 2;
+    mine.tuning.comm_sms = c.rank() == 0 ? 11 : 2;
     disps[c.rank()] = Registry::global().find_dispatcher("nvlink")->create(mine, c);
   });
   uint32_t seed = 4000;

@@ -1,0 +1,78 @@
+// Tuning options: how a backend runs, never what it computes (every value gives the same bytes,
+// except where a field says so). Each field is marked
+//   [agree] ranks must hold the same value: it is part of config_fingerprint, so ranks built
+//           differently fail at setup instead of hanging;
+//   [local] each rank may choose its own.
+// Defaults come from the environment (EPMOE_* variables, read by one reader, src/core/env.cpp),
+// else from the built-in value below. A malformed variable is reported by validate() as an issue
+// naming the variable; the field then keeps its built-in default. Code that sets a field directly
+// wins over the environment. validate() checks every field.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace epmoe {
+
+struct ConfigIssue;
+
+// Which GEMM engines runner "cuda" may use.
+enum class RunnerEngine : uint8_t {
+  automatic,  // decode engines for few rows per expert, CUTLASS above the measured crossover
+  mma,        // never CUTLASS (decode wgmma / mma.sync engines)
+  cutlass,    // CUTLASS grouped GEMMs whatever M (needs a build with CUTLASS)
+};
+
+// Who moves the combine rows of dispatcher "nvlink".
+enum class CombineMode : uint8_t {
+  sm,  // push warps of the combine kernel
+  ce,  // the copy engine (bf16 combine only; fp8 rows are encoded by the push warps on the way)
+};
+
+struct Tuning {
+  // --- runner "cuda" -------------------------------------------------------------------------
+  RunnerEngine engine = RunnerEngine::automatic;  // [local] EPMOE_RUNNER_ENGINE=auto|mma|cutlass
+  bool wgmma_defer = true;      // [local] EPMOE_WGMMA_DEFER=0|1: the decode wgmma pipeline waits
+                                //   for a stage's MMAs one iteration later (same bits, faster)
+  bool fused_swiglu = false;    // [local] EPMOE_CUTLASS_SWIGLU=0|1: CUTLASS GEMM1 as gate half +
+                                //   up half with SwiGLU in its epilogue (same bits)
+  int widen_scratch_mb = 1024;  // [local] EPMOE_WIDEN_SCRATCH_MB=1..16777216: bound of the buffer
+                                //   fp8/nvfp4 weights are widened into for the CUTLASS bf16 GEMM
+  bool nvfp4_prepare = true;    // [local] EPMOE_NVFP4_PREPARE=0|1: copy nvfp4 weights once into
+                                //   the decode engine's load order (the weight bytes again)
+
+  // --- device-initiated dispatchers ("nvlink") -----------------------------------------------
+  int comm_sms = 24;            // [local] EPMOE_COMM_SMS=1..1024: SMs (CTAs) of the dispatch and
+                                //   combine kernels; must not exceed the device's SM count
+  int push_warps = 6;           // [local] EPMOE_NVL_PUSH_WARPS=4..12: combine warps per CTA that
+                                //   push rows (the others sum); ignored in combine mode ce
+  CombineMode combine = CombineMode::sm;  // [agree] EPMOE_NVL_COMBINE=sm|ce
+  int ce_rows = 512;            // [agree] EPMOE_NVL_CE_ROWS=1..1048576: rows per copy-engine copy
+
+  // Built-in limits (validate() and the CLI use them).
+  static constexpr int kMinPushWarps = 4, kMaxPushWarps = 12;
+  static constexpr int kMaxCommSms = 1024;
+  static constexpr int kMaxCeRows = 1 << 20;
+  static constexpr int kMaxWidenScratchMb = 1 << 24;
+};
+
+// The defaults: built-in values overridden by the EPMOE_* variables that are set and well formed.
+// Read once per process (the environment is not re-read).
+const Tuning& default_tuning();
+// Issues with the EPMOE_* variables (field = the variable's name), empty when all are well formed.
+const std::vector<ConfigIssue>& environment_issues();
+
+// Every problem with the fields of `t` (field names "tuning.<name>").
+std::vector<ConfigIssue> validate(const Tuning& t);
+
+const char* engine_name(RunnerEngine e);        // "auto", "mma", "cutlass"
+const char* combine_mode_name(CombineMode m);   // "sm", "ce"
+// Parsers shared by the environment reader and the CLI: false when `s` is not a valid name.
+bool parse_engine(const std::string& s, RunnerEngine& out);
+bool parse_combine_mode(const std::string& s, CombineMode& out);
+
+// One line per field: "name = value   [agree|local]  source" where source is "env EPMOE_X" or
+// "default" (what `epmoe validate` prints).
+std::string describe(const Tuning& t);
+
+}  // namespace epmoe

@@ -1,0 +1,83 @@
+// Tuning options (options.h): names, parsers, checks and the dump. The environment defaults are
+// read in env.cpp.
+#include "epmoe/options.h"
+
+#include <sstream>
+
+#include "core/env.h"
+#include "epmoe/config.h"
+
+namespace epmoe {
+
+const char* engine_name(RunnerEngine e) {
+  switch (e) {
+    case RunnerEngine::mma: return "mma";
+    case RunnerEngine::cutlass: return "cutlass";
+    default: return "auto";
+  }
+}
+
+const char* combine_mode_name(CombineMode m) { return m == CombineMode::ce ? "ce" : "sm"; }
+
+bool parse_engine(const std::string& s, RunnerEngine& out) {
+  if (s == "auto") out = RunnerEngine::automatic;
+  else if (s == "mma") out = RunnerEngine::mma;
+  else if (s == "cutlass") out = RunnerEngine::cutlass;
+  else return false;
+  return true;
+}
+
+bool parse_combine_mode(const std::string& s, CombineMode& out) {
+  if (s == "sm") out = CombineMode::sm;
+  else if (s == "ce") out = CombineMode::ce;
+  else return false;
+  return true;
+}
+
+std::vector<ConfigIssue> validate(const Tuning& t) {
+  std::vector<ConfigIssue> is;
+  auto range = [&](const char* field, long long v, long long lo, long long hi, const char* fix) {
+    if (v < lo || v > hi)
+      is.push_back({std::string("tuning.") + field, std::to_string(v),
+                    std::string("tuning.") + field + "=" + std::to_string(v) + " is outside [" + std::to_string(lo) +
+                        ", " + std::to_string(hi) + "]; " + fix});
+  };
+  range("widen_scratch_mb", t.widen_scratch_mb, 1, Tuning::kMaxWidenScratchMb, "the default is 1024 (MiB)");
+  range("comm_sms", t.comm_sms, 1, Tuning::kMaxCommSms, "the default is 24 (--comm-sms)");
+  range("push_warps", t.push_warps, Tuning::kMinPushWarps, Tuning::kMaxPushWarps, "the default is 6 (--push-warps)");
+  range("ce_rows", t.ce_rows, 1, Tuning::kMaxCeRows, "the default is 512 (--ce-rows)");
+  auto named = [&](const char* field, int v, int count, const char* names) {
+    if (v < 0 || v >= count)
+      is.push_back({std::string("tuning.") + field, std::to_string(v),
+                    std::string("tuning.") + field + " holds no valid value; use one of " + names});
+  };
+  named("engine", int(t.engine), 3, "auto, mma, cutlass");
+  named("combine", int(t.combine), 2, "sm, ce");
+  return is;
+}
+
+std::string describe(const Tuning& t) {
+  const Tuning& d = default_tuning();
+  std::ostringstream os;
+  auto row = [&](const char* name, const std::string& v, const std::string& dv, bool agree, const char* var) {
+    const bool from_env = env::get(var).has_value();
+    const char* src = v != dv ? "set" : (from_env ? "env" : "default");
+    os << "  " << name << std::string(name[0] ? 18 - std::string(name).size() : 0, ' ') << v
+       << std::string(v.size() < 10 ? 10 - v.size() : 1, ' ') << (agree ? "[agree] " : "[local] ") << src
+       << (from_env && v == dv ? std::string(" ") + var : std::string()) << "\n";
+  };
+  auto b = [](bool x) { return std::string(x ? "1" : "0"); };
+  auto i = [](int x) { return std::to_string(x); };
+  row("engine", engine_name(t.engine), engine_name(d.engine), false, "EPMOE_RUNNER_ENGINE");
+  row("wgmma_defer", b(t.wgmma_defer), b(d.wgmma_defer), false, "EPMOE_WGMMA_DEFER");
+  row("fused_swiglu", b(t.fused_swiglu), b(d.fused_swiglu), false, "EPMOE_CUTLASS_SWIGLU");
+  row("widen_scratch_mb", i(t.widen_scratch_mb), i(d.widen_scratch_mb), false, "EPMOE_WIDEN_SCRATCH_MB");
+  row("nvfp4_prepare", b(t.nvfp4_prepare), b(d.nvfp4_prepare), false, "EPMOE_NVFP4_PREPARE");
+  row("comm_sms", i(t.comm_sms), i(d.comm_sms), false, "EPMOE_COMM_SMS");
+  row("push_warps", i(t.push_warps), i(d.push_warps), false, "EPMOE_NVL_PUSH_WARPS");
+  row("combine", combine_mode_name(t.combine), combine_mode_name(d.combine), true, "EPMOE_NVL_COMBINE");
+  row("ce_rows", i(t.ce_rows), i(d.ce_rows), true, "EPMOE_NVL_CE_ROWS");
+  return os.str();
+}
+
+}  // namespace epmoe
