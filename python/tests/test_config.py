@@ -1,0 +1,78 @@
+"""MoeConfig / Tuning / validate / presets / errors from Python: the C++ API's mirror."""
+import pytest
+
+import epmoe
+
+
+def small(**kw):
+    base = dict(hidden=256, intermediate=128, num_experts=8, top_k=2, capacity=4,
+                dispatcher="local", runner="reference")
+    base.update(kw)
+    return epmoe.MoeConfig(**base)
+
+
+def test_version_and_build_flags():
+    assert epmoe.__version__.count(".") == 2
+    assert isinstance(epmoe.with_cuda, bool) and isinstance(epmoe.with_nccl, bool)
+
+
+def test_keywords_set_every_field_and_enums_take_names():
+    c = small(dispatch_format="fp8", weight_format=epmoe.WeightFormat.nvfp4, fp8_ue8m0=True,
+              intermediate_quant="fp8", timeout_ms=77)
+    assert c.dispatch_format == epmoe.ActFormat.fp8
+    assert c.weight_format == epmoe.WeightFormat.nvfp4
+    assert c.intermediate_quant == epmoe.IntermediateQuant.fp8
+    assert c.fp8_ue8m0 is True and c.timeout_ms == 77
+
+
+def test_nested_structs_are_references():
+    c = small()
+    c.router.kind = "sigmoid_grouped_topk"
+    c.router.n_group = 4
+    c.tuning.engine = "mma"
+    c.tuning.comm_sms = 12
+    assert c.router.kind == epmoe.RouterKind.sigmoid_grouped_topk and c.router.n_group == 4
+    assert c.tuning.engine == epmoe.RunnerEngine.mma and c.tuning.comm_sms == 12
+    assert "comm_sms" in c.describe()
+
+
+def test_unknown_field_and_wrong_type_are_usage_errors():
+    with pytest.raises(epmoe.UsageError, match="hiden"):
+        epmoe.MoeConfig(hiden=7168)
+    with pytest.raises(ValueError, match="MoeConfig.hidden='x' is not an int"):
+        epmoe.MoeConfig(hidden="x")
+    with pytest.raises(epmoe.UsageError, match="one of bf16, fp8, nvfp4"):
+        epmoe.MoeConfig(dispatch_format="fp4")
+    with pytest.raises(epmoe.UsageError, match="Tuning.engine"):
+        epmoe.Tuning(engine="fast")
+
+
+def test_validate_returns_field_value_message():
+    c = small(hidden=200, dispatch_format="fp8", capacity=0)
+    issues = c.validate()
+    fields = {i.field: i for i in issues}
+    assert "hidden" in fields and fields["hidden"].value == "200"
+    assert "multiple of 128" in fields["hidden"].message
+    assert "capacity" in fields
+    with pytest.raises(epmoe.UsageError, match="invalid MoE configuration"):
+        c.validate_or_raise()
+    t = epmoe.Tuning(push_warps=20)
+    assert [i.field for i in t.validate()] == ["tuning.push_warps"]
+
+
+def test_presets_and_pairs():
+    names = epmoe.presets()
+    assert "deepseek-v3" in names and "tiny" in names
+    p = epmoe.preset("deepseek-v3")
+    assert p.config.hidden == 7168 and p.config.num_experts == 256 and p.num_layers > 0
+    with pytest.raises(epmoe.UsageError, match="tiny"):
+        epmoe.preset("nope")
+    pairs = epmoe.legal_pairs()
+    assert any(s.startswith("local+reference") for s in pairs)
+    assert any(s.startswith("cpu+reference") for s in pairs)
+
+
+def test_exception_hierarchy():
+    assert issubclass(epmoe.UsageError, ValueError)
+    assert issubclass(epmoe.TimeoutError, TimeoutError)
+    assert issubclass(epmoe.BackendError, RuntimeError)

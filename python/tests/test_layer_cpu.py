@@ -1,0 +1,137 @@
+"""The layer on the CPU reference from Python: numpy in, numpy out, simulated ranks on threads."""
+import numpy as np
+import pytest
+
+import epmoe
+
+E, H, I, K = 8, 256, 128, 2
+
+
+def cfg(**kw):
+    base = dict(hidden=H, intermediate=I, num_experts=E, top_k=K, capacity=8,
+                dispatcher="local", runner="reference")
+    base.update(kw)
+    return epmoe.MoeConfig(**base)
+
+
+@pytest.fixture(scope="module")
+def weights():
+    rng = np.random.default_rng(1)
+    w13 = (rng.standard_normal((E, 2 * I, H), dtype=np.float32) / 16).astype(np.float32)
+    w2 = (rng.standard_normal((E, H, I), dtype=np.float32) / 16).astype(np.float32)
+    return w13, w2
+
+
+def inputs(T, seed=2):
+    rng = np.random.default_rng(seed)
+    x = epmoe.bf16_bits(rng.standard_normal((T, H), dtype=np.float32))
+    g = rng.standard_normal((T, E), dtype=np.float32)
+    return x, g
+
+
+def plain_layer(w13, w2, x, g):
+    """float64 softmax top-k MoE with renormalized weights (the reference's semantics, unrounded)."""
+    xf = epmoe.bf16_to_float(x).astype(np.float64)
+    p = np.exp(g - g.max(axis=1, keepdims=True))
+    p /= p.sum(axis=1, keepdims=True)
+    out = np.zeros_like(xf)
+    for t in range(x.shape[0]):
+        ids = np.argsort(-p[t], kind="stable")[:K]
+        w = p[t, ids] / p[t, ids].sum()
+        for e, wk in zip(ids, w):
+            gu = w13[e].astype(np.float64) @ xf[t]
+            h = gu[:I] / (1 + np.exp(-gu[:I])) * gu[I:]
+            out[t] += wk * (w2[e].astype(np.float64) @ h)
+    return out
+
+
+@pytest.mark.parametrize("fmt", ["bf16", "fp8", "nvfp4"])
+def test_forward_matches_float64(weights, fmt):
+    w13, w2 = weights
+    c = cfg(weight_format=fmt)
+    layer = epmoe.MoeLayer(c, epmoe.local_comm(), epmoe.ExpertWeights.quantize(w13, w2, fmt))
+    x, g = inputs(5)
+    out = layer.forward(x, g)
+    assert out.dtype == np.uint16 and out.shape == (5, H)
+    got = epmoe.bf16_to_float(out)
+    want = plain_layer(w13, w2, x, g)
+    err = np.abs(got - want).max() / np.abs(want).max()
+    assert np.isfinite(got).all()
+    assert err < {"bf16": 2e-2, "fp8": 8e-2, "nvfp4": 2.5e-1}[fmt], err
+
+
+def test_out_is_written_in_place_and_zero_tokens_work(weights):
+    w13, w2 = weights
+    layer = epmoe.MoeLayer(cfg(), epmoe.local_comm(), epmoe.ExpertWeights.quantize(w13, w2, "bf16"))
+    x, g = inputs(3)
+    out = np.full((3, H), 0x7E7E, dtype=np.uint16)
+    assert layer.forward(x, g, out) is out
+    assert not (out == 0x7E7E).all()
+    empty = layer.forward(x[:0], g[:0])
+    assert empty.shape == (0, H)
+
+
+def test_forward_routed_equals_forward(weights):
+    w13, w2 = weights
+    layer = epmoe.MoeLayer(cfg(), epmoe.local_comm(), epmoe.ExpertWeights.quantize(w13, w2, "bf16"))
+    x, g = inputs(4)
+    p = np.exp(g - g.max(axis=1, keepdims=True))
+    p /= p.sum(axis=1, keepdims=True)
+    ids = np.argsort(-p, axis=1, kind="stable")[:, :K].astype(np.int32)
+    w = np.take_along_axis(p, ids, axis=1)
+    w = (w / w.sum(axis=1, keepdims=True)).astype(np.float32)
+    a = epmoe.bf16_to_float(layer.forward(x, g))
+    b = epmoe.bf16_to_float(layer.forward_routed(x, ids, w))
+    assert np.abs(a - b).max() <= 1e-2 * np.abs(a).max()
+
+
+def test_bad_inputs_are_usage_errors_naming_the_argument(weights):
+    w13, w2 = weights
+    layer = epmoe.MoeLayer(cfg(), epmoe.local_comm(), epmoe.ExpertWeights.quantize(w13, w2, "bf16"))
+    x, g = inputs(3)
+    with pytest.raises(epmoe.UsageError, match="router_logits"):
+        layer.forward(x, g[:, :4].copy())
+    with pytest.raises(epmoe.UsageError, match="hidden"):
+        layer.forward(x[:, ::2], g)
+    with pytest.raises(epmoe.UsageError, match="hidden"):
+        layer.forward(epmoe.bf16_to_float(x), g)  # float32 where bf16 is expected
+    big_x, big_g = inputs(9)  # capacity is 8
+    with pytest.raises(epmoe.UsageError, match="capacity"):
+        layer.forward(big_x, big_g)
+    with pytest.raises(epmoe.UsageError, match=r"w2 is f32\[8, 256, 128\].*expected \[8, 100, 128\]"):
+        epmoe.ExpertWeights.quantize(w13[:, :, :100].copy(), w2, "bf16")  # H from w13 disagrees with w2
+    with pytest.raises(epmoe.UsageError, match="float32 CPU arrays"):
+        epmoe.ExpertWeights.quantize(w13.astype(np.float64), w2, "bf16")
+    with pytest.raises(epmoe.UsageError, match="ExpertWeights.quantize.format='fp4'"):
+        epmoe.ExpertWeights.quantize(w13, w2, "fp4")
+
+
+def test_simulated_ranks_agree_with_one_rank(weights):
+    w13, w2 = weights
+    x, g = inputs(6)
+    one = epmoe.MoeLayer(cfg(), epmoe.local_comm(), epmoe.ExpertWeights.quantize(w13, w2, "bf16")).forward(x, g)
+    c2 = cfg(num_ranks=2, dispatcher="cpu")
+
+    def rank(comm):
+        lo = comm.rank * (E // 2)
+        mine = epmoe.ExpertWeights.quantize(w13[lo:lo + E // 2].copy(), w2[lo:lo + E // 2].copy(), "bf16")
+        return epmoe.MoeLayer(c2, comm, mine).forward(x, g)
+
+    outs = epmoe.run_ranks(epmoe.cpu_group(2), rank)
+    ref = epmoe.bf16_to_float(one)
+    for o in outs:  # the combine adds per-rank bf16 partial sums: equal up to bf16 rounding
+        assert np.abs(epmoe.bf16_to_float(o) - ref).max() <= 2e-2 * np.abs(ref).max()
+    np.testing.assert_array_equal(outs[0], outs[1])
+
+
+def test_a_failing_rank_is_the_error_raised_not_the_timeout(weights):
+    w13, w2 = weights
+    c2 = cfg(num_ranks=2, dispatcher="cpu", timeout_ms=500)
+
+    def rank(comm):
+        if comm.rank == 1:
+            raise RuntimeError("rank 1 broke")
+        epmoe.MoeLayer(c2, comm, epmoe.ExpertWeights.quantize(w13[:4].copy(), w2[:4].copy(), "bf16"))
+
+    with pytest.raises(RuntimeError, match="rank 1 broke"):
+        epmoe.run_ranks(epmoe.cpu_group(2, 500), rank)
