@@ -38,6 +38,7 @@ from ._C import (  # noqa: F401  (the public API)
     local_comm,
     preset,
     presets,
+    quantize_weights,
     validate,
 )
 

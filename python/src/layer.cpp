@@ -5,6 +5,7 @@
 #include <nanobind/stl/unique_ptr.h>
 #include <nanobind/stl/vector.h>
 
+#include <cstring>
 #include <memory>
 #include <vector>
 
@@ -83,6 +84,124 @@ std::unique_ptr<Weights> bf16_views(nb::object w13_obj, nb::object w2_obj) {
   return w;
 }
 
+// Checkpoint-format weights used in place: fp8 (e4m3 codes + fp32 scale per 128x128 tile, the
+// DeepSeek-V3/R1 layout: value = code * scale_inv) and nvfp4 (packed e2m1 pairs, e4m3 scale per 16
+// along K, and per expert and matrix the fp32 global scale gs: value = code * scale / gs).
+struct Part {
+  nb::object obj;
+  TensorView t;
+};
+Part part(nb::object o, const char* what) {
+  const Array a = nb::cast<Array>(o);
+  return {o, view_of(a, what)};
+}
+
+void expect_bytes(const TensorView& t, const char* what, int64_t e, int64_t r, int64_t c, DType dt) {
+  if (t.dtype != dt && !(dt == DType::u8 && t.dtype == DType::e4m3) && !(dt == DType::e4m3 && t.dtype == DType::u8))
+    throw UsageError(std::string(what) + " is " + t.describe() + "; expected " + dtype_name(dt) +
+                     " (uint8 bytes are taken for e4m3)");
+  expect_3d(t, what, e, r, c);
+}
+
+std::unique_ptr<Weights> quantized_views(WeightFormat f, nb::object w13, nb::object s13, nb::object w2,
+                                         nb::object s2, nb::object gs13, nb::object gs2) {
+  const Part a = part(w13, "w13"), sa = part(s13, f == WeightFormat::fp8 ? "w13_scale_inv" : "w13_scale");
+  const Part b = part(w2, "w2"), sb = part(s2, f == WeightFormat::fp8 ? "w2_scale_inv" : "w2_scale");
+  if (a.t.ndim != 3) throw UsageError("w13 is " + a.t.describe() + "; expected [E_loc, 2*I, H(/2 for nvfp4)]");
+  const int64_t E = a.t.shape[0], I2 = a.t.shape[1], H = f == WeightFormat::nvfp4 ? a.t.shape[2] * 2 : a.t.shape[2];
+  const int64_t I = I2 / 2;
+  auto w = std::make_unique<Weights>();
+  auto mat = [&](const Part& d, const Part& s, int64_t rows, int64_t cols) {
+    MatrixView m;
+    m.format = f;
+    m.experts = int(E), m.rows = int(rows), m.cols = int(cols);
+    m.data = d.t.data;
+    m.scales = s.t.data;
+    m.device = d.t.device;
+    return m;
+  };
+  for (const Part* p : {&a, &sa, &b, &sb})
+    if (p->t.device != a.t.device || p->t.device_index != a.t.device_index)
+      throw UsageError("every weight tensor must be on one device; w13 is " + a.t.describe() + ", another " +
+                       p->t.describe());
+  if (f == WeightFormat::fp8) {
+    if (I2 % 256 != 0 || H % 128 != 0)
+      throw UsageError("fp8 weights need 2I and H multiples of 128 per half (128x128 tiles); w13 is " + a.t.describe());
+    expect_bytes(a.t, "w13", E, I2, H, DType::e4m3);
+    expect_bytes(b.t, "w2", E, H, I, DType::e4m3);
+    if (sa.t.dtype != DType::f32 || sb.t.dtype != DType::f32)
+      throw UsageError("fp8 scale_inv tensors must be float32 (w13_scale_inv " + sa.t.describe() + ")");
+    expect_3d(sa.t, "w13_scale_inv", E, I2 / 128, H / 128);
+    expect_3d(sb.t, "w2_scale_inv", E, H / 128, I / 128);
+    w->w = ExpertWeights{int(E), int(H), int(I), mat(a, sa, I2, H), mat(b, sb, H, I)};
+    w->keep = {w13, s13, w2, s2};
+    return w;
+  }
+  const Part ga = part(gs13, "w13_global_scale"), gb = part(gs2, "w2_global_scale");
+  if (H % 16 != 0 || I % 16 != 0) throw UsageError("nvfp4 weights need H and I multiples of 16; w13 is " + a.t.describe());
+  expect_bytes(a.t, "w13", E, I2, H / 2, DType::u8);
+  expect_bytes(b.t, "w2", E, H, I / 2, DType::u8);
+  expect_bytes(sa.t, "w13_scale", E, I2, H / 16, DType::e4m3);
+  expect_bytes(sb.t, "w2_scale", E, H, I / 16, DType::e4m3);
+  for (const Part* g : {&ga, &gb}) {
+    if (g->t.dtype != DType::f32 || g->t.ndim != 1 || g->t.shape[0] != E || g->t.device != a.t.device)
+      throw UsageError("nvfp4 global scales must be float32 [" + std::to_string(E) + "] on the weights' device, got " +
+                       g->t.describe());
+  }
+  MatrixView m13 = mat(a, sa, I2, H), m2 = mat(b, sb, H, I);
+  m13.global_scale = static_cast<const float*>(ga.t.data);
+  m2.global_scale = static_cast<const float*>(gb.t.data);
+  w->w = ExpertWeights{int(E), int(H), int(I), m13, m2};
+  w->keep = {w13, s13, w2, s2, gs13, gs2};
+  return w;
+}
+
+// A host vector as a numpy array that owns it.
+template <class T>
+nb::object numpy_of(std::vector<T>&& v, std::initializer_list<size_t> shape) {
+  auto* heap = new std::vector<T>(std::move(v));
+  nb::capsule owner(heap, [](void* p) noexcept { delete static_cast<std::vector<T>*>(p); });
+  return nb::cast(nb::ndarray<nb::numpy, T>(heap->data(), shape, owner));
+}
+
+// fp32 weights -> the checkpoint tensors of `f` as numpy arrays (for users without a quantized
+// checkpoint): the names ExpertWeights.fp8 / .nvfp4 / .bf16 take.
+nb::dict quantize_weights(const Array& w13, const Array& w2, nb::handle format) {
+  const WeightFormat f = field_value<WeightFormat>(format, "quantize_weights", "format");
+  auto w = quantized(w13, w2, format);
+  const size_t E = size_t(w->w.num_local_experts), H = size_t(w->w.hidden), I = size_t(w->w.intermediate);
+  nb::dict d;
+  HostMatrix& a = w->w13_host;
+  HostMatrix& b = w->w2_host;
+  if (f == WeightFormat::bf16) {
+    auto as16 = [](std::vector<uint8_t>& bytes) {
+      std::vector<uint16_t> v(bytes.size() / 2);
+      std::memcpy(v.data(), bytes.data(), bytes.size());
+      return v;
+    };
+    d["w13"] = numpy_of(as16(a.data), {E, 2 * I, H});
+    d["w2"] = numpy_of(as16(b.data), {E, H, I});
+  } else if (f == WeightFormat::fp8) {
+    auto asf = [](std::vector<uint8_t>& bytes) {
+      std::vector<float> v(bytes.size() / 4);
+      std::memcpy(v.data(), bytes.data(), bytes.size());
+      return v;
+    };
+    d["w13"] = numpy_of(std::move(a.data), {E, 2 * I, H});
+    d["w13_scale_inv"] = numpy_of(asf(a.scales), {E, 2 * I / 128, H / 128});
+    d["w2"] = numpy_of(std::move(b.data), {E, H, I});
+    d["w2_scale_inv"] = numpy_of(asf(b.scales), {E, H / 128, I / 128});
+  } else {
+    d["w13"] = numpy_of(std::move(a.data), {E, 2 * I, H / 2});
+    d["w13_scale"] = numpy_of(std::move(a.scales), {E, 2 * I, H / 16});
+    d["w13_global_scale"] = numpy_of(std::move(a.global_scale), {E});
+    d["w2"] = numpy_of(std::move(b.data), {E, H, I / 2});
+    d["w2_scale"] = numpy_of(std::move(b.scales), {E, H, I / 16});
+    d["w2_global_scale"] = numpy_of(std::move(b.global_scale), {E});
+  }
+  return d;
+}
+
 }  // namespace
 
 void bind_layer(nb::module_& m) {
@@ -107,6 +226,24 @@ void bind_layer(nb::module_& m) {
                   "float32 CPU arrays quantized on the host into the weight format (bf16, fp8 or nvfp4).")
       .def_static("bf16", &bf16_views, nb::arg("w13"), nb::arg("w2"),
                   "bfloat16 tensors (uint16 bits for numpy) used in place, on the CPU or one CUDA device.")
+      .def_static("fp8",
+                  [](nb::object w13, nb::object w13_scale_inv, nb::object w2, nb::object w2_scale_inv) {
+                    return quantized_views(WeightFormat::fp8, w13, w13_scale_inv, w2, w2_scale_inv, nb::none(),
+                                           nb::none());
+                  },
+                  nb::arg("w13"), nb::arg("w13_scale_inv"), nb::arg("w2"), nb::arg("w2_scale_inv"),
+                  "DeepSeek-V3/R1 fp8 checkpoint tensors used in place: e4m3 codes [E,2I,H] / [E,H,I] and float32 "
+                  "weight_scale_inv per 128x128 tile [E,2I/128,H/128] / [E,H/128,I/128].")
+      .def_static("nvfp4",
+                  [](nb::object w13, nb::object w13_scale, nb::object w13_gs, nb::object w2, nb::object w2_scale,
+                     nb::object w2_gs) {
+                    return quantized_views(WeightFormat::nvfp4, w13, w13_scale, w2, w2_scale, w13_gs, w2_gs);
+                  },
+                  nb::arg("w13"), nb::arg("w13_scale"), nb::arg("w13_global_scale"), nb::arg("w2"),
+                  nb::arg("w2_scale"), nb::arg("w2_global_scale"),
+                  "nvfp4 tensors used in place: packed e2m1 pairs (uint8, element 2i in the low nibble) "
+                  "[E,2I,H/2] / [E,H,I/2], e4m3 scales per 16 [E,2I,H/16] / [E,H,I/16], and float32 global scales "
+                  "gs [E] per matrix (value = code * scale / gs; ModelOpt's weight_scale_2 is 1/gs).")
       .def_prop_ro("num_local_experts", [](const Weights& w) { return w.w.num_local_experts; })
       .def_prop_ro("hidden", [](const Weights& w) { return w.w.hidden; })
       .def_prop_ro("intermediate", [](const Weights& w) { return w.w.intermediate; })
@@ -114,6 +251,10 @@ void bind_layer(nb::module_& m) {
       .def_prop_ro("nbytes", [](const Weights& w) {
         return w.w.w13.data_bytes() + w.w.w13.scale_bytes() + w.w.w2.data_bytes() + w.w.w2.scale_bytes();
       });
+
+  m.def("quantize_weights", &quantize_weights, nb::arg("w13"), nb::arg("w2"), nb::arg("format"),
+        "float32 [E,2I,H] / [E,H,I] -> dict of numpy arrays in the checkpoint layout of `format` (the keyword "
+        "arguments of ExpertWeights.bf16 / .fp8 / .nvfp4), quantized as epmoe quantizes.");
 
   nb::class_<MoeLayer>(m, "MoeLayer", "One rank's share of an expert-parallel MoE layer.")
       .def("__init__",

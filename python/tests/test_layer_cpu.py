@@ -135,3 +135,31 @@ def test_a_failing_rank_is_the_error_raised_not_the_timeout(weights):
 
     with pytest.raises(RuntimeError, match="rank 1 broke"):
         epmoe.run_ranks(epmoe.cpu_group(2, 500), rank)
+
+
+@pytest.mark.parametrize("fmt", ["bf16", "fp8", "nvfp4"])
+def test_checkpoint_layouts_give_the_same_bytes_as_host_quantization(weights, fmt):
+    """quantize_weights -> checkpoint tensors -> ExpertWeights.<fmt> in place: the same output bytes
+    as ExpertWeights.quantize (one quantization, two ways in)."""
+    w13, w2 = weights
+    c = cfg(weight_format=fmt)
+    x, g = inputs(4)
+    ref = epmoe.MoeLayer(c, epmoe.local_comm(), epmoe.ExpertWeights.quantize(w13, w2, fmt)).forward(x, g)
+    ck = epmoe.quantize_weights(w13, w2, fmt)
+    views = getattr(epmoe.ExpertWeights, fmt)(**ck)
+    assert views.format == getattr(epmoe.WeightFormat, fmt)
+    got = epmoe.MoeLayer(c, epmoe.local_comm(), views).forward(x, g)
+    np.testing.assert_array_equal(got, ref)
+
+
+def test_checkpoint_tensors_of_the_wrong_layout_are_refused(weights):
+    w13, w2 = weights
+    ck = epmoe.quantize_weights(w13, w2, "fp8")
+    bad = dict(ck, w13_scale_inv=ck["w13_scale_inv"][:, :1].copy())
+    with pytest.raises(epmoe.UsageError, match=r"w13_scale_inv .*expected \[8, 2, 2\]"):
+        epmoe.ExpertWeights.fp8(**bad)
+    n = epmoe.quantize_weights(w13, w2, "nvfp4")
+    with pytest.raises(epmoe.UsageError, match="global scales must be float32"):
+        epmoe.ExpertWeights.nvfp4(**dict(n, w2_global_scale=n["w2_global_scale"].astype(np.float64)))
+    with pytest.raises(epmoe.UsageError, match=r"w2 is u8\[8, 256, 64\]; expected \[8, 512, 64\]"):
+        epmoe.ExpertWeights.nvfp4(**dict(n, w13=ck["w13"]))  # fp8 codes: H read off w13 disagrees with w2
