@@ -25,7 +25,9 @@
 //   choice: the K largest c_e among experts of kept groups; w_k = s_{id_k}
 //
 // Renormalization (both kinds, if cfg.renormalize): sum = 0.0f; for k = 0..K-1: sum = sum + w_k;
-// then w_k = w_k / sum. Then, for sigmoid_grouped_topk only: w_k = w_k * routed_scaling_factor.
+// then w_k = w_k / sum. sigmoid_grouped_topk with sum == 0 (every chosen s underflowed): first
+// w_k = exp_f32(x_{id_k} - max_k x_{id_k}) (max in k order), the limit of s_k / sum s. Then, for
+// sigmoid_grouped_topk only: w_k = w_k * routed_scaling_factor.
 //
 // top-K: K rounds; each round takes the best element not yet taken, where a beats b if
 // score(a) > score(b), or if they are equal (or both NaN) and a has the lower index. A NaN never
@@ -125,7 +127,19 @@ void route_grouped(const RouterConfig& cfg, const float* x, const float* bias, i
     for (int i = 0; i < G; ++i) allowed[size_t(g) * G + i] = 1;
   top_k(c.data(), E, allowed.data(), K, ids);
   for (int k = 0; k < K; ++k) w[k] = s[ids[k]];
-  if (cfg.renormalize) renormalize(w, K);
+  if (cfg.renormalize) {
+    float sum = 0.0f;
+    for (int k = 0; k < K; ++k) sum = sum + w[k];
+    if (sum == 0.0f) {
+      // Every chosen sigmoid underflowed to 0 (logits below about -88.7): 0/0 would make NaN. The
+      // renormalized weights' limit there is a softmax over the chosen logits; take that.
+      float m = x[ids[0]];
+      for (int k = 1; k < K; ++k)
+        if (x[ids[k]] > m) m = x[ids[k]];
+      for (int k = 0; k < K; ++k) w[k] = num::exp_f32(x[ids[k]] - m);
+    }
+    renormalize(w, K);
+  }
   for (int k = 0; k < K; ++k) w[k] = w[k] * cfg.routed_scaling_factor;
 }
 

@@ -44,6 +44,28 @@ RouterConfig grouped(int n_group, int topk_group, bool renorm, float scale) {
   return c;
 }
 
+// Logits below about -88.7 make the fp32 sigmoid 0: renormalizing would be 0/0. The weights are
+// then the limit of s_k / sum s, a softmax over the chosen logits (DESIGN.md §1.5): finite, summing
+// to 1. Without renormalization they are 0 (the token's routed output is 0).
+TEST(RouteCpu, SigmoidUnderflowGivesFiniteWeights) {
+  const std::vector<float> bias = {0.f, 0.5f, 0.f, 0.2f};  // bias chooses experts 1 and 3
+  const Routed r = route(grouped(1, 1, true, 2.f), {-300.f, -201.f, -100.f, -200.f}, 4, 2, bias.data());
+  EXPECT_EQ(r.ids, (std::vector<int32_t>{1, 3}));
+  const double e1 = std::exp(-1.0), z = 1.0 + e1;  // softmax of {-201, -200}
+  EXPECT_NEAR(r.w[0], 2.0 * e1 / z, 1e-6);
+  EXPECT_NEAR(r.w[1], 2.0 * 1.0 / z, 1e-6);
+  for (float x : {-1e30f, -3.4e38f}) {
+    const Routed big = route(grouped(1, 1, true, 1.f), {x, x, x, x}, 4, 2);
+    for (float w : big.w) EXPECT_EQ(w, 0.5f) << x;  // equal logits: equal shares
+  }
+  const Routed plain = route(grouped(1, 1, false, 2.f), {-300.f, -201.f, -100.f, -200.f}, 4, 2, bias.data());
+  for (float w : plain.w) EXPECT_EQ(w, 0.f);
+  // One chosen sigmoid not underflowed: the ordinary renormalization (no fallback).
+  const Routed mixed = route(grouped(1, 1, true, 1.f), {-300.f, 0.f, -100.f, -200.f}, 4, 2, bias.data());
+  EXPECT_EQ(mixed.w[0], 1.f);
+  EXPECT_EQ(mixed.w[1], 0.f);
+}
+
 TEST(RouteCpu, SoftmaxTopKPicksLargestWithSoftmaxWeights) {
   const Routed r = route(softmax(false), {1.f, 3.f, 2.f, 0.f}, 4, 2);
   EXPECT_EQ(r.ids, (std::vector<int32_t>{1, 2}));

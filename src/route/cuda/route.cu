@@ -108,6 +108,7 @@ __global__ void __launch_bounds__(kWarps * 32) route_kernel(RouterConfig cfg, co
   }
   int my_id = -1;
   float my_w = 0.f;
+  float my_x = 0.f;  // lane k: the logit of choice k (sigmoid_grouped_topk)
   if (cfg.kind == RouterKind::softmax_topk) {
     // NaN skipped (fmaxf ignores it): m = -inf when every logit is NaN.
     float m = -INFINITY;
@@ -212,7 +213,8 @@ __global__ void __launch_bounds__(kWarps * 32) route_kernel(RouterConfig cfg, co
     for (int k = 0; k < K; ++k) {
       const int idk = __shfl_sync(0xffffffffu, my_id, k);
       const float sk = fetch(s, idk);
-      if (lane == k) v = sk;
+      const float xk = fetch(x, idk);
+      if (lane == k) v = sk, my_x = xk;
     }
     my_w = v;
   }
@@ -220,6 +222,18 @@ __global__ void __launch_bounds__(kWarps * 32) route_kernel(RouterConfig cfg, co
     // Serial sum in selection order: lane 0 gathers the K weights one by one.
     float total = 0.f;
     for (int k = 0; k < K; ++k) total = __fadd_rn(total, __shfl_sync(0xffffffffu, my_w, k));
+    if (total == 0.f && cfg.kind == RouterKind::sigmoid_grouped_topk) {
+      // Every chosen sigmoid underflowed (DESIGN.md §1.5): the weights' limit, a softmax over the
+      // chosen logits, in the CPU reference's order.
+      float m = __shfl_sync(0xffffffffu, my_x, 0);
+      for (int k = 1; k < K; ++k) {
+        const float xk = __shfl_sync(0xffffffffu, my_x, k);
+        if (xk > m) m = xk;
+      }
+      my_w = lane < K ? num::exp_f32(__fsub_rn(my_x, m)) : 0.f;
+      total = 0.f;
+      for (int k = 0; k < K; ++k) total = __fadd_rn(total, __shfl_sync(0xffffffffu, my_w, k));
+    }
     if (lane < K) my_w = __fdiv_rn(my_w, total);
   }
   if (cfg.kind == RouterKind::sigmoid_grouped_topk) my_w = __fmul_rn(my_w, cfg.routed_scaling_factor);

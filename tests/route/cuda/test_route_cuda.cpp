@@ -23,6 +23,7 @@ struct Case {
   bool bf16_logits;
   int tie_levels;  // > 0: logits drawn from this few values (many ties)
   bool nan_rows;
+  float offset = 0.f;  // added to every logit: -95 / -200 make every sigmoid underflow to 0
 };
 
 RouterConfig softmax(bool renorm) {
@@ -45,7 +46,7 @@ void run_case(const Case& c, uint32_t seed) {
   std::mt19937 rng(seed);
   std::normal_distribution<float> nd(0.f, 2.f);
   std::vector<float> lf(size_t(c.T) * c.E);
-  for (auto& x : lf) x = c.tie_levels ? float(int(rng() % c.tie_levels)) * 0.25f : nd(rng);
+  for (auto& x : lf) x = (c.tie_levels ? float(int(rng() % c.tie_levels)) * 0.25f : nd(rng)) + c.offset;
   if (c.nan_rows && c.T > 2) {
     for (int e = 0; e < c.E; ++e) lf[size_t(1) * c.E + e] = std::numeric_limits<float>::quiet_NaN();  // all NaN
     for (int e = 0; e < c.E; e += 3) lf[size_t(2) * c.E + e] = std::numeric_limits<float>::quiet_NaN();  // some NaN
@@ -97,6 +98,9 @@ TEST(CudaRoute, BitwiseEqualToCpuOnModelShapes) {
       {"E=7 odd", softmax(true), 7, 3, 65, false, 0, false},
       {"T=1", grouped(8, 4, 2.5f), 256, 8, 1, false, 0, false},
       {"T=0", softmax(true), 128, 8, 0, false, 0, false},
+      {"sigmoid underflow", grouped(8, 4, 2.5f), 256, 8, 300, false, 0, false, -200.f},
+      {"sigmoid underflow bf16", grouped(8, 4, 2.5f), 256, 8, 300, true, 0, false, -95.f},
+      {"sigmoid underflow no renorm", grouped(8, 4, 2.5f, false), 256, 8, 100, false, 0, false, -200.f},
   };
   uint32_t seed = std::random_device{}();
   SCOPED_TRACE("seed " + std::to_string(seed));
