@@ -11,7 +11,12 @@ from typing import Callable, Optional, Sequence
 
 import numpy as _np
 
-from . import _C
+try:
+    from . import _C
+except ImportError as _e:  # e.g. libnccl.so.2 / libcudart not found by the dynamic loader
+    raise ImportError(f"epmoe's extension could not be loaded ({_e}); the CUDA/NCCL libraries it was built "
+                      "with must be findable (LD_LIBRARY_PATH), or build a CPU-only wheel on a machine without "
+                      "nvcc") from _e
 from ._C import (  # noqa: F401  (the public API)
     ActFormat,
     BackendError,
@@ -45,6 +50,15 @@ from ._C import (  # noqa: F401  (the public API)
 __version__ = _C.__version__
 with_cuda: bool = _C.with_cuda
 with_nccl: bool = _C.with_nccl
+
+if with_nccl:
+    from ._C import nccl_comm, nccl_group, nccl_unique_id, nccl_versions  # noqa: F401
+
+    # NCCL's device API is inlined from the headers the extension was built with: the library loaded
+    # now (perhaps PyTorch's copy, if torch was imported first) must be the same version.
+    _problem = _C._nccl_version_problem()
+    if _problem:
+        raise ImportError(_problem)
 
 
 def bf16_bits(x: _np.ndarray) -> _np.ndarray:

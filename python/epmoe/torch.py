@@ -15,7 +15,7 @@ from typing import Dict, Optional
 import torch
 from torch.utils import dlpack as _dlpack
 
-from . import ExpertWeights, MoeConfig, UsageError
+from . import ExpertWeights, MoeConfig, RouterKind, UsageError
 from . import MoeLayer as _Layer
 
 _layers: Dict[int, _Layer] = {}
@@ -87,7 +87,8 @@ class EpMoE(torch.nn.Module):
     layer's device (the CPU for the reference runner); they are kept as buffers of the module and
     used in place. Construction is collective over ``comm``'s ranks."""
 
-    def __init__(self, config: MoeConfig, comm, w13: torch.Tensor, w2: torch.Tensor):
+    def __init__(self, config: MoeConfig, comm, w13: torch.Tensor, w2: torch.Tensor,
+                 router_bias: Optional[torch.Tensor] = None):
         super().__init__()
         for name, t in (("w13", w13), ("w2", w2)):
             if not isinstance(t, torch.Tensor) or t.dtype != torch.bfloat16:
@@ -97,7 +98,11 @@ class EpMoE(torch.nn.Module):
         self.register_buffer("w2", w2.contiguous(), persistent=False)
         self._weights = ExpertWeights.bf16(_dl(self.w13), _dl(self.w2))
         self._comm = comm
-        self._layer = _Layer(config, comm, self._weights)
+        bias = None
+        if router_bias is not None:
+            self.register_buffer("router_bias", router_bias.detach().float().contiguous(), persistent=False)
+            bias = _dl(self.router_bias)
+        self._layer = _Layer(config, comm, self._weights, bias)
         self._handle = _register(self._layer)
 
     @property
@@ -116,3 +121,146 @@ class EpMoE(torch.nn.Module):
         if handle is not None:
             with _lock:
                 _layers.pop(handle, None)
+
+
+# ---- Hugging Face MoE blocks ------------------------------------------------------------------
+
+
+def _expert_tensors(experts: torch.nn.Module, up_first: bool):
+    """(w13 [E, 2I, H] gate rows then up rows, w2 [E, H, I]) from transformers' experts: fused 3-D
+    parameters (gate_up_proj / down_proj, transformers >= 5) or a ModuleList of MLPs (w1/w3/w2 or
+    gate_proj/up_proj/down_proj)."""
+    if hasattr(experts, "gate_up_proj") and hasattr(experts, "down_proj"):
+        w13, w2 = experts.gate_up_proj.detach(), experts.down_proj.detach()
+        if up_first:
+            half = w13.shape[1] // 2
+            w13 = torch.cat([w13[:, half:], w13[:, :half]], dim=1)
+        return w13, w2
+    mods = list(experts)
+    names = [("w1", "w3", "w2"), ("gate_proj", "up_proj", "down_proj")]
+    for g, u, d in names:
+        if all(hasattr(m, g) and hasattr(m, u) and hasattr(m, d) for m in mods):
+            w13 = torch.stack([torch.cat([getattr(m, g).weight, getattr(m, u).weight], dim=0) for m in mods])
+            w2 = torch.stack([getattr(m, d).weight for m in mods])
+            return w13.detach(), w2.detach()
+    raise UsageError(f"from_hf: experts of type {type(experts).__name__} have neither gate_up_proj/down_proj nor "
+                     "per-expert w1/w3/w2 or gate_proj/up_proj/down_proj")
+
+
+def _router_of(block: torch.nn.Module) -> dict:
+    """The block's router as MoeConfig fields, from transformers' Qwen3-MoE, Mixtral and DeepSeek-V3."""
+    gate = block.gate
+    name = type(block).__name__
+    if hasattr(gate, "e_score_correction_bias") or "Deepseek" in name:
+        return dict(kind="sigmoid_grouped_topk", renormalize=bool(getattr(gate, "norm_topk_prob", True)),
+                    n_group=int(gate.num_group if hasattr(gate, "num_group") else gate.n_group),
+                    topk_group=int(gate.topk_group), routed_scaling_factor=float(gate.routed_scaling_factor))
+    renorm = bool(getattr(gate, "norm_topk_prob", getattr(block, "norm_topk_prob", True)))
+    return dict(kind="softmax_topk", renormalize=renorm)
+
+
+class EpMoEBlock(torch.nn.Module):
+    """A drop-in for a transformers MoE block: the router's logits are computed as the block did
+    (its own gate weights; fp32 for DeepSeek-V3's sigmoid router), the routed experts run in epmoe,
+    shared experts (DeepSeek-V3) stay the model's and are added as before."""
+
+    def __init__(self, experts: EpMoE, gate_weight: torch.Tensor, fp32_logits: bool,
+                 shared_experts: Optional[torch.nn.Module]):
+        super().__init__()
+        self.experts = experts
+        self.register_buffer("gate_weight", gate_weight.detach(), persistent=False)
+        self.fp32_logits = fp32_logits
+        self.shared_experts = shared_experts
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        shape = hidden_states.shape
+        x = hidden_states.reshape(-1, shape[-1])
+        if self.fp32_logits:
+            logits = torch.nn.functional.linear(x.float(), self.gate_weight.float())
+        else:
+            logits = torch.nn.functional.linear(x, self.gate_weight)
+        y = self.experts(x.to(torch.bfloat16).contiguous(), logits.contiguous())
+        y = y.to(hidden_states.dtype).reshape(shape)
+        if self.shared_experts is not None:
+            y = y + self.shared_experts(hidden_states)
+        return y
+
+
+def from_hf(block: torch.nn.Module, comm=None, *, capacity: int = 4096, weight_format: str = "bf16",
+            dispatch_format: str = "bf16", up_first: bool = False, **config) -> EpMoEBlock:
+    """An epmoe module for a transformers MoE block (Qwen3-MoE, Mixtral, DeepSeek-V3): the block's
+    expert weights (this rank's share when ``comm`` has several ranks: experts
+    [r*E/R, (r+1)*E/R)), router kind and parameters. ``capacity`` bounds the tokens of one call;
+    ``config`` sets any other MoeConfig field. Weights are converted once: bf16 in place; fp8 or
+    nvfp4 quantized on the host (``epmoe.quantize_weights``) and copied to the block's device.
+    ``up_first``: the checkpoint stacks up rows before gate rows."""
+    from . import local_comm
+
+    experts = block.experts
+    w13, w2 = _expert_tensors(experts, up_first)
+    E, I2, H = w13.shape
+    gate = block.gate
+    K = int(getattr(gate, "top_k", getattr(block, "top_k", 0)))
+    device = w13.device
+    if comm is None:  # one rank on the block's device
+        comm = local_comm("cuda", device.index if device.index is not None else torch.cuda.current_device()) \
+            if device.type == "cuda" else local_comm()
+    R = comm.size
+    if E % R != 0:
+        raise UsageError(f"from_hf: {E} experts do not split evenly over {R} ranks")
+    lo, n = comm.rank * (E // R), E // R
+    cfg = MoeConfig(hidden=int(H), intermediate=int(I2 // 2), num_experts=int(E), top_k=K, num_ranks=R,
+                    capacity=capacity, dispatch_format=dispatch_format, weight_format=weight_format,
+                    dispatcher=("local" if R == 1 else "nvlink") if device.type == "cuda" else ("local" if R == 1 else "cpu"),
+                    runner="cuda" if device.type == "cuda" else "reference")
+    for k, v in _router_of(block).items():
+        setattr(cfg.router, k, v)
+    for k, v in config.items():
+        setattr(cfg, k, v)
+    mine13 = w13[lo:lo + n].to(torch.bfloat16).contiguous()
+    mine2 = w2[lo:lo + n].to(torch.bfloat16).contiguous()
+    bias = getattr(gate, "e_score_correction_bias", None)
+    if weight_format == "bf16":
+        mod = EpMoE(cfg, comm, mine13, mine2, bias)
+    else:
+        mod = EpMoEQuantized(cfg, comm, mine13.float().cpu().numpy(), mine2.float().cpu().numpy(), device, bias)
+    fp32_logits = cfg.router.kind == RouterKind.sigmoid_grouped_topk
+    return EpMoEBlock(mod, gate.weight, fp32_logits, getattr(block, "shared_experts", None))
+
+
+class EpMoEQuantized(EpMoE):
+    """EpMoE over fp8 / nvfp4 weights quantized from fp32 arrays on the host, held on ``device``."""
+
+    def __init__(self, config: MoeConfig, comm, w13_f32, w2_f32, device, router_bias=None):
+        torch.nn.Module.__init__(self)
+        from . import quantize_weights
+        fmt = config.weight_format.name
+        ck = quantize_weights(w13_f32, w2_f32, fmt)
+        tensors = {k: torch.from_numpy(v).to(device) for k, v in ck.items()}
+        for k, t in tensors.items():
+            self.register_buffer(k, t, persistent=False)
+        make = getattr(ExpertWeights, fmt)
+        self._weights = make(**{k: _dl(t) for k, t in tensors.items()})
+        self._comm = comm
+        bias = None
+        if router_bias is not None:
+            self.register_buffer("router_bias", router_bias.detach().float().contiguous(), persistent=False)
+            bias = _dl(self.router_bias)
+        self._layer = _Layer(config, comm, self._weights, bias)
+        self._handle = _register(self._layer)
+
+
+def communicator(group=None, device: Optional[int] = None, timeout_ms: int = 60000):
+    """An epmoe NCCL communicator over a torch.distributed process group (default: the world): rank
+    and size from the group, an NCCL id made on the group's rank 0 and broadcast through the group.
+    The GPU is ``device`` or the current CUDA device."""
+    import torch.distributed as dist
+    from . import nccl_comm, nccl_unique_id
+
+    if not dist.is_initialized():
+        raise UsageError("epmoe.torch.communicator: torch.distributed is not initialized (init_process_group first)")
+    rank, world = dist.get_rank(group), dist.get_world_size(group)
+    obj = [nccl_unique_id() if rank == 0 else None]
+    dist.broadcast_object_list(obj, src=dist.get_global_rank(group, 0) if group is not None else 0, group=group)
+    dev = torch.cuda.current_device() if device is None else device
+    return nccl_comm(obj[0], rank, world, dev, timeout_ms)

@@ -3,6 +3,7 @@
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/unique_ptr.h>
+#include <nanobind/stl/pair.h>
 #include <nanobind/stl/vector.h>
 
 #include <cstring>
@@ -10,11 +11,16 @@
 #include <vector>
 
 #include "bind.h"
+#include "core/env.h"
 #include "epmoe/comm.h"
 #include "epmoe/layer.h"
 #include "epmoe/quant.h"
 #include "convert.h"
 #include "tensors.h"
+
+#if defined(EPMOE_WITH_NCCL)
+#include "epmoe/nccl_comm.h"
+#endif
 
 namespace epmoe::py {
 
@@ -214,12 +220,49 @@ void bind_layer(nb::module_& m) {
         return std::string("Communicator(kind=") + c.kind() + ", rank=" + std::to_string(c.rank()) +
                ", size=" + std::to_string(c.size()) + ")";
       });
-  m.def("local_comm", [] { return make_local_comm(); }, "The single-rank communicator (dispatcher 'local'), CPU.");
+  m.def("local_comm", [](const std::string& device, int index) {
+    if (device != "cpu" && device != "cuda")
+      throw UsageError("local_comm(device='" + device + "'): use 'cpu' or 'cuda'");
+    return make_local_comm(device == "cuda" ? DeviceKind::cuda : DeviceKind::cpu, index);
+  }, nb::arg("device") = "cpu", nb::arg("index") = 0,
+        "The single-rank communicator (dispatcher 'local'): the CPU reference, or one CUDA device.");
   m.def("cpu_group", [](int num_ranks, int timeout_ms) {
     if (num_ranks < 1) throw UsageError("cpu_group(num_ranks=" + std::to_string(num_ranks) + "): needs at least 1 rank");
     return make_cpu_group(num_ranks, timeout_ms);
   }, nb::arg("num_ranks"), nb::arg("timeout_ms") = 10000,
         "R simulated ranks in this process (one communicator each; run each rank on its own thread).");
+
+#if defined(EPMOE_WITH_NCCL)
+  m.def("nccl_unique_id", [] {
+    const ncclUniqueId id = make_nccl_unique_id();
+    return nb::bytes(id.internal, sizeof id.internal);
+  }, "A fresh NCCL id (bytes): make it on one rank and hand it to all others.");
+  m.def("nccl_comm", [](nb::bytes id, int rank, int world, int device, int timeout_ms) {
+    if (id.size() != sizeof(ncclUniqueId::internal))
+      throw UsageError("nccl_comm(id=...): the id has " + std::to_string(id.size()) + " bytes, NCCL ids have " +
+                       std::to_string(sizeof(ncclUniqueId::internal)) + "; pass what nccl_unique_id() returned");
+    ncclUniqueId u{};
+    std::memcpy(u.internal, id.c_str(), sizeof u.internal);
+    nb::gil_scoped_release unlocked;  // collective: blocks until every rank has called it
+    return make_nccl_comm(u, rank, world, device, timeout_ms);
+  }, nb::arg("id"), nb::arg("rank"), nb::arg("world"), nb::arg("device"), nb::arg("timeout_ms") = 10000,
+        "Rank `rank` of `world` on CUDA device `device` (one process per GPU). Collective.");
+  m.def("nccl_group", [](std::vector<int> devices, int timeout_ms) {
+    nb::gil_scoped_release unlocked;
+    return make_nccl_group(std::move(devices), timeout_ms);
+  }, nb::arg("devices"), nb::arg("timeout_ms") = 10000,
+        "One communicator per listed GPU, driven by threads of this process (see run_ranks).");
+  m.def("nccl_versions", [] { return std::make_pair(nccl_compiled_version(), nccl_runtime_version()); },
+        "(NCCL the device code was compiled against, NCCL loaded now).");
+  m.def("_nccl_version_problem", []() -> std::string {
+    const std::string built = nccl_compiled_version(), loaded = nccl_runtime_version();
+    if (built == loaded || env::nccl_allow_version_mismatch()) return "";
+    return "epmoe was built against NCCL " + built + " but NCCL " + loaded +
+           " is loaded in this process (importing torch first loads PyTorch's copy); NCCL's device API is "
+           "inlined from the headers, so the two must match. Build epmoe against the NCCL you run with: "
+           "EPMOE_NCCL_ROOT=<its prefix, e.g. torch's site-packages/nvidia/nccl> pip install .";
+  });
+#endif
 
   nb::class_<Weights>(m, "ExpertWeights", "One rank's experts: W13 [E_loc, 2I, H] (gate rows, then up) and W2 [E_loc, H, I].")
       .def_static("quantize", &quantized, nb::arg("w13"), nb::arg("w2"), nb::arg("format"),
@@ -258,11 +301,20 @@ void bind_layer(nb::module_& m) {
 
   nb::class_<MoeLayer>(m, "MoeLayer", "One rank's share of an expert-parallel MoE layer.")
       .def("__init__",
-           [](MoeLayer* self, const MoeConfig& cfg, Communicator& comm, const Weights& w) {
+           [](MoeLayer* self, const MoeConfig& cfg, Communicator& comm, const Weights& w, nb::object bias) {
+             const float* b = nullptr;
+             if (!bias.is_none()) {
+               const TensorView t = view_of(nb::cast<Array>(bias), "router_bias");
+               if (t.dtype != DType::f32 || t.ndim != 1 || t.shape[0] != cfg.num_experts || !t.is_contiguous())
+                 throw UsageError("router_bias is " + t.describe() + "; expected contiguous f32[" +
+                                  std::to_string(cfg.num_experts) + "] on the weights' device");
+               b = static_cast<const float*>(t.data);
+             }
              nb::gil_scoped_release unlocked;  // collective: the other ranks' threads must run
-             new (self) MoeLayer(cfg, comm, w.w);
+             new (self) MoeLayer(cfg, comm, w.w, b);
            },
-           nb::arg("config"), nb::arg("comm"), nb::arg("weights"), nb::keep_alive<1, 3>(), nb::keep_alive<1, 4>())
+           nb::arg("config"), nb::arg("comm"), nb::arg("weights"), nb::arg("router_bias") = nb::none(),
+           nb::keep_alive<1, 3>(), nb::keep_alive<1, 4>(), nb::keep_alive<1, 5>())
       .def_prop_ro("rank", &MoeLayer::rank)
       .def_prop_ro("config", [](const MoeLayer& l) { return l.config(); })
       .def("_forward",
