@@ -19,7 +19,7 @@
 #include "bench_util.h"
 #include "commands.h"
 #include "core/cuda/check.h"
-#include "dispatch/nccl/a2a_host.h"
+#include "dispatch/a2a/host.h"
 #include "dispatch/nccl/nccl_comm_impl.h"
 #include "dispatch/nvlink/nvlink_trace.h"
 #include "epmoe/epmoe.h"

@@ -37,7 +37,7 @@
 #include "run/cuda/fill.h"
 #include "run/oracle.h"
 #if defined(EPMOE_WITH_NCCL)
-#include "dispatch/nccl/a2a_host.h"
+#include "dispatch/a2a/host.h"
 #include "epmoe/nccl_comm.h"
 #endif
 

@@ -1,5 +1,6 @@
 #include "combine/reduce.h"
 
+#include <algorithm>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -11,17 +12,19 @@
 namespace epmoe::detail {
 namespace {
 
-void require_combine_format(ActFormat f) {
+// Which combine formats exist is validate()'s rule (and the registry's per dispatcher); this guards
+// the codec against a caller that skipped it.
+void require_combine_codec(ActFormat f) {
   if (f != ActFormat::bf16 && f != ActFormat::fp8)
-    throw UsageError(std::string("combine_format=") + format_name(f) +
-                     " is not supported for combine; use bf16 or fp8 (--combine-format)");
+    throw UsageError(std::string("combine: no combine codec for format ") + format_name(f) +
+                     "; pass a configuration that validate() accepts");
 }
 
 }  // namespace
 
 void encode_combine_rows(ActFormat f, const QuantParams& p, const bf16_raw* y, int64_t n, int H, uint8_t* payload,
                          uint8_t* scales) {
-  require_combine_format(f);
+  require_combine_codec(f);
   if (n <= 0) return;
   if (f == ActFormat::bf16) {
     std::memcpy(payload, y, size_t(n) * H * sizeof(bf16_raw));
@@ -41,20 +44,20 @@ void accumulate_combine_row(ActFormat f, const QuantParams& p, int H, const uint
     }
     return;
   }
-  require_combine_format(f);
+  require_combine_codec(f);
   dequantize_rows(f, p, payload, scales, 1, H, scratch);
   for (int h = 0; h < H; ++h) acc[h] = acc[h] + scratch[h];
 }
 
-void combine_sum(ActFormat f, const QuantParams& p, int H, int C, const DispatchPlan& plan,
-                 const uint8_t* recv_payload, const uint8_t* recv_scales, bf16_raw* out) {
-  require_combine_format(f);
+void combine_sum(ActFormat f, const QuantParams& p, int H, int C, int64_t num_tokens, int num_ranks,
+                 const int32_t* slot, const uint8_t* recv_payload, const uint8_t* recv_scales, bf16_raw* out) {
+  require_combine_codec(f);
   const size_t pb = combine_payload_bytes(f, H), sb = combine_scale_bytes(f, H);
   std::vector<float> acc(H), scratch(H);
-  for (int64_t t = 0; t < plan.num_tokens; ++t) {
+  for (int64_t t = 0; t < num_tokens; ++t) {
     std::fill(acc.begin(), acc.end(), 0.0f);
-    for (int d = 0; d < plan.num_ranks; ++d) {
-      const int32_t j = plan.slot_of(t, d);
+    for (int d = 0; d < num_ranks; ++d) {
+      const int32_t j = slot[size_t(t) * num_ranks + d];
       if (j < 0) continue;
       const size_t row = size_t(d) * C + j;
       accumulate_combine_row(f, p, H, recv_payload + row * pb, recv_scales ? recv_scales + row * sb : nullptr,

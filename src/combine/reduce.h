@@ -8,7 +8,6 @@
 #pragma once
 #include <cstdint>
 
-#include "dispatch/plan.h"
 #include "epmoe/format.h"
 #include "epmoe/tensor.h"
 
@@ -26,9 +25,11 @@ void encode_combine_rows(ActFormat f, const QuantParams& p, const bf16_raw* y, i
 void accumulate_combine_row(ActFormat f, const QuantParams& p, int H, const uint8_t* payload, const uint8_t* scales,
                             float* scratch, float* acc);
 
-// The home rank's sum. recv_payload / recv_scales: [R][C] encoded rows, region d written by rank d
-// at the slot `plan` gave the token there. out: [T][H] bf16 for the T tokens of `plan`.
-void combine_sum(ActFormat f, const QuantParams& p, int H, int C, const DispatchPlan& plan,
-                 const uint8_t* recv_payload, const uint8_t* recv_scales, bf16_raw* out);
+// The home rank's sum for its T tokens. slot: [T][R], the slot token t got on rank d (-1: not sent
+// there), i.e. the dispatch plan's (dispatch/plan.h has an overload taking the plan).
+// recv_payload / recv_scales: [R][C] encoded rows, region d written by rank d at that slot.
+// out: [T][H] bf16.
+void combine_sum(ActFormat f, const QuantParams& p, int H, int C, int64_t num_tokens, int num_ranks,
+                 const int32_t* slot, const uint8_t* recv_payload, const uint8_t* recv_scales, bf16_raw* out);
 
 }  // namespace epmoe::detail

@@ -11,10 +11,12 @@ namespace detail {
 void register_cpu_dispatchers(Registry&);   // src/dispatch/: "local" (cpu), "cpu"
 void register_reference_runner(Registry&);  // src/run/: "reference"
 #if defined(EPMOE_WITH_CUDA)
-void register_cuda_backends(Registry&);     // src/run/cuda/: "cuda" runner, "local" (cuda) dispatcher
+void register_cuda_backends(Registry&);          // src/run/cuda/: "cuda" runner
+void register_cuda_local_dispatcher(Registry&);  // src/dispatch/cuda/: "local" (cuda) dispatcher
 #endif
 #if defined(EPMOE_WITH_NCCL)
-void register_nccl_backends(Registry&);     // src/dispatch/nccl, nvlink: "nccl", "nvlink"
+void register_nccl_dispatcher(Registry&);        // src/dispatch/nccl/: "nccl"
+void register_nvlink_dispatcher(Registry&);      // src/dispatch/nvlink/: "nvlink"
 #endif
 
 }  // namespace detail

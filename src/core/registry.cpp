@@ -51,9 +51,11 @@ Registry& Registry::global() {
     detail::register_reference_runner(*r);
 #if defined(EPMOE_WITH_CUDA)
     detail::register_cuda_backends(*r);
+    detail::register_cuda_local_dispatcher(*r);
 #endif
 #if defined(EPMOE_WITH_NCCL)
-    detail::register_nccl_backends(*r);
+    detail::register_nccl_dispatcher(*r);
+    detail::register_nvlink_dispatcher(*r);
 #endif
     return r;
   }();

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "combine/reduce.h"
+#include "dispatch/check.h"
 #include "dispatch/cpu_fabric.h"
 #include "dispatch/plan.h"
 #include "epmoe/config.h"
@@ -63,22 +64,24 @@ class CpuDispatcher final : public Dispatcher {
     have_dispatch_ = false;
     const int C = cfg_.capacity, H = cfg_.hidden, K = cfg_.top_k;
     // Phase 1: validate, plan, and agree on counts (or on the errors) before anything moves.
-    std::string problem = input_problem(in.num_tokens, C, cfg_.num_experts, K, in.hidden, in.topk_ids,
-                                        in.topk_weights);
+    const InputProblem problem =
+        check_input(in.num_tokens, C, cfg_.num_experts, K, in.hidden, in.topk_ids, in.topk_weights);
     DispatchPlan plan;
     std::string msg;
-    if (problem.empty()) {
+    if (problem.ok()) {
       plan = make_dispatch_plan(placement_, rank_, in.topk_ids, in.num_tokens, K);
       msg.assign(1, 'c');
       msg.append(reinterpret_cast<const char*>(plan.send_counts.data()), sizeof(int32_t) * R_);
     } else {
-      msg = "e" + problem;
+      msg.assign(1, 'e');
+      msg += input_message(problem, rank_, C, cfg_.num_experts);
     }
     const std::vector<std::string> all = fabric_.all_gather(rank_, std::move(msg), "dispatch/counts");
-    std::string errors;
+    std::vector<std::string> problems(R_);
     for (int r = 0; r < R_; ++r)
-      if (all[r][0] == 'e') errors += (errors.empty() ? "" : "; ") + ("rank " + std::to_string(r) + ": ") + all[r].substr(1);
-    if (!errors.empty()) throw UsageError("dispatch: " + errors + " (nothing was sent)");
+      if (all[r][0] == 'e') problems[r] = all[r].substr(1);
+    const std::string rejected = rejected_dispatch(problems);
+    if (!rejected.empty()) throw UsageError(rejected);
 
     // Phase 2: quantize once, then write straight into each destination's receive buffers.
     std::string failure;
@@ -98,7 +101,7 @@ class CpuDispatcher final : public Dispatcher {
     finalize_receive(mine_.recv);
     plan_ = std::move(plan);
     have_dispatch_ = true;
-    return mine_.recv.view(cfg_.quant_params());
+    return make_dispatch_output(cfg_, DeviceKind::cpu, mine_.recv.buffers());
   }
 
   void combine(const CombineInput& in, bf16_raw* out) override {
@@ -107,12 +110,11 @@ class CpuDispatcher final : public Dispatcher {
     const size_t pb = payload_bytes(f, H), sb = scale_bytes(f, H);
     std::string failure;
     if (!have_dispatch_) {
-      failure = "combine called without a successful dispatch before it; call dispatch() first";
+      failure = combine_without_dispatch();
     } else if (!in.y && total_received() > 0) {
-      failure = "CombineInput::y is null but this rank received " + std::to_string(total_received()) +
-                " tokens; pass the runner output [R][C][H]";
+      failure = combine_null_y(total_received());
     } else if (!out && plan_.num_tokens > 0) {
-      failure = "combine: out is null with T=" + std::to_string(plan_.num_tokens) + " > 0; pass [T, H] bf16";
+      failure = combine_null_out(plan_.num_tokens);
     } else {
       try {
         for (int s = 0; s < R_; ++s) {

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "combine/reduce.h"
+#include "dispatch/check.h"
 #include "dispatch/plan.h"
 #include "epmoe/comm.h"
 #include "epmoe/config.h"
@@ -32,9 +33,10 @@ class LocalDispatcher final : public Dispatcher {
   DispatchOutput dispatch(const DispatchInput& in) override {
     have_dispatch_ = false;
     const int H = cfg_.hidden, K = cfg_.top_k;
-    const std::string problem = input_problem(in.num_tokens, cfg_.capacity, cfg_.num_experts, K, in.hidden,
-                                              in.topk_ids, in.topk_weights);
-    if (!problem.empty()) throw UsageError("dispatch: rank 0: " + problem + " (nothing was sent)");
+    const InputProblem problem = check_input(in.num_tokens, cfg_.capacity, cfg_.num_experts, K, in.hidden,
+                                             in.topk_ids, in.topk_weights);
+    if (!problem.ok())
+      throw UsageError(rejected_dispatch({input_message(problem, 0, cfg_.capacity, cfg_.num_experts)}));
     DispatchPlan plan = make_dispatch_plan(placement_, 0, in.topk_ids, in.num_tokens, K);
     const EncodedRows enc =
         encode_source_rows(cfg_.dispatch_format, cfg_.quant_params(), in.hidden, in.num_tokens, H, enc_);
@@ -45,18 +47,14 @@ class LocalDispatcher final : public Dispatcher {
     finalize_receive(recv_);
     plan_ = std::move(plan);
     have_dispatch_ = true;
-    return recv_.view(cfg_.quant_params());
+    return make_dispatch_output(cfg_, DeviceKind::cpu, recv_.buffers());
   }
 
   void combine(const CombineInput& in, bf16_raw* out) override {
-    if (!have_dispatch_)
-      throw UsageError("combine called without a successful dispatch before it; call dispatch() first");
+    if (!have_dispatch_) throw UsageError(combine_without_dispatch());
     const int H = cfg_.hidden, n = recv_.counts[0];
-    if (!in.y && n > 0)
-      throw UsageError("CombineInput::y is null but " + std::to_string(n) +
-                       " tokens were received; pass the runner output [R][C][H]");
-    if (!out && plan_.num_tokens > 0)
-      throw UsageError("combine: out is null with T=" + std::to_string(plan_.num_tokens) + " > 0; pass [T, H] bf16");
+    if (!in.y && n > 0) throw UsageError(combine_null_y(n));
+    if (!out && plan_.num_tokens > 0) throw UsageError(combine_null_out(plan_.num_tokens));
     const ActFormat f = cfg_.combine_format;
     const bool has_scales = scale_bytes(f, H) > 0;
     encode_combine_rows(f, cfg_.quant_params(), in.y, n, H, comb_payload_.data(),

@@ -39,27 +39,6 @@ DispatchPlan make_dispatch_plan(const ExpertPlacement& placement, int src_rank, 
   return p;
 }
 
-std::string input_problem(int64_t num_tokens, int capacity, int num_experts, int top_k, const void* hidden,
-                          const int32_t* ids, const float* weights) {
-  if (num_tokens < 0) return "num_tokens=" + std::to_string(num_tokens) + " is negative";
-  if (num_tokens > capacity)
-    return "T=" + std::to_string(num_tokens) + " tokens exceeds capacity C=" + std::to_string(capacity) +
-           "; raise MoeConfig::capacity (--capacity)";
-  if (num_tokens == 0) return "";
-  if (!hidden || !ids || !weights)
-    return std::string("DispatchInput::") + (!hidden ? "hidden" : !ids ? "topk_ids" : "topk_weights") +
-           " is null with T=" + std::to_string(num_tokens) + " > 0; pass [T, H] hidden and [T, K] ids and weights";
-  for (int64_t t = 0; t < num_tokens; ++t)
-    for (int k = 0; k < top_k; ++k) {
-      const int32_t id = ids[size_t(t) * top_k + k];
-      if (id < -1 || id >= num_experts)
-        return "topk_ids[token " + std::to_string(t) + ", k " + std::to_string(k) + "] = " + std::to_string(id) +
-               " is outside [-1, E=" + std::to_string(num_experts) + "); pass expert ids in [0, " +
-               std::to_string(num_experts) + ") or -1 for none";
-    }
-  return "";
-}
-
 void HostRecvBuffers::allocate(int R, int C, int H, int K, int E_loc, ActFormat f) {
   num_ranks = R;
   capacity = C;
@@ -76,23 +55,14 @@ void HostRecvBuffers::allocate(int R, int C, int H, int K, int E_loc, ActFormat 
   expert_counts.assign(E_loc, 0);
 }
 
+RecvBuffers HostRecvBuffers::buffers() const {
+  return RecvBuffers{payload.data(), scales.data(), local_ids.data(), weights.data(), counts.data(),
+                     expert_counts.data()};
+}
+
 DispatchOutput HostRecvBuffers::view(const QuantParams& quant) const {
-  DispatchOutput o;
-  o.num_ranks = num_ranks;
-  o.capacity = capacity;
-  o.hidden = hidden;
-  o.top_k = top_k;
-  o.num_local_experts = num_local_experts;
-  o.format = format;
-  o.quant = quant;
-  o.device = DeviceKind::cpu;
-  o.payload = payload.data();
-  o.scales = scales.empty() ? nullptr : scales.data();
-  o.local_ids = local_ids.data();
-  o.weights = weights.data();
-  o.counts = counts.data();
-  o.expert_counts = expert_counts.data();
-  return o;
+  return make_dispatch_output(RecvShape{num_ranks, capacity, hidden, top_k, num_local_experts, format, quant},
+                              DeviceKind::cpu, buffers());
 }
 
 void write_region(const DispatchPlan& plan, int src, int d, const uint8_t* enc_payload, const uint8_t* enc_scales,

@@ -12,6 +12,8 @@
 #include <string>
 #include <vector>
 
+#include "combine/reduce.h"
+#include "dispatch/output.h"
 #include "epmoe/dispatch.h"
 #include "epmoe/format.h"
 #include "epmoe/placement.h"
@@ -32,15 +34,9 @@ struct DispatchPlan {
 };
 
 // Builds the plan of source `src_rank`. `ids` is [T][K] with values already checked to lie in
-// [-1, E) (see input_problem).
+// [-1, E) (dispatch/check.h, check_input).
 DispatchPlan make_dispatch_plan(const ExpertPlacement& placement, int src_rank, const int32_t* ids,
                                 int64_t num_tokens, int top_k);
-
-// The first problem with one rank's dispatch input, or "" when it is fine: T > C (naming C and how
-// to raise it), null pointers with T > 0, ids outside [-1, E). Shared by every dispatcher so that the
-// messages agree across backends. The caller prefixes the rank ("rank 2: ...").
-std::string input_problem(int64_t num_tokens, int capacity, int num_experts, int top_k, const void* hidden,
-                          const int32_t* ids, const float* weights);
 
 // Host-owned receive buffers of one rank in the DispatchOutput layout ([R][C] slots), shared by the
 // CPU dispatchers and usable as the expected result in GPU backend tests.
@@ -55,7 +51,8 @@ struct HostRecvBuffers {
 
   // Sizes everything; ids start at -1 and counts at 0 (nothing received yet).
   void allocate(int R, int C, int H, int K, int E_loc, ActFormat f);
-  DispatchOutput view(const QuantParams& quant) const;
+  RecvBuffers buffers() const;
+  DispatchOutput view(const QuantParams& quant) const;  // make_dispatch_output of this layout (cpu)
 };
 
 // A source's rows in the dispatch format, quantized once before they go to any destination:
@@ -80,5 +77,11 @@ void write_region(const DispatchPlan& plan, int src, int d, const uint8_t* enc_p
 // Run by the destination once counts[] holds what each source sent and every region is written:
 // slots j >= counts[s] get ids -1 and weights 0, expert_counts is recounted from the valid slots.
 void finalize_receive(HostRecvBuffers& buf);
+
+// combine/reduce.h's sum for the tokens of `plan` (their slots on every rank).
+inline void combine_sum(ActFormat f, const QuantParams& p, int H, int C, const DispatchPlan& plan,
+                        const uint8_t* recv_payload, const uint8_t* recv_scales, bf16_raw* out) {
+  combine_sum(f, p, H, C, plan.num_tokens, plan.num_ranks, plan.slot.data(), recv_payload, recv_scales, out);
+}
 
 }  // namespace epmoe::detail

@@ -1,5 +1,5 @@
 // The shared dispatch plan (src/dispatch/plan.h) that GPU backends use as their oracle: slots in
-// ascending token order per destination, one copy per rank, translated rows, input problems.
+// ascending token order per destination, one copy per rank, translated rows.
 #include <gtest/gtest.h>
 
 #include "dispatch/plan.h"
@@ -43,19 +43,6 @@ TEST(DispatchPlan, RedundantCopiesFollowThePlacementRule) {
   // Source 2 holds a copy itself and always uses it.
   const DispatchPlan own = make_dispatch_plan(p, 2, ids.data(), 4, 1);
   EXPECT_EQ(own.send_counts, (std::vector<int32_t>{0, 0, 4}));
-}
-
-TEST(DispatchPlan, InputProblems) {
-  const int32_t ids[4] = {0, 1, 2, 3};
-  const float w[4] = {};
-  const uint16_t h[4] = {};
-  EXPECT_EQ(input_problem(2, 2, 4, 2, h, ids, w), "");
-  EXPECT_EQ(input_problem(0, 2, 4, 2, nullptr, nullptr, nullptr), "");
-  EXPECT_EQ(input_problem(3, 2, 4, 2, h, ids, w),
-            "T=3 tokens exceeds capacity C=2; raise MoeConfig::capacity (--capacity)");
-  EXPECT_NE(input_problem(2, 2, 3, 2, h, ids, w).find("topk_ids[token 1, k 1] = 3 is outside [-1, E=3)"),
-            std::string::npos);
-  EXPECT_NE(input_problem(1, 2, 4, 2, h, nullptr, w).find("DispatchInput::topk_ids is null"), std::string::npos);
 }
 
 TEST(HostRecvBuffers, FinalizeInvalidatesSlotsBeyondCountsAndCountsPairs) {

@@ -3,6 +3,8 @@
 #include <string>
 #include <vector>
 
+#include "dispatch/check.h"
+#include "dispatch/output.h"
 #include "epmoe/error.h"
 #include "epmoe/numeric.h"
 #include "quant/cuda/quant.h"
@@ -137,8 +139,6 @@ __global__ void combine_kernel(ActFormat f, QuantParams p, const bf16_raw* __res
 
 void combine_local(ActFormat f, const QuantParams& p, const bf16_raw* y, const int32_t* slot_of_token, int64_t T,
                    int H, bf16_raw* out, cudaStream_t stream) {
-  if (f != ActFormat::bf16 && f != ActFormat::fp8)
-    throw UsageError(std::string("combine: combine_format=") + format_name(f) + " is not supported; use bf16 or fp8");
   if (f == ActFormat::fp8 && H % 128 != 0)
     throw UsageError("combine: hidden=" + std::to_string(H) + " is not a multiple of 128, which fp8 combine requires");
   if (T <= 0) return;
@@ -146,14 +146,21 @@ void combine_local(ActFormat f, const QuantParams& p, const bf16_raw* y, const i
   EPMOE_CUDA_CHECK_LAUNCH();
 }
 
+void local_dispatcher_issues(const MoeConfig& cfg, std::vector<ConfigIssue>& issues) {
+  if (cfg.num_ranks != 1)
+    issues.push_back({"num_ranks", std::to_string(cfg.num_ranks),
+                      "num_ranks=" + std::to_string(cfg.num_ranks) +
+                          " but dispatcher local serves exactly one rank; use nccl or nvlink for more"});
+  if (cfg.dispatch_format == ActFormat::bf16 && cfg.hidden >= 1 && cfg.hidden % 8 != 0)
+    issues.push_back({"hidden", std::to_string(cfg.hidden),
+                      "hidden=" + std::to_string(cfg.hidden) +
+                          " is not a multiple of 8, which the CUDA bf16 path needs (16-byte rows); use a hidden size "
+                          "that is"});
+}
+
 LocalCudaDispatcher::LocalCudaDispatcher(const MoeConfig& cfg, int device_index)
     : cfg_(cfg), device_(device_index) {
-  if (cfg.num_ranks != 1)
-    throw UsageError("dispatcher local: num_ranks=" + std::to_string(cfg.num_ranks) +
-                     " but the local dispatcher serves exactly one rank; use nccl or nvlink for more");
-  if (cfg.capacity < 0)
-    throw UsageError("dispatcher local: capacity=" + std::to_string(cfg.capacity) + " must be >= 0");
-  check_quant_args(cfg.dispatch_format, cfg.quant_params(), cfg.hidden, "dispatcher local");
+  validate_or_throw(cfg);
   DeviceGuard g(device_);
   const ExpertPlacement place = cfg.resolved_placement();
   E_loc_ = place.slots_per_rank();
@@ -199,10 +206,13 @@ void LocalCudaDispatcher::check_errors(bool sync) {
   if (e->flag) {
     const ErrorRecord r{e->flag, e->token, e->k, e->id};
     e->flag = 0;
-    throw UsageError("topk_ids[token " + std::to_string(r.token) + ", k " + std::to_string(r.k) + "] = " +
-                     std::to_string(r.id) + " is outside [-1, E=" + std::to_string(cfg_.num_experts) +
-                     "); pass expert ids in [0, " + std::to_string(cfg_.num_experts) +
-                     ") or -1 for none (found on the device by an earlier dispatch, which treated it as -1)");
+    detail::InputProblem p;
+    p.code = detail::input::kBadId;
+    p.token = r.token;
+    p.k = r.k;
+    p.value = r.id;
+    throw UsageError(detail::input_message(p, 0, cfg_.capacity, cfg_.num_experts) +
+                     " (found on the device by an earlier dispatch, which treated it as -1)");
   }
 }
 
@@ -210,13 +220,9 @@ DispatchOutput LocalCudaDispatcher::dispatch(const DispatchInput& in) {
   check_errors(false);
   const int64_t T = in.num_tokens;
   const int C = cfg_.capacity, H = cfg_.hidden, K = cfg_.top_k;
-  if (T < 0) throw UsageError("dispatch: num_tokens=" + std::to_string(T) + " must be >= 0");
-  if (T > C)
-    throw UsageError("dispatch: num_tokens=" + std::to_string(T) + " exceeds capacity C=" + std::to_string(C) +
-                     "; create the layer with MoeConfig::capacity >= " + std::to_string(T) + " (--capacity)");
-  if (T > 0 && (!in.hidden || !in.topk_ids || !in.topk_weights))
-    throw UsageError("dispatch: hidden, topk_ids and topk_weights must be non-null device pointers when T=" +
-                     std::to_string(T) + " > 0");
+  const detail::InputProblem problem = detail::check_input_shape(T, C, in.hidden, in.topk_ids, in.topk_weights);
+  if (!problem.ok())
+    throw UsageError(detail::rejected_dispatch({detail::input_message(problem, 0, C, cfg_.num_experts)}));
   DeviceGuard g(device_);
   cudaStream_t st = static_cast<cudaStream_t>(in.stream);
   EPMOE_CUDA_CHECK(cudaMemsetAsync(expert_counts_.get(), 0, size_t(std::max(E_loc_, 1)) * 4, st));
@@ -232,29 +238,17 @@ DispatchOutput LocalCudaDispatcher::dispatch(const DispatchInput& in) {
                        counts_.get<int32_t>(), T, H, payload_.get<uint8_t>(), scales_.get<uint8_t>(), st);
   last_T_ = T;
 
-  DispatchOutput out;
-  out.num_ranks = 1;
-  out.capacity = C;
-  out.hidden = H;
-  out.top_k = K;
-  out.num_local_experts = E_loc_;
-  out.format = cfg_.dispatch_format;
-  out.quant = cfg_.quant_params();
-  out.device = DeviceKind::cuda;
-  out.payload = payload_.get<uint8_t>();
-  out.scales = cfg_.dispatch_format == ActFormat::bf16 ? nullptr : scales_.get<uint8_t>();
-  out.local_ids = ids_.get<int32_t>();
-  out.weights = weights_.get<float>();
-  out.counts = counts_.get<int32_t>();
-  out.expert_counts = expert_counts_.get<int32_t>();
-  return out;
+  return detail::make_dispatch_output(
+      cfg_, DeviceKind::cuda,
+      detail::RecvBuffers{payload_.get<uint8_t>(), scales_.get<uint8_t>(), ids_.get<int32_t>(), weights_.get<float>(),
+                          counts_.get<int32_t>(), expert_counts_.get<int32_t>()});
 }
 
 void LocalCudaDispatcher::combine(const CombineInput& in, bf16_raw* out) {
   check_errors(false);
-  if (last_T_ < 0) throw UsageError("combine called without a successful dispatch before it; call dispatch() first");
-  if (last_T_ > 0 && (!out || !in.y))
-    throw UsageError("combine: out and y must be non-null device pointers with T=" + std::to_string(last_T_) + " > 0");
+  if (last_T_ < 0) throw UsageError(detail::combine_without_dispatch());
+  if (last_T_ > 0 && !in.y) throw UsageError(detail::combine_null_y(last_T_));
+  if (last_T_ > 0 && !out) throw UsageError(detail::combine_null_out(last_T_));
   DeviceGuard g(device_);
   combine_local(cfg_.combine_format, cfg_.quant_params(), in.y, slot_of_token_.get<int32_t>(), last_T_, cfg_.hidden,
                 out, static_cast<cudaStream_t>(in.stream));

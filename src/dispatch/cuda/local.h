@@ -11,6 +11,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <vector>
 
 #include "core/cuda/check.h"
 #include "epmoe/config.h"
@@ -18,8 +19,13 @@
 
 namespace epmoe::cuda {
 
+// The limits of this dispatcher beyond validate() (one rank, 16-byte bf16 rows): its
+// DispatcherInfo::check.
+void local_dispatcher_issues(const MoeConfig& cfg, std::vector<ConfigIssue>& issues);
+
 class LocalCudaDispatcher final : public Dispatcher {
  public:
+  // Throws UsageError listing every issue of validate(cfg).
   LocalCudaDispatcher(const MoeConfig& cfg, int device_index);
   ~LocalCudaDispatcher() override;
   const char* name() const override { return "local"; }
@@ -46,7 +52,8 @@ class LocalCudaDispatcher final : public Dispatcher {
 };
 
 // Combine for one rank's own tokens (R = 1), exposed for tests: out[t] = bf16(0.f + v) where v is
-// row slot_of_token[t] of y (through the fp8 round trip when f is fp8), or +0 for slot -1.
+// row slot_of_token[t] of y (through the fp8 round trip when f is fp8), or +0 for slot -1. f is a
+// combine format validate() accepts.
 void combine_local(ActFormat f, const QuantParams& p, const bf16_raw* y, const int32_t* slot_of_token, int64_t T,
                    int H, bf16_raw* out, cudaStream_t stream);
 

@@ -17,8 +17,10 @@
 #include <vector>
 
 #include "core/cuda/check.h"
-#include "dispatch/nccl/a2a_host.h"
-#include "dispatch/nccl/a2a_kernels.cuh"
+#include "dispatch/check.h"
+#include "dispatch/output.h"
+#include "dispatch/a2a/host.h"
+#include "dispatch/a2a/kernels.cuh"
 #include "dispatch/nccl/nccl_comm_impl.h"
 #include "epmoe/error.h"
 
@@ -26,19 +28,19 @@ namespace epmoe::detail {
 namespace {
 
 constexpr int kMaxPlanCtas = 128;
-// Header exchanged per dispatch: status, T, bad token, bad k, bad id, then R counts.
-enum : int32_t { kOk = 0, kCapacity = 1, kBadId = 2, kNullInput = 3, kNegative = 4 };
-constexpr int kHeader = 5;
+using namespace input;
+// Header exchanged per dispatch: the input record (check_codes.h), then R counts.
+constexpr int kHeader = kRecordInts;
 
-// This rank's header from the device's view: the host-known status `code` (kOk unless T or the
-// inputs were rejected on the host), the first bad (token, k) and its id from count_kernel's
-// `bad` (which it then resets to INT_MAX for the next dispatch), and the per-destination counts
-// summed over the G chunks. One warp.
-__global__ void header_kernel(int32_t code, int32_t T, int G, int R, int K, const int32_t* chunk_counts, int* bad,
-                              const int32_t* ids, int32_t* header) {
+// This rank's header from the device's view: the host-known status `code` and its `value` (kOk
+// unless T or the inputs were rejected on the host), the first bad (token, k) and its id from
+// count_kernel's `bad` (which it then resets to INT_MAX for the next dispatch), and the
+// per-destination counts summed over the G chunks. One warp.
+__global__ void header_kernel(int32_t code, int32_t value, int32_t T, int G, int R, int K, const int32_t* chunk_counts,
+                              int* bad, const int32_t* ids, int32_t* header) {
   const int lane = threadIdx.x;
   if (lane == 0) {
-    int32_t c = code, bt = 0, bk = 0, bid = 0;
+    int32_t c = code, bt = 0, bk = 0, bid = value;
     if (c == kOk && G > 0) {
       const int b = *bad;
       if (b != INT_MAX) {
@@ -49,11 +51,11 @@ __global__ void header_kernel(int32_t code, int32_t T, int G, int R, int K, cons
         *bad = INT_MAX;
       }
     }
-    header[0] = c;
-    header[1] = T;
-    header[2] = bt;
-    header[3] = bk;
-    header[4] = bid;
+    header[kRecCode] = c;
+    header[kRecTokens] = T;
+    header[kRecToken] = bt;
+    header[kRecK] = bk;
+    header[kRecValue] = bid;
   }
   for (int d = lane; d < R; d += 32) {
     int32_t n = 0;
@@ -63,12 +65,12 @@ __global__ void header_kernel(int32_t code, int32_t T, int G, int R, int K, cons
   }
 }
 
-class NcclDispatcher final : public Dispatcher {
+class NcclDispatcher final : public GpuA2aDispatcher {
  public:
   NcclDispatcher(const MoeConfig& cfg, Communicator& c)
       : cfg_(cfg), comm_(as_nccl(c, "dispatcher \"nccl\"")), R_(cfg.num_ranks), me_(c.rank()) {
+    comm_.activate();  // first: validate() checks this device
     check_gpu_a2a_config(cfg, c.size(), c.rank(), "dispatcher \"nccl\"");
-    comm_.activate();
     // Before any collective allocation: ranks built differently must fail here, not hang.
     comm_.check_same(config_fingerprint(cfg), "dispatcher \"nccl\" configuration (config_fingerprint)");
     placement_ = std::make_unique<DevicePlacement>(cfg);
@@ -128,10 +130,8 @@ class NcclDispatcher final : public Dispatcher {
     const int64_t T = in.num_tokens;
 
     // 1. Local validation and counts, and this rank's header, on the device.
-    int32_t code = kOk;
-    if (T < 0) code = kNegative;
-    else if (T > C) code = kCapacity;
-    else if (T > 0 && (!in.hidden || !in.topk_ids || !in.topk_weights)) code = kNullInput;
+    const InputProblem local = check_input_shape(T, C, in.hidden, in.topk_ids, in.topk_weights);
+    const int32_t code = local.code;
     const int G = plan_ctas(T, kMaxPlanCtas);
     const int64_t chunk = T > 0 ? (T + G - 1) / G : 0;
     const bool counted = code == kOk && T > 0;
@@ -140,7 +140,7 @@ class NcclDispatcher final : public Dispatcher {
                                                           chunk_counts_.get<int32_t>(), bad_.get<int>());
       EPMOE_CUDA_CHECK_LAUNCH();
     }
-    header_kernel<<<1, 32, 0, st>>>(code, static_cast<int32_t>(T), counted ? G : 0, R_, K, chunk_counts_.get<int32_t>(),
+    header_kernel<<<1, 32, 0, st>>>(code, local.value, static_cast<int32_t>(T), counted ? G : 0, R_, K, chunk_counts_.get<int32_t>(),
                                     bad_.get<int>(), in.topk_ids, header_dev_.get<int32_t>());
     EPMOE_CUDA_CHECK_LAUNCH();
 
@@ -150,22 +150,11 @@ class NcclDispatcher final : public Dispatcher {
     EPMOE_CUDA_CHECK(cudaMemcpyAsync(host_all_, all_dev_.get(), size_t(R_) * (kHeader + R_) * 4, cudaMemcpyDeviceToHost, st));
     comm_.wait(st, "dispatch/counts");
     const int32_t* all = host_all_;
-    std::string errors;
-    for (int r = 0; r < R_; ++r) {
-      const int32_t* h = &all[size_t(r) * (kHeader + R_)];
-      std::string p;
-      switch (h[0]) {
-        case kOk: break;
-        case kCapacity: p = capacity_problem(h[1], C); break;
-        case kBadId: p = bad_id_problem(h[2], h[3], h[4], E); break;
-        case kNegative: p = "num_tokens=" + std::to_string(h[1]) + " is negative"; break;
-        default:
-          p = "DispatchInput has a null hidden, topk_ids or topk_weights with T=" + std::to_string(h[1]) +
-              " > 0; pass [T, H] hidden and [T, K] ids and weights";
-      }
-      if (!p.empty()) errors += (errors.empty() ? "" : "; ") + ("rank " + std::to_string(r) + ": ") + p;
-    }
-    if (!errors.empty()) throw UsageError("dispatch: " + errors + " (nothing was sent)");
+    std::vector<std::string> problems(R_);
+    for (int r = 0; r < R_; ++r)
+      problems[r] = input_message(decode_input_record(&all[size_t(r) * (kHeader + R_)]), r, C, E);
+    const std::string rejected = rejected_dispatch(problems);
+    if (!rejected.empty()) throw UsageError(rejected);
     for (int r = 0; r < R_; ++r) {
       send_counts_[r] = all[size_t(me_) * (kHeader + R_) + kHeader + r];
       recv_counts_[r] = all[size_t(r) * (kHeader + R_) + kHeader + me_];
@@ -213,38 +202,23 @@ class NcclDispatcher final : public Dispatcher {
     // its own wait on this stream.
     have_dispatch_ = true;
 
-    DispatchOutput o;
-    o.num_ranks = R_;
-    o.capacity = C;
-    o.hidden = H;
-    o.top_k = K;
-    o.num_local_experts = E_loc;
-    o.format = cfg_.dispatch_format;
-    o.quant = cfg_.quant_params();
-    o.device = DeviceKind::cuda;
-    o.payload = recv_.payload.get<uint8_t>();
-    o.scales = ss_ ? recv_.scales.get<uint8_t>() : nullptr;
-    o.local_ids = recv_.ids.get<int32_t>();
-    o.weights = recv_.weights.get<float>();
-    o.counts = counts_.get<int32_t>();
-    o.expert_counts = expert_counts_.get<int32_t>();
-    return o;
+    return make_dispatch_output(cfg_, DeviceKind::cuda,
+                                RecvBuffers{recv_.payload.get<uint8_t>(), recv_.scales.get<uint8_t>(),
+                                            recv_.ids.get<int32_t>(), recv_.weights.get<float>(),
+                                            counts_.get<int32_t>(), expert_counts_.get<int32_t>()});
   }
 
   void combine(const CombineInput& in, bf16_raw* out) override {
     comm_.activate();
-    if (!have_dispatch_)
-      throw UsageError("combine called without a successful dispatch before it; call dispatch() first");
+    if (!have_dispatch_) throw UsageError(combine_without_dispatch());
     have_dispatch_ = false;
     cudaStream_t st = static_cast<cudaStream_t>(in.stream);
     const int C = cfg_.capacity, H = cfg_.hidden;
     int64_t received = 0;
     for (int s = 0; s < R_; ++s) received += recv_counts_[s];
     // Both errors are local; a peer then times out in its next bounded wait instead of hanging.
-    if (!in.y && received > 0)
-      throw UsageError("CombineInput::y is null but this rank received " + std::to_string(received) +
-                       " tokens; pass the runner output [R][C][H]");
-    if (!out && T_ > 0) throw UsageError("combine: out is null with T=" + std::to_string(T_) + " > 0; pass [T, H] bf16");
+    if (!in.y && received > 0) throw UsageError(combine_null_y(received));
+    if (!out && T_ > 0) throw UsageError(combine_null_out(T_));
     const ActFormat cf = cfg_.combine_format;
     const uint8_t* src_payload = reinterpret_cast<const uint8_t*>(in.y);
     const uint8_t* src_scales = nullptr;
@@ -276,9 +250,9 @@ class NcclDispatcher final : public Dispatcher {
   }
 
   // Waits for the last call (bounded) so that asynchronous NCCL errors surface.
-  void sync(cudaStream_t st) {
+  void sync(void* stream) override {
     comm_.activate();
-    comm_.wait(st, "nccl dispatcher sync");
+    comm_.wait(static_cast<cudaStream_t>(stream), "nccl dispatcher sync");
   }
 
  private:
@@ -351,8 +325,5 @@ std::unique_ptr<Dispatcher> make_nccl_dispatcher(const MoeConfig& cfg, Communica
   return std::make_unique<NcclDispatcher>(cfg, comm);
 }
 
-void nccl_dispatcher_sync(Dispatcher& d, void* stream) {
-  if (auto* n = dynamic_cast<NcclDispatcher*>(&d)) n->sync(static_cast<cudaStream_t>(stream));
-}
 
 }  // namespace epmoe::detail

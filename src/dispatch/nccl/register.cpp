@@ -1,26 +1,26 @@
-// Registers the multi-GPU dispatchers: "nccl" (host-orchestrated NCCL send/recv) and "nvlink"
-// (device-initiated push over NCCL symmetric memory), both on communicators of kind "nccl" with
+// Registers dispatcher "nccl": host-orchestrated NCCL send/recv on communicators of kind "nccl",
 // buffers on CUDA devices, paired with the "cuda" runner.
 #include <memory>
 
 #include "core/builtin_backends.h"
-#include "dispatch/nccl/a2a_host.h"
+#include "dispatch/a2a/host.h"
 #include "epmoe/registry.h"
 
 namespace epmoe::detail {
 
-void register_nccl_backends(Registry& reg) {
-  const std::vector<ActFormat> all = {ActFormat::bf16, ActFormat::fp8, ActFormat::nvfp4};
-  const std::vector<ActFormat> combine = {ActFormat::bf16, ActFormat::fp8};
-  reg.add(DispatcherInfo{"nccl", {"nccl"}, DeviceKind::cuda, all, combine, make_nccl_dispatcher, {}});
-  reg.add(DispatcherInfo{"nvlink", {"nccl"}, DeviceKind::cuda, all, combine, make_nvlink_dispatcher, {}});
-  reg.add_pair("nccl", "cuda");
-  reg.add_pair("nvlink", "cuda");
-}
+std::unique_ptr<Dispatcher> make_nccl_dispatcher(const MoeConfig& cfg, Communicator& comm);  // nccl_dispatcher.cu
 
-void gpu_dispatcher_sync(Dispatcher& d, void* stream) {
-  nccl_dispatcher_sync(d, stream);
-  nvlink_dispatcher_sync(d, stream);
+void register_nccl_dispatcher(Registry& reg) {
+  DispatcherInfo d;
+  d.name = "nccl";
+  d.comm_kinds = {"nccl"};
+  d.device = DeviceKind::cuda;
+  d.formats = {ActFormat::bf16, ActFormat::fp8, ActFormat::nvfp4};
+  d.combine_formats = {ActFormat::bf16, ActFormat::fp8};
+  d.create = make_nccl_dispatcher;
+  d.check = a2a_config_issues;
+  reg.add(std::move(d));
+  reg.add_pair("nccl", "cuda");
 }
 
 }  // namespace epmoe::detail

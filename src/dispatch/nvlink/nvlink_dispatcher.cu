@@ -15,11 +15,11 @@
 //   5. every CTA adds 1 (release, system scope) to each peer's arrival counter for this source and
 //      waits (acquire) until every source's counter reached the sum of the grid sizes it announced;
 //      then each CTA resets a share of the ids that became invalid and counts a share of experts.
-// Combine: in every CTA, kPushWarps (6) warps push valid y rows (bf16, or fp8-encoded) to the home
+// Combine: in every CTA, cfg.tuning.push_warps (6) warps push valid y rows (bf16, or fp8-encoded) to the home
 // rank's region [me][slot] and release a per-row flag with the combine epoch; the other warps sum
 // tokens as soon as the flags of their rows are set (ascending rank, fp32, no fma), so the sum
 // overlaps the transfer; with R = 2 and bf16 rows the sum streams through a cp.async ring too.
-// bf16: a rank's own rows are read from y in place, never copied. Opt-in (EPMOE_NVL_COMBINE=ce,
+// bf16: a rank's own rows are read from y in place, never copied. Opt-in (cfg.tuning.combine = ce,
 // bf16 rows): the copy engine moves whole regions of y instead, with a flag per copy (copy_rows).
 // No host synchronisation; CUDA-graph capturable (epochs and counters live in device memory).
 // Waits are bounded: a peer that never arrives leaves an error record naming it, and the host
@@ -30,13 +30,14 @@
 #include <algorithm>
 #include <atomic>
 #include <climits>
-#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <vector>
 
 #include "core/cuda/check.h"
-#include "dispatch/nccl/a2a_host.h"
+#include "dispatch/check.h"
+#include "dispatch/output.h"
+#include "dispatch/a2a/host.h"
 #include "dispatch/nccl/nccl_comm_impl.h"
 #include "dispatch/nvlink/nvlink_combine.cuh"
 #include "dispatch/nvlink/nvlink_kernels.cuh"
@@ -141,7 +142,7 @@ __global__ void __launch_bounds__(kThreads, 1) dispatch_kernel(Args a) {
   if (b == 0 && threadIdx.x < R) {
     const int d = threadIdx.x;
     const int32_t total = sm_total[d];
-    int32_t code = a.local_code, bt = 0, bk = 0, bid = 0;
+    int32_t code = a.local_code, bt = 0, bk = 0, bid = a.local_value;
     const int32_t bad = *reinterpret_cast<volatile int32_t*>(&a.S->bad);
     if (code == kOk && bad != INT_MAX) {
       code = kBadId;
@@ -239,11 +240,11 @@ __global__ void __launch_bounds__(kThreads, 1) dispatch_kernel(Args a) {
       if (code != kOk) atomicOr(&sm_bad_any, 1);
       if (b == 0 && code != kOk) {  // only problems cross PCIe into the host-mapped record
         volatile int32_t* rec = a.err->bad[s];
-        rec[0] = code;
-        rec[1] = *reinterpret_cast<const volatile int32_t*>(&st->T);
-        rec[2] = *reinterpret_cast<const volatile int32_t*>(&st->bad_t);
-        rec[3] = *reinterpret_cast<const volatile int32_t*>(&st->bad_k);
-        rec[4] = *reinterpret_cast<const volatile int32_t*>(&st->bad_id);
+        rec[kRecCode] = code;
+        rec[kRecTokens] = *reinterpret_cast<const volatile int32_t*>(&st->T);
+        rec[kRecToken] = *reinterpret_cast<const volatile int32_t*>(&st->bad_t);
+        rec[kRecK] = *reinterpret_cast<const volatile int32_t*>(&st->bad_k);
+        rec[kRecValue] = *reinterpret_cast<const volatile int32_t*>(&st->bad_id);
       }
     } else {
       atomicOr(&sm_bad_any, 2);
@@ -345,20 +346,6 @@ __global__ void __launch_bounds__(kThreads, 1) dispatch_kernel(Args a) {
 
 size_t align_up(size_t x, size_t a) { return (x + a - 1) / a * a; }
 
-// A tuning knob from the environment: `dflt` when unset, else a whole number in [lo, hi] or a
-// UsageError naming the variable and what it sets.
-int env_int(const char* name, int dflt, int lo, int hi, const char* what) {
-  const char* env = std::getenv(name);
-  if (!env || !*env) return dflt;
-  const std::string v = env;
-  const bool digits = v.size() <= 7 && v.find_first_not_of("0123456789") == std::string::npos;
-  const int x = digits ? std::stoi(v) : -1;
-  if (x < lo || x > hi)
-    throw UsageError("dispatcher \"nvlink\": environment variable " + std::string(name) + "='" + v + "' is not in [" +
-                     std::to_string(lo) + ", " + std::to_string(hi) + "] (" + what + ")");
-  return x;
-}
-
 Layout make_layout(const MoeConfig& cfg) {
   const size_t R = cfg.num_ranks, C = cfg.capacity, H = cfg.hidden, K = cfg.top_k;
   const size_t slots = R * C;
@@ -382,39 +369,23 @@ Layout make_layout(const MoeConfig& cfg) {
   return L;
 }
 
-class NvlinkDispatcher final : public Dispatcher {
+class NvlinkDispatcher final : public GpuA2aDispatcher {
  public:
   NvlinkDispatcher(const MoeConfig& cfg, Communicator& c)
       : cfg_(cfg), comm_(as_nccl(c, "dispatcher \"nvlink\"")), R_(cfg.num_ranks), me_(c.rank()) {
+    comm_.activate();  // first: validate() checks comm_sms against this device
     check_gpu_a2a_config(cfg, c.size(), c.rank(), "dispatcher \"nvlink\"");
-    comm_.activate();
-    // Before any collective allocation: ranks built differently must fail here, not hang.
+    // Before any collective allocation: ranks built differently must fail here, not hang. The
+    // fingerprint covers the combine mode and ce_rows ([agree]): both sides of a combine must agree
+    // on who writes which flags.
     comm_.check_same(config_fingerprint(cfg), "dispatcher \"nvlink\" configuration (config_fingerprint)");
-    int sms = 0;
-    EPMOE_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, comm_.device_index()));
-    if (cfg.tuning.comm_sms > sms)
-      throw UsageError("dispatcher \"nvlink\": comm_sms=" + std::to_string(cfg.tuning.comm_sms) + " exceeds the " +
-                       std::to_string(sms) + " SMs of device " + std::to_string(comm_.device_index()) +
-                       "; the spinning CTAs must all be resident, use --comm-sms <= " + std::to_string(sms));
     G_ = cfg.tuning.comm_sms;
-    push_warps_ = env_int("EPMOE_NVL_PUSH_WARPS", kPushWarps, kMinPushWarps, kMaxPushWarps,
-                          "combine warps per CTA that push rows; the others sum");
+    push_warps_ = cfg.tuning.push_warps;
     // Copy-engine combine (bf16 rows only: fp8 rows are encoded by the push warps on the way).
-    bool use_ce = false;
-    if (const char* env = std::getenv("EPMOE_NVL_COMBINE"); env && *env) {
-      const std::string v = env;
-      if (v != "sm" && v != "ce")
-        throw UsageError("dispatcher \"nvlink\": environment variable EPMOE_NVL_COMBINE='" + v +
-                         "' is not sm or ce (who moves the combine rows: the push warps or the copy engine)");
-      use_ce = v == "ce";
-    }
-    const int ce_chunk = env_int("EPMOE_NVL_CE_ROWS", kCeRows, 1, 1 << 20, "rows per copy-engine copy of the combine");
-    if (use_ce && cfg.combine_format == ActFormat::bf16) {
-      ce_rows_ = std::min(ce_chunk, std::max(1, cfg.capacity));
+    if (cfg.tuning.combine == CombineMode::ce && cfg.combine_format == ActFormat::bf16) {
+      ce_rows_ = std::min(cfg.tuning.ce_rows, std::max(1, cfg.capacity));
       push_warps_ = kMinPushWarps;  // idle: the copy engine moves the rows, the other warps sum
     }
-    // Both sides of a combine must agree on who writes which flags.
-    comm_.check_same(uint64_t(ce_rows_), "dispatcher \"nvlink\" combine mode (EPMOE_NVL_COMBINE, EPMOE_NVL_CE_ROWS)");
     // The kernels stage loads in dynamic shared memory beyond the default 48 KB.
     EPMOE_CUDA_CHECK(cudaFuncSetAttribute(dispatch_kernel<ActFormat::bf16>,
                                           cudaFuncAttributeMaxDynamicSharedMemorySize, int(kDispatchSmem)));
@@ -502,7 +473,9 @@ class NvlinkDispatcher final : public Dispatcher {
     Args a = args(in.stream);
     a.T = T;
     a.T_in = T;
-    a.local_code = T < 0 ? kNegative : T > C ? kCapacity : (T > 0 && (!in.hidden || !in.topk_ids || !in.topk_weights)) ? kNullInput : kOk;
+    const InputProblem local = check_input_shape(T, C, in.hidden, in.topk_ids, in.topk_weights);
+    a.local_code = local.code;
+    a.local_value = local.value;
     if (a.local_code != kOk) a.T = 0;  // the kernel reads nothing of a rejected input
     a.hidden = in.hidden;
     a.ids = in.topk_ids;
@@ -520,32 +493,20 @@ class NvlinkDispatcher final : public Dispatcher {
     }
     T_ = a.T;
     have_dispatch_ = true;
-    DispatchOutput o;
-    o.num_ranks = R_;
-    o.capacity = C;
-    o.hidden = cfg_.hidden;
-    o.top_k = cfg_.top_k;
-    o.num_local_experts = cfg_.experts_per_rank();
-    o.format = cfg_.dispatch_format;
-    o.quant = cfg_.quant_params();
-    o.device = DeviceKind::cuda;
-    uint8_t* w = static_cast<uint8_t*>(window_mem_);
-    o.payload = w + L_.payload;
-    o.scales = scale_bytes(cfg_.dispatch_format, cfg_.hidden) ? w + L_.scales : nullptr;
-    o.local_ids = reinterpret_cast<const int32_t*>(w + L_.ids);
-    o.weights = reinterpret_cast<const float*>(w + L_.weights);
-    o.counts = reinterpret_cast<State*>(state_.get())->counts;
-    o.expert_counts = expert_counts_.get<int32_t>();
-    return o;
+    const uint8_t* w = static_cast<const uint8_t*>(window_mem_);
+    return make_dispatch_output(cfg_, DeviceKind::cuda,
+                                RecvBuffers{w + L_.payload, w + L_.scales, reinterpret_cast<const int32_t*>(w + L_.ids),
+                                            reinterpret_cast<const float*>(w + L_.weights),
+                                            reinterpret_cast<State*>(state_.get())->counts,
+                                            expert_counts_.get<int32_t>()});
   }
 
   void combine(const CombineInput& in, bf16_raw* out) override {
     comm_.activate();
     raise_recorded();
-    if (!have_dispatch_)
-      throw UsageError("combine called without a dispatch before it; call dispatch() first (one combine per dispatch)");
+    if (!have_dispatch_) throw UsageError(combine_without_dispatch());
     have_dispatch_ = false;
-    if (!out && T_ > 0) throw UsageError("combine: out is null with T=" + std::to_string(T_) + " > 0; pass [T, H] bf16");
+    if (!out && T_ > 0) throw UsageError(combine_null_out(T_));
     Args a = args(in.stream);
     a.T = T_;
     a.y = in.y;
@@ -592,7 +553,7 @@ class NvlinkDispatcher final : public Dispatcher {
   }
 
   // Waits for the stream (bounded by the kernels' own timeouts) and raises what they recorded.
-  void sync(void* stream) {
+  void sync(void* stream) override {
     comm_.activate();
     EPMOE_CUDA_CHECK(cudaStreamSynchronize(static_cast<cudaStream_t>(stream)));
     raise_recorded();
@@ -645,26 +606,21 @@ class NvlinkDispatcher final : public Dispatcher {
                              "unusable now",
                          e->rank);
     }
-    std::string errors;
+    std::vector<std::string> problems(R_);
     for (int r = 0; r < R_; ++r) {
-      const int32_t c = e->bad[r][0], T = e->bad[r][1];
-      std::string p;
-      if (c == kCapacity) p = capacity_problem(T, cfg_.capacity);
-      else if (c == kBadId) p = bad_id_problem(e->bad[r][2], e->bad[r][3], e->bad[r][4], cfg_.num_experts);
-      else if (c == kNegative) p = "num_tokens is negative";
-      else if (c == kNullInput)
-        p = "DispatchInput has a null hidden, topk_ids or topk_weights with T > 0; pass [T, H] hidden and [T, K] ids and weights";
-      if (!p.empty()) errors += (errors.empty() ? "" : "; ") + ("rank " + std::to_string(r) + ": ") + p;
+      int32_t rec[kRecordInts];
+      for (int i = 0; i < kRecordInts; ++i) rec[i] = e->bad[r][i];
+      problems[r] = input_message(decode_input_record(rec), r, cfg_.capacity, cfg_.num_experts);
     }
     e->code = kErrNone;
-    for (int r = 0; r < R_; ++r) e->bad[r][0] = kOk;
-    throw UsageError("dispatch: " + errors + " (nothing was sent)");
+    for (int r = 0; r < R_; ++r) e->bad[r][kRecCode] = kOk;
+    throw UsageError(rejected_dispatch(problems));
   }
 
   MoeConfig cfg_;
   NcclComm& comm_;
   int R_, me_, G_ = 24;
-  int push_warps_ = kPushWarps;  // EPMOE_NVL_PUSH_WARPS (a tuning knob; any value gives the same results)
+  int push_warps_ = 0;            // cfg.tuning.push_warps (any value gives the same results)
   int ce_rows_ = 0;               // rows per copy-engine copy; 0: the push warps move the combine rows
   std::vector<uint8_t*> peer_host_;  // peer_base_ on the host (copy-engine combine)
   cudaStream_t ce_stream_ = nullptr;
@@ -691,10 +647,6 @@ class NvlinkDispatcher final : public Dispatcher {
 
 std::unique_ptr<Dispatcher> make_nvlink_dispatcher(const MoeConfig& cfg, Communicator& comm) {
   return std::make_unique<NvlinkDispatcher>(cfg, comm);
-}
-
-void nvlink_dispatcher_sync(Dispatcher& d, void* stream) {
-  if (auto* n = dynamic_cast<NvlinkDispatcher*>(&d)) n->sync(stream);
 }
 
 void nvlink_set_trace(Dispatcher& d, uint64_t* stamps) {

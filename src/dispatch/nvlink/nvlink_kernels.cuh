@@ -5,8 +5,10 @@
 
 #include <cstdint>
 
-#include "dispatch/nccl/a2a_device.cuh"
-#include "dispatch/nccl/a2a_units.cuh"
+#include "dispatch/a2a/device.cuh"
+#include "dispatch/a2a/units.cuh"
+#include "dispatch/check_codes.h"
+#include "epmoe/options.h"
 #include "dispatch/nvlink/nvlink_trace.h"
 
 namespace epmoe::nvl {
@@ -28,13 +30,13 @@ struct Layout {
 struct Status {
   uint64_t epoch;
   int32_t count;  // tokens coming to this destination
-  int32_t code;   // 0 ok, else the source's input problem (kCapacity, ...)
-  int32_t T, bad_t, bad_k, bad_id;
+  int32_t code;   // input::kOk, else the source's input problem (check_codes.h)
+  int32_t T, bad_t, bad_k, bad_id;  // bad_id: the id (kBadId) or the NullField (kNullInput)
   int32_t grid;   // CTAs of the source's dispatch kernel = arrivals it adds to every destination
 };
 static_assert(sizeof(Status) <= kStatusBytes, "status slot");
 
-enum : int32_t { kOk = 0, kCapacity = 1, kBadId = 2, kNullInput = 3, kNegative = 4 };
+using namespace epmoe::detail::input;
 enum : int32_t { kErrNone = 0, kErrTimeout = 1, kErrUsage = 2 };
 enum : int32_t { kAtStatus = 1, kAtDispatchData = 2, kAtCombineData = 3, kAtGridBarrier = 4 };
 
@@ -44,7 +46,7 @@ struct ErrorRecord {
   int32_t rank;   // timeout: the rank that did not arrive
   int32_t where;  // kAt*
   int32_t pad;
-  int32_t bad[a2a::kMaxRanks][5];  // usage: per source rank {code, T, bad_t, bad_k, bad_id}
+  int32_t bad[a2a::kMaxRanks][kRecordInts];  // usage: per source rank its input record (check_codes.h)
 };
 
 // Local (non-window) device state; lives across calls so that CUDA-graph replays stay consistent.
@@ -70,7 +72,8 @@ struct Args {
   int R, me, C, H, K, E, E_loc;
   int64_t T;
   int64_t T_in;  // T as the caller passed it (reported in errors; T is 0 for a rejected input)
-  int32_t local_code;
+  int32_t local_code;   // this rank's input problem found on the host (check_input_shape)
+  int32_t local_value;  // and its record value
   int64_t timeout_ns;
   const bf16_raw* hidden;
   const int32_t* ids;
@@ -84,8 +87,8 @@ struct Args {
   int32_t* chunk_counts;  // [G][R]
   int32_t* slot_map;      // [C][R]
   int32_t* expert_counts; // [E_loc]
-  uint64_t* trace;        // optional [kNvlTrace] phase stamps of CTA 0 (a2a_host.h); null: off
-  int push_warps;  // combine warps per CTA that push rows (EPMOE_NVL_PUSH_WARPS, default kPushWarps)
+  uint64_t* trace;        // optional [kNvlTrace] phase stamps of CTA 0 (nvlink_trace.h); null: off
+  int push_warps;  // combine warps per CTA that push rows (Tuning::push_warps)
   // Combine rows moved by the copy engine (0: by the push warps): rows per copy, and the flag of a
   // row is the flag of its copy's first row (nvlink_dispatcher.cu, "copy-engine combine").
   int ce_rows;
@@ -117,16 +120,14 @@ __device__ __forceinline__ void trace_span(const Args& a, int first, int last_in
 }
 
 constexpr int kHist = 1024;      // local experts counted in shared memory (more: global atomics)
-// Combine: warps per CTA that push rows; the others sum. Measured (run 18, 2xH200, 24 SMs, 4096
-// DeepSeek-V3 tokens, bf16 combine): 4 / 5 / 6 / 8 / 10 / 12 push warps -> 269 / 260 / 247-252 /
-// 281 / 346 / 436 us; with 8 the sums fall behind the pushes (58 us tail), with 5 or fewer the
-// pushes are the limit.
-constexpr int kPushWarps = 6;
+// Combine: warps per CTA that push rows (Tuning::push_warps, default 6); the others sum. Measured
+// (2xH200, 24 SMs, 4096 DeepSeek-V3 tokens, bf16 combine): 4 / 5 / 6 / 8 / 10 / 12 push warps ->
+// 269 / 260 / 247-252 / 281 / 346 / 436 us; with 8 the sums fall behind the pushes (58 us tail),
+// with 5 or fewer the pushes are the limit.
 constexpr int kStages = 4;       // cp.async stages per warp (dispatch units, combine sum units)
 // Dynamic shared memory of the kernels (set as the functions' limit at setup).
 constexpr size_t kDispatchSmem = size_t(kThreads / 32) * kStages * (128 * 16 + 96 * 4);
-constexpr int kMinPushWarps = 4, kMaxPushWarps = 12;  // EPMOE_NVL_PUSH_WARPS must lie in these
-constexpr int kCeRows = 512;  // copy-engine combine: rows per copy (EPMOE_NVL_CE_ROWS)
+constexpr int kMinPushWarps = Tuning::kMinPushWarps;  // the fewest push warps (most sum warps)
 constexpr size_t combine_smem(int push_warps) { return size_t(kThreads / 32 - push_warps) * kStages * (2 * 128 * 16 + 16); }
 constexpr size_t kCombineSmem = combine_smem(kMinPushWarps);  // the function's limit
 

@@ -1,9 +1,8 @@
-// Registers the single-GPU backends: runner "cuda" and dispatcher "local" on a CUDA device, and the
-// pair they form. Everything runs on the communicator's device.
+// Registers runner "cuda" (its pairs are declared by the dispatchers: src/dispatch/cuda, nccl,
+// nvlink). Everything runs on the communicator's device.
 #include <memory>
 
 #include "core/builtin_backends.h"
-#include "dispatch/cuda/local.h"
 #include "epmoe/registry.h"
 #include "run/cuda/runner.h"
 
@@ -19,19 +18,6 @@ void register_cuda_backends(Registry& reg) {
     return std::make_unique<cuda::CudaRunner>(cfg, device_index);
   };
   reg.add(std::move(runner));
-
-  DispatcherInfo local;
-  local.name = "local";
-  local.comm_kinds = {"local"};
-  local.device = DeviceKind::cuda;
-  local.formats = {ActFormat::bf16, ActFormat::fp8, ActFormat::nvfp4};
-  local.combine_formats = {ActFormat::bf16, ActFormat::fp8};
-  local.create = [](const MoeConfig& cfg, Communicator& comm) -> std::unique_ptr<Dispatcher> {
-    return std::make_unique<cuda::LocalCudaDispatcher>(cfg, comm.device_index());
-  };
-  reg.add(std::move(local));
-
-  reg.add_pair("local", "cuda");
 }
 
 }  // namespace epmoe::detail

@@ -16,8 +16,8 @@
 #include <vector>
 
 #include "common/gpu_ranks.h"
+#include "dispatch/a2a/host.h"
 #include "dispatch/dispatch_harness.h"
-#include "dispatch/nccl/a2a_host.h"
 #include "epmoe/error.h"
 #include "epmoe/nccl_comm.h"
 
@@ -473,46 +473,38 @@ TEST(NvlinkDispatch, CudaGraphReplay) {
   expect_graph_replay(small_config("nvlink", ActFormat::bf16, ActFormat::bf16, 64));
 }
 
-// Sets an environment variable for a scope (the dispatchers read their tuning knobs when built).
-struct ScopedEnv {
-  std::string name, old;
-  bool had;
-  ScopedEnv(const char* n, const char* v) : name(n) {
-    const char* o = std::getenv(n);
-    had = o != nullptr;
-    if (had) old = o;
-    setenv(n, v, 1);
-  }
-  ~ScopedEnv() {
-    if (had) setenv(name.c_str(), old.c_str(), 1);
-    else unsetenv(name.c_str());
-  }
-};
-
-// A bad value of a tuning variable is a UsageError naming it, on every rank (no hang).
-TEST(NvlinkDispatch, BadTuningVariableIsAUsageError) {
+// A bad value of a tuning option is a UsageError naming it, on every rank (no hang).
+TEST(NvlinkDispatch, BadTuningOptionIsAUsageError) {
   NEED_GPUS(2);
   auto comms = group(2);
-  for (const auto& [name, value] : std::vector<std::pair<const char*, const char*>>{
-           {"EPMOE_NVL_COMBINE", "dma"}, {"EPMOE_NVL_CE_ROWS", "0"}, {"EPMOE_NVL_PUSH_WARPS", "13"}}) {
-    ScopedEnv bad(name, value);
+  const auto set_ce_rows = [](MoeConfig& c) { c.tuning.ce_rows = 0; };
+  const auto set_push_warps = [](MoeConfig& c) { c.tuning.push_warps = 13; };
+  const auto set_comm_sms = [](MoeConfig& c) { c.tuning.comm_sms = Tuning::kMaxCommSms; };  // > the device's SMs
+  for (const auto& [name, set] : std::vector<std::pair<const char*, std::function<void(MoeConfig&)>>>{
+           {"tuning.ce_rows", set_ce_rows}, {"tuning.push_warps", set_push_warps}, {"tuning.comm_sms", set_comm_sms}}) {
+    MoeConfig cfg = small_config("nvlink", ActFormat::bf16, ActFormat::bf16);
+    set(cfg);
     const std::vector<std::string> msgs = usage_errors(comms, [&](Communicator& c) {
-      Registry::global().find_dispatcher("nvlink")->create(small_config("nvlink", ActFormat::bf16, ActFormat::bf16), c);
+      Registry::global().find_dispatcher("nvlink")->create(cfg, c);
     });
     for (int r = 0; r < 2; ++r)
       if (is_local_rank(r)) EXPECT_NE(msgs[r].find(name), std::string::npos) << name << ": " << msgs[r];
   }
 }
 
-// The copy-engine combine (EPMOE_NVL_COMBINE=ce): whole regions copied 32 rows at a time (so a
+// The copy-engine combine (tuning.combine = ce): whole regions copied 32 rows at a time (so a
 // region of 96 slots spans three copies and three flags), the same bytes as the cpu fabric for
 // every traffic shape, and under graph replay.
 TEST(NvlinkDispatch, CopyEngineCombineMatchesCpuFabric) {
   NEED_GPUS(2);
-  ScopedEnv mode("EPMOE_NVL_COMBINE", "ce"), rows("EPMOE_NVL_CE_ROWS", "32");
-  expect_traffic_shapes(small_config("nvlink", ActFormat::fp8, ActFormat::bf16), 77, "ce combine");
+  const auto ce = [](MoeConfig c) {
+    c.tuning.combine = CombineMode::ce;
+    c.tuning.ce_rows = 32;
+    return c;
+  };
+  expect_traffic_shapes(ce(small_config("nvlink", ActFormat::fp8, ActFormat::bf16)), 77, "ce combine");
   if (HasFatalFailure()) return;
-  expect_graph_replay(small_config("nvlink", ActFormat::bf16, ActFormat::bf16, 64));
+  expect_graph_replay(ce(small_config("nvlink", ActFormat::bf16, ActFormat::bf16, 64)));
 }
 
 // nvlink round trips vs the cpu fabric, for each shape on one dispatcher of capacity 700 (E 32,

@@ -2,7 +2,7 @@
 // per-chunk count, the pack into per-destination regions, expert counts, combine encode and the
 // home-rank sum. Header-only templates so each dispatcher's .cu instantiates what it uses.
 #pragma once
-#include "dispatch/nccl/a2a_device.cuh"
+#include "dispatch/a2a/device.cuh"
 
 namespace epmoe::a2a {
 

@@ -8,10 +8,7 @@
 //   bf16  : 16-byte chunks e0/8 + 32*i + lane, i = 0..3 (8 elements each);
 //   fp8   : two groups of 16 elements, e0 + 512*g + 16*lane (g = 0, 1); 8 lanes share a 128-block;
 //   nvfp4 : 32 elements e0 + 32*lane = the 16-element blocks 2*lane and 2*lane+1 of the unit.
-// Rounding is exactly the CPU quantizers' (src/quant/cpu.cpp): fp32 amax that skips NaN, the
-// block parameters of quant_device.cuh, e4m3 through the hardware's satfinite RNE conversion (equal
-// to num::f32_to_e4m3 on every non-NaN input, and NaN -> 0x7f in both) and an e2m1 codec that is a
-// branch-free rewrite of num::f32_to_e2m1 (same thresholds, NaN -> +0).
+// Encoding is quant/cuda/wire_device.cuh's, which rounds exactly like the CPU quantizers.
 #pragma once
 #include <cuda_runtime.h>
 
@@ -20,6 +17,7 @@
 #include "epmoe/format.h"
 #include "epmoe/numeric.h"
 #include "quant/cuda/quant_device.cuh"
+#include "quant/cuda/wire_device.cuh"
 
 namespace epmoe::a2a {
 
@@ -41,28 +39,6 @@ __device__ __forceinline__ int units_per_row(int H) { return (H + kUnitElems - 1
 
 __device__ __forceinline__ uint4 ldg16(const void* p) { return __ldg(reinterpret_cast<const uint4*>(p)); }
 __device__ __forceinline__ uint4 zero4() { return make_uint4(0, 0, 0, 0); }
-
-// bf16 pair word -> two floats (exact).
-__device__ __forceinline__ float bf_lo(uint32_t w) { return __uint_as_float(w << 16); }
-__device__ __forceinline__ float bf_hi(uint32_t w) { return __uint_as_float(w & 0xffff0000u); }
-
-// Two floats -> two e4m3 codes (lo in the low byte), RNE, satfinite.
-__device__ __forceinline__ uint32_t e4m3x2(float lo, float hi) {
-  uint16_t r;
-  asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(r) : "f"(hi), "f"(lo));
-  return r;
-}
-
-// num::f32_to_e2m1 without branches: the code is the number of rounding thresholds |f| passes
-// (0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5 with ties to the even code), compared on the bits, which
-// orders non-negative floats like the values do. NaN -> +0; the sign of everything else is kept.
-__device__ __forceinline__ uint32_t e2m1_code(float f) {
-  const uint32_t u = __float_as_uint(f), a = u & 0x7fffffffu;
-  uint32_t c = (a > 0x3e800000u) + (a >= 0x3f400000u) + (a > 0x3fa00000u) + (a >= 0x3fe00000u) +
-               (a > 0x40200000u) + (a >= 0x40600000u) + (a > 0x40a00000u);
-  c |= (u >> 28) & 8u;
-  return a > 0x7f800000u ? 0u : c;
-}
 
 // ---- loads ---------------------------------------------------------------------------------------
 template <ActFormat F>
@@ -90,65 +66,16 @@ __device__ __forceinline__ void unit_load(const bf16_raw* row, int H, int e0, Un
   }
 }
 
-// ---- encode --------------------------------------------------------------------------------------
-__device__ __forceinline__ void unpack16(const uint4& a, const uint4& b, float* f) {
-  const uint32_t w[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
-#pragma unroll
-  for (int i = 0; i < 8; ++i) {
-    f[2 * i] = bf_lo(w[i]);
-    f[2 * i + 1] = bf_hi(w[i]);
-  }
-}
-
-// fp8: every lane of the warp must call it (block amax by shuffles among 8 lanes).
+// ---- encode (the wire encoders of quant/cuda/wire_device.cuh) -------------------------------------
 __device__ __forceinline__ void unit_encode_fp8(const UnitRaw& r, bool ue8m0, UnitEnc& o) {
 #pragma unroll
-  for (int g = 0; g < 2; ++g) {
-    float f[16];
-    unpack16(r.v[2 * g], r.v[2 * g + 1], f);
-    float m = 0.f;
-#pragma unroll
-    for (int i = 0; i < 16; ++i) m = fmaxf(m, fabsf(f[i]));
-    m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 4));
-    m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
-    m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
-    const cuda::dev::Fp8Block bp = cuda::dev::fp8_block_params(m, ue8m0);
-    uint32_t pr[8];
-    if (bp.divide) {  // ue8m0: x / scale, as the CPU quantizer does
-#pragma unroll
-      for (int i = 0; i < 8; ++i) pr[i] = e4m3x2(__fdiv_rn(f[2 * i], bp.mul), __fdiv_rn(f[2 * i + 1], bp.mul));
-    } else {
-#pragma unroll
-      for (int i = 0; i < 8; ++i) pr[i] = e4m3x2(__fmul_rn(f[2 * i], bp.mul), __fmul_rn(f[2 * i + 1], bp.mul));
-    }
-    o.p[g] = make_uint4(pr[0] | pr[1] << 16, pr[2] | pr[3] << 16, pr[4] | pr[5] << 16, pr[6] | pr[7] << 16);
-    o.scale[g] = bp.scale;
-  }
-}
-
-// nvfp4: one 16-element block; returns its e4m3 scale code, writes 8 packed bytes as two words.
-__device__ __forceinline__ uint32_t nvfp4_block16(const uint4& a, const uint4& b, float gs, uint32_t& w0, uint32_t& w1) {
-  float f[16];
-  unpack16(a, b, f);
-  float m = 0.f;
-#pragma unroll
-  for (int i = 0; i < 16; ++i) m = fmaxf(m, fabsf(f[i]));
-  const uint8_t s = num::f32_to_e4m3(__fdiv_rn(__fmul_rn(m, gs), 6.0f));
-  const float sf = num::e4m3_to_f32(s);
-  const bool zero = sf == 0.0f || sf != sf;  // no inverse: the block is all zeros
-  const float inv = zero ? 0.f : __fdiv_rn(gs, sf);
-  uint32_t w[2] = {0, 0};
-#pragma unroll
-  for (int i = 0; i < 16; ++i) w[i / 8] |= e2m1_code(__fmul_rn(f[i], inv)) << (4 * (i % 8));
-  w0 = zero ? 0u : w[0];
-  w1 = zero ? 0u : w[1];
-  return s;
+  for (int g = 0; g < 2; ++g) o.scale[g] = cuda::dev::fp8_encode16(r.v[2 * g], r.v[2 * g + 1], ue8m0, o.p[g]);
 }
 
 __device__ __forceinline__ void unit_encode_nvfp4(const UnitRaw& r, float gs, UnitEnc& o) {
   uint32_t w0, w1, w2, w3;
-  const uint32_t s0 = nvfp4_block16(r.v[0], r.v[1], gs, w0, w1);
-  const uint32_t s1 = nvfp4_block16(r.v[2], r.v[3], gs, w2, w3);
+  const uint32_t s0 = cuda::dev::nvfp4_encode16(r.v[0], r.v[1], gs, w0, w1);
+  const uint32_t s1 = cuda::dev::nvfp4_encode16(r.v[2], r.v[3], gs, w2, w3);
   o.p[0] = make_uint4(w0, w1, w2, w3);
   o.s2 = s0 | (s1 << 8);
 }
@@ -226,8 +153,8 @@ __device__ __forceinline__ void sum_add(float (*acc)[8], const uint4* v, const f
       const uint32_t w[4] = {v[i].x, v[i].y, v[i].z, v[i].w};
 #pragma unroll
       for (int k = 0; k < 4; ++k) {
-        acc[i][2 * k] = __fadd_rn(acc[i][2 * k], bf_lo(w[k]));
-        acc[i][2 * k + 1] = __fadd_rn(acc[i][2 * k + 1], bf_hi(w[k]));
+        acc[i][2 * k] = __fadd_rn(acc[i][2 * k], cuda::dev::bf_lo(w[k]));
+        acc[i][2 * k + 1] = __fadd_rn(acc[i][2 * k + 1], cuda::dev::bf_hi(w[k]));
       }
     } else {
       const uint32_t w[2] = {v[i].x, v[i].y};
@@ -253,8 +180,8 @@ __device__ __forceinline__ uint4 sum_chunk2(int n, const uint4& a, float sa, con
       const uint32_t w[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
       for (int k = 0; k < 4; ++k) {
-        acc[2 * k] = __fadd_rn(acc[2 * k], bf_lo(w[k]));
-        acc[2 * k + 1] = __fadd_rn(acc[2 * k + 1], bf_hi(w[k]));
+        acc[2 * k] = __fadd_rn(acc[2 * k], cuda::dev::bf_lo(w[k]));
+        acc[2 * k + 1] = __fadd_rn(acc[2 * k + 1], cuda::dev::bf_hi(w[k]));
       }
     } else {
       const float sc = r == 0 ? sa : sb;

@@ -10,7 +10,7 @@
 
 #include "epmoe/format.h"
 #include "epmoe/numeric.h"
-#include "dispatch/nccl/a2a_types.h"
+#include "dispatch/a2a/types.h"
 #include "quant/cuda/quant_device.cuh"
 
 namespace epmoe::a2a {
