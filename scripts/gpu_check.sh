@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # On a GPU machine: build, run every GPU test and the benchmarks, and write a short summary.
-#   scripts/gpu_check.sh [--tests REGEX] [--no-bench] [--bench "ARGS"]... [--no-sanitize]
+#   scripts/gpu_check.sh [--tests REGEX] [--no-bench] [--bench "ARGS"]... [--no-sanitize] [--no-python]
 # Output: $OUT (or ./out) gets summary.md, ctest.log, bench logs. The GPU machine keeps nothing, so
 # copy the summary into bench/results/ and commit it.
 set -uo pipefail
@@ -8,12 +8,13 @@ cd "$(dirname "$0")/.."
 out=${OUT:-$(pwd)/out}
 mkdir -p "$out"
 export NCCL_NVLS_ENABLE=0 NVSHMEM_DISABLE_NVLS=1 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
-tests_regex=""; run_bench=1; benches=(); sanitize=1
+tests_regex=""; run_bench=1; benches=(); sanitize=1; run_python=1
 while [ $# -gt 0 ]; do
   case "$1" in
     --tests) tests_regex="$2"; shift 2 ;;
     --no-bench) run_bench=0; shift ;;
     --no-sanitize) sanitize=0; shift ;;
+    --no-python) run_python=0; shift ;;
     --bench) benches+=("$2"); shift 2 ;;
     *) echo "unknown argument $1"; exit 2 ;;
   esac
@@ -52,6 +53,28 @@ if [ $sanitize -eq 1 ] && command -v compute-sanitizer >/dev/null 2>&1; then
     build-gpu/tests/epmoe_gpu_tests --gtest_filter="$filter" > "$out/sanitizer.log" 2>&1
   rc=$?
   echo "- compute-sanitizer memcheck ($filter): $(grep -E 'ERROR SUMMARY' "$out/sanitizer.log" | tail -1) (exit $rc)" >> "$summary"
+fi
+
+# The Python package against PyTorch on the GPU: built in its own tree against the NCCL that torch
+# loads (its nvidia/nccl copy, when it has the device-API headers), so that importing torch first
+# loads the same NCCL the extension was compiled with.
+if [ $run_python -eq 1 ] && python3 -c "import nanobind, torch" 2>/dev/null; then
+  t0=$(date +%s)
+  nccl_root=$(python3 -c "import nvidia.nccl, os; print(os.path.dirname(nvidia.nccl.__file__) if hasattr(nvidia.nccl, '__file__') and nvidia.nccl.__file__ else list(nvidia.nccl.__path__)[0])" 2>/dev/null || true)
+  [ -n "$nccl_root" ] && [ ! -f "$nccl_root/include/nccl_device.h" ] && nccl_root=""
+  cmake -S . -B build-py -G Ninja -DCMAKE_BUILD_TYPE=Release -DEPMOE_BUILD_PYTHON=ON -DEPMOE_ENABLE_TESTS=OFF \
+    -DPython_EXECUTABLE="$(command -v python3)" ${nccl_root:+-DEPMOE_NCCL_ROOT="$nccl_root"} > "$out/build_py.log" 2>&1 &&
+    cmake --build build-py -j "$(nproc)" --target epmoe_python >> "$out/build_py.log" 2>&1
+  rc=$?
+  echo "- Python extension build: $([ $rc -eq 0 ] && echo ok || echo FAILED) in $(( $(date +%s) - t0 )) s (NCCL: ${nccl_root:-system})" >> "$summary"
+  if [ $rc -eq 0 ]; then
+    PYTHONPATH=build-py/python timeout ${EPMOE_PYTEST_TIMEOUT:-900} python3 -m pytest -q -rs python/tests \
+      > "$out/pytest.log" 2>&1
+    echo "- Python tests: $(tail -1 "$out/pytest.log")" >> "$summary"
+    grep -E '^(FAILED|ERROR)' "$out/pytest.log" | head -20 | sed 's/^/  - /' >> "$summary"
+  else
+    tail -30 "$out/build_py.log"
+  fi
 fi
 
 if [ $run_bench -eq 1 ]; then
