@@ -19,7 +19,7 @@
 #include <vector>
 
 #include "combine/reduce.h"
-#include "dispatch/cpu_fabric.h"
+#include "comm/cpu_fabric.h"
 #include "dispatch/plan.h"
 #include "epmoe/config.h"
 #include "epmoe/dispatch.h"

@@ -19,7 +19,7 @@
 #include "core/cuda/check.h"
 #include "dispatch/nccl/a2a_host.h"
 #include "dispatch/nccl/a2a_kernels.cuh"
-#include "dispatch/nccl/nccl_comm_impl.h"
+#include "comm/nccl/nccl_comm_impl.h"
 #include "epmoe/error.h"
 
 namespace epmoe::detail {

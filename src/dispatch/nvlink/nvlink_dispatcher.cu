@@ -37,7 +37,7 @@
 
 #include "core/cuda/check.h"
 #include "dispatch/nccl/a2a_host.h"
-#include "dispatch/nccl/nccl_comm_impl.h"
+#include "comm/nccl/nccl_comm_impl.h"
 #include "dispatch/nvlink/nvlink_combine.cuh"
 #include "dispatch/nvlink/nvlink_kernels.cuh"
 #include "epmoe/error.h"

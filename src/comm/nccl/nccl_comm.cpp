@@ -1,6 +1,6 @@
 // NCCL communicators: creation (one process for all GPUs, one process per GPU, mpirun bootstrap),
 // the version check, check_same, and bounded waits.
-#include "dispatch/nccl/nccl_comm_impl.h"
+#include "comm/nccl/nccl_comm_impl.h"
 
 #include <unistd.h>
 
@@ -12,8 +12,8 @@
 #include <set>
 #include <thread>
 
+#include "comm/rendezvous.h"
 #include "core/cuda/check.h"
-#include "core/rendezvous.h"
 #include "epmoe/error.h"
 #include "epmoe/nccl_comm.h"
 
