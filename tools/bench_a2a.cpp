@@ -17,6 +17,7 @@
 
 #include "args.h"
 #include "bench_util.h"
+#include "comm/launch.h"
 #include "comm/nccl/nccl_comm_impl.h"
 #include "commands.h"
 #include "core/cuda/check.h"

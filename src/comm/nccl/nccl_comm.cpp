@@ -4,16 +4,18 @@
 
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
-#include <atomic>
 #include <cstring>
+#include <optional>
 #include <set>
 #include <thread>
 
 #include "comm/rendezvous.h"
 #include "core/cuda/check.h"
+#include "core/env.h"
 #include "epmoe/error.h"
 #include "epmoe/nccl_comm.h"
 
@@ -39,7 +41,7 @@ void nccl_preflight() {
   setenv("NCCL_NVLS_ENABLE", "0", 1);
   int v = 0;
   EPMOE_NCCL_CHECK(ncclGetVersion(&v));
-  if (v != NCCL_VERSION_CODE && !std::getenv("EPMOE_NCCL_ALLOW_VERSION_MISMATCH")) {
+  if (v != NCCL_VERSION_CODE && !env::nccl_allow_version_mismatch()) {
     throw BackendError("NCCL version mismatch: epmoe was compiled against NCCL " + version_string(NCCL_VERSION_CODE) +
                        " but libnccl.so.2 loaded at run time is " + version_string(v) +
                        "; the NCCL device API is inlined at compile time, so build against the NCCL you run with "
@@ -212,51 +214,24 @@ std::unique_ptr<Communicator> make_nccl_comm(const ncclUniqueId& id, int rank, i
   return std::make_unique<detail::NcclComm>(c, rank, nranks, device, timeout_ms);
 }
 
-bool launched_under_mpi() {
-  return std::getenv("OMPI_COMM_WORLD_RANK") != nullptr && std::getenv("OMPI_COMM_WORLD_SIZE") != nullptr;
-}
-
-namespace {
-
-int env_int(const char* name) {
-  const char* v = std::getenv(name);
-  if (!v) throw UsageError(std::string("environment variable ") + name + " is not set; start the ranks with mpirun");
-  char* end = nullptr;
-  const long x = std::strtol(v, &end, 10);
-  if (!end || *end) throw UsageError(std::string(name) + "=" + v + " is not an integer");
-  return static_cast<int>(x);
-}
-
-std::string job_id() {
-  for (const char* name : {"EPMOE_JOB_ID", "PMIX_NAMESPACE", "OMPI_MCA_ess_base_jobid", "OMPI_MCA_orte_ess_jobid"}) {
-    if (const char* v = std::getenv(name); v && *v) {
-      std::string s = v;
-      for (char& ch : s)
-        if (!isalnum(static_cast<unsigned char>(ch)) && ch != '-' && ch != '_') ch = '_';
-      return s;
-    }
-  }
-  throw UsageError("make_nccl_comm_from_env: no job id found (EPMOE_JOB_ID, PMIX_NAMESPACE, OMPI_MCA_ess_base_jobid); "
-                   "export EPMOE_JOB_ID=<something unique per job> on every rank");
-}
-
-}  // namespace
+bool launched_under_mpi() { return env::mpi_launch().has_value(); }
 
 std::unique_ptr<Communicator> make_nccl_comm_from_env(int timeout_ms) {
   check_timeout(timeout_ms, "make_nccl_comm_from_env");
-  if (!launched_under_mpi())
+  const std::optional<env::MpiLaunch> mpi = env::mpi_launch();
+  if (!mpi)
     throw UsageError("make_nccl_comm_from_env: OMPI_COMM_WORLD_RANK/SIZE are not set; launch with mpirun -np <R>");
-  const int rank = env_int("OMPI_COMM_WORLD_RANK");
-  const int size = env_int("OMPI_COMM_WORLD_SIZE");
-  const int local = std::getenv("OMPI_COMM_WORLD_LOCAL_RANK") ? env_int("OMPI_COMM_WORLD_LOCAL_RANK") : rank;
-  const char* dir_env = std::getenv("EPMOE_BOOTSTRAP_DIR");
-  const std::string dir = dir_env && *dir_env ? dir_env : "/tmp";
+  const int rank = mpi->rank, size = mpi->size, local = mpi->local_rank;
+  const std::string job = env::job_id();
+  if (job.empty())
+    throw UsageError("make_nccl_comm_from_env: no job id found (EPMOE_JOB_ID, PMIX_NAMESPACE, OMPI_MCA_ess_base_jobid); "
+                     "export EPMOE_JOB_ID=<something unique per job> on every rank");
   // The n-th communicator a process creates meets the n-th of every other rank (all ranks create
   // them in the same order): a file per creation, so that a rank that is already on its next
   // creation can never read the id of the previous one before rank 0 has removed it.
   static std::atomic<uint64_t> created{0};
   const uint64_t seq = created.fetch_add(1);
-  const std::string path = dir + "/epmoe-nccl-" + job_id() + "-" + std::to_string(seq) + ".id";
+  const std::string path = env::bootstrap_dir() + "/epmoe-nccl-" + job + "-" + std::to_string(seq) + ".id";
   ncclUniqueId id{};
   if (rank == 0) {
     id = make_nccl_unique_id();
