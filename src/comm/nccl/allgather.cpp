@@ -25,7 +25,9 @@ std::vector<double> allgather(Communicator& comm, const std::vector<double>& min
   struct Buffers {
     void* send = nullptr;
     void* recv = nullptr;
+    bool leak = false;
     ~Buffers() {
+      if (leak) return;
       cudaFree(send);
       cudaFree(recv);
     }
@@ -39,8 +41,14 @@ std::vector<double> allgather(Communicator& comm, const std::vector<double>& min
   // written.
   if (n) EPMOE_CUDA_CHECK(cudaMemcpyAsync(b.send, mine.data(), n * 8, cudaMemcpyHostToDevice, st));
   EPMOE_NCCL_CHECK(ncclAllGather(b.send, b.recv, n, ncclDouble, nc.handle(), st));
-  // After a timeout the communicator is aborted, so freeing the buffers cannot wait for it.
-  nc.wait(st, "allgather (result exchange)", kAllgatherTimeoutMs);
+  try {
+    nc.wait(st, "allgather (result exchange)", kAllgatherTimeoutMs);
+  } catch (...) {
+    // A communicator that is not aborted (an adopted one) may still run the collective into these
+    // buffers: leak them rather than free (cudaFree would wait for it, the hang this bound avoids).
+    if (!nc.owned()) b.leak = true;
+    throw;
+  }
   std::vector<double> all(n * R);
   if (!all.empty()) {
     EPMOE_CUDA_CHECK(cudaMemcpyAsync(all.data(), b.recv, all.size() * 8, cudaMemcpyDeviceToHost, st));

@@ -1,5 +1,5 @@
 // NCCL communicators: creation (one process for all GPUs, one process per GPU, mpirun bootstrap),
-// the version check, check_same, and bounded waits.
+// adoption of a caller's communicator, the version check, check_same, and bounded waits.
 #include "comm/nccl/nccl_comm_impl.h"
 
 #include <unistd.h>
@@ -49,8 +49,8 @@ void nccl_preflight() {
   }
 }
 
-NcclComm::NcclComm(ncclComm_t comm, int rank, int size, int device, int timeout_ms)
-    : comm_(comm), rank_(rank), size_(size), device_(device), timeout_ms_(timeout_ms) {
+NcclComm::NcclComm(ncclComm_t comm, int rank, int size, int device, int timeout_ms, bool owned)
+    : comm_(comm), rank_(rank), size_(size), device_(device), timeout_ms_(timeout_ms), owned_(owned) {
   activate();
   EPMOE_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   dev_scratch_bytes_ = 4096;
@@ -59,8 +59,15 @@ NcclComm::NcclComm(ncclComm_t comm, int rank, int size, int device, int timeout_
 
 NcclComm::~NcclComm() {
   cudaSetDevice(device_);
+  if (!owned_ && broken_) {
+    // A collective of ours may still be pending on the caller's communicator, which we may not
+    // abort: waiting for the stream or freeing (an implicit device sync) could block forever, so
+    // the stream is released without waiting and the small scratch buffer is left behind.
+    if (stream_) cudaStreamDestroy(stream_);
+    return;
+  }
   if (stream_) cudaStreamSynchronize(stream_);
-  if (comm_) {
+  if (comm_ && owned_) {
     // A broken group may never complete a destroy (it synchronises with peers): abort instead.
     if (broken_) ncclCommAbort(comm_);
     else ncclCommDestroy(comm_);
@@ -89,8 +96,11 @@ void NcclComm::wait(cudaStream_t stream, const char* where, int timeout_ms) {
     }
     if (std::chrono::steady_clock::now() > deadline) {
       broken_ = true;
-      ncclCommAbort(comm_);
-      comm_ = nullptr;
+      // An adopted communicator belongs to the caller: aborting it would free it under their feet.
+      if (owned_) {
+        ncclCommAbort(comm_);
+        comm_ = nullptr;
+      }
       throw TimeoutError("rank " + std::to_string(rank_) + ": a peer did not arrive within " + std::to_string(limit) +
                              " ms at " + where + " (NCCL collectives do not say which peer; rank -1 = unknown). "
                              "Check that every rank calls the same collectives in the same order, or raise "
@@ -147,7 +157,7 @@ NcclComm& as_nccl(Communicator& c, const char* who) {
   auto* n = dynamic_cast<NcclComm*>(&c);
   if (!n)
     throw UsageError(std::string(who) + " needs a communicator of kind \"nccl\" but got \"" + c.kind() +
-                     "\"; create it with make_nccl_group or make_nccl_comm (include epmoe/nccl_comm.h)");
+                     "\"; create it with make_nccl_group, make_nccl_comm or adopt_nccl_comm (include epmoe/nccl_comm.h)");
   return *n;
 }
 
@@ -212,6 +222,30 @@ std::unique_ptr<Communicator> make_nccl_comm(const ncclUniqueId& id, int rank, i
   ncclComm_t c = nullptr;
   EPMOE_NCCL_CHECK(ncclCommInitRank(&c, nranks, id, rank));
   return std::make_unique<detail::NcclComm>(c, rank, nranks, device, timeout_ms);
+}
+
+std::unique_ptr<Communicator> adopt_nccl_comm(ncclComm_t comm, int timeout_ms) {
+  check_timeout(timeout_ms, "adopt_nccl_comm");
+  if (comm == nullptr)
+    throw UsageError("adopt_nccl_comm: comm is null; pass a communicator initialised with ncclCommInitRank, "
+                     "ncclCommInitAll or ncclCommSplit");
+  detail::nccl_preflight();
+  ncclResult_t state = ncclSuccess;
+  EPMOE_NCCL_CHECK(ncclCommGetAsyncError(comm, &state));
+  if (state == ncclInProgress)
+    throw UsageError("adopt_nccl_comm: comm is still initialising (a non-blocking communicator); wait until "
+                     "ncclCommGetAsyncError reports ncclSuccess, then adopt it");
+  EPMOE_NCCL_CHECK(state);
+  int rank = -1, size = 0, device = -1;
+  EPMOE_NCCL_CHECK(ncclCommUserRank(comm, &rank));
+  EPMOE_NCCL_CHECK(ncclCommCount(comm, &size));
+  EPMOE_NCCL_CHECK(ncclCommCuDevice(comm, &device));
+  const int n = visible_devices();
+  if (device < 0 || device >= n)
+    throw UsageError("adopt_nccl_comm: comm runs on CUDA device " + std::to_string(device) +
+                     ", which this process does not see (it sees " + std::to_string(n) +
+                     "); adopt the communicator in the process that created it");
+  return std::make_unique<detail::NcclComm>(comm, rank, size, device, timeout_ms, /*owned=*/false);
 }
 
 bool launched_under_mpi() { return env::mpi_launch().has_value(); }
