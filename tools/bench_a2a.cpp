@@ -17,10 +17,11 @@
 
 #include "args.h"
 #include "bench_util.h"
+#include "comm/launch.h"
+#include "comm/nccl/nccl_comm_impl.h"
 #include "commands.h"
 #include "core/cuda/check.h"
 #include "dispatch/a2a/host.h"
-#include "dispatch/nccl/nccl_comm_impl.h"
 #include "dispatch/nvlink/nvlink_trace.h"
 #include "epmoe/epmoe.h"
 #include "epmoe/nccl_comm.h"

@@ -31,6 +31,7 @@
 
 #include "args.h"
 #include "bench_util.h"
+#include "comm/launch.h"
 #include "core/cuda/check.h"
 #include "epmoe/epmoe.h"
 #include "route/cuda/route.h"

@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "bench_util.h"
+#include "comm/launch.h"
 #include "epmoe/comm.h"
 #include "epmoe/error.h"
 #include "epmoe/layer.h"

@@ -1,8 +1,10 @@
-// Communicators over NCCL (kind "nccl", device cuda): one GPU per rank. Two ways to build a group:
+// Communicators over NCCL (kind "nccl", device cuda): one GPU per rank. Three ways to get a group:
 //   - make_nccl_group: one process drives all local GPUs, one thread per GPU (use with run_ranks);
 //   - make_nccl_comm: one process per GPU, the caller hands in an ncclUniqueId (from rank 0, sent by
 //     whatever the caller already has: torch.distributed, MPI, a file); make_nccl_comm_from_env does
-//     this by itself under mpirun (see docs/COMM.md for the file-based id exchange).
+//     this by itself under mpirun (see docs/COMM.md for the file-based id exchange);
+//   - adopt_nccl_comm: wrap an ncclComm_t the caller already owns (PyTorch's process group, a
+//     serving framework); epmoe uses it but never destroys it.
 // Every constructor sets NCCL_NVLS_ENABLE=0 before NCCL initialises (NVLink multicast stays off) and
 // checks that the NCCL library found at run time is the one the library was compiled against (the
 // device API is header-inlined, so a mismatch would corrupt memory rather than fail).
@@ -29,6 +31,27 @@ ncclUniqueId make_nccl_unique_id();
 // Rank `rank` of `nranks`, on CUDA device `device`. Collective: blocks until every rank has called it.
 std::unique_ptr<Communicator> make_nccl_comm(const ncclUniqueId& id, int rank, int nranks, int device,
                                              int timeout_ms = 10000);
+
+// Adopts `comm`, a communicator the caller created (ncclCommInitRank/InitAll/Split) and keeps
+// owning, as an epmoe Communicator of kind "nccl". Rank and size are NCCL's (ncclCommUserRank,
+// ncclCommCount), the CUDA device is the one the communicator was created on (ncclCommCuDevice).
+// Everything that works on a group made by epmoe works on it: check_same, MoeLayer, the "nccl" and
+// "nvlink" dispatchers, nccl_handle. Ownership:
+//   - destroying the returned Communicator never calls ncclCommDestroy or ncclCommAbort on `comm`;
+//     the caller destroys `comm`, after every epmoe object using it (dispatchers, layers, this
+//     Communicator) is gone;
+//   - the caller must not run its own collectives on `comm` concurrently with epmoe's (NCCL
+//     requires one order of collectives per communicator across ranks);
+//   - after a TimeoutError epmoe leaves `comm` as it is (broken for epmoe: later calls fail at
+//     once); a collective of epmoe's may still be pending on it, so the caller should
+//     ncclCommAbort it rather than destroy it.
+// NCCL_NVLS_ENABLE=0 is set here too, but only takes effect for communicators created afterwards:
+// create `comm` with NCCL_NVLS_ENABLE=0 in the environment to keep NVLink multicast off.
+// The version check is the same as for the other constructors. Throws UsageError for a null
+// `comm`, one still initialising (non-blocking init), or a device this process cannot see;
+// BackendError when NCCL reports `comm` in error. Every rank calls it for its own communicator
+// (not collective).
+std::unique_ptr<Communicator> adopt_nccl_comm(ncclComm_t comm, int timeout_ms = 10000);
 
 // True when the process was started by Open MPI's mpirun (OMPI_COMM_WORLD_RANK/SIZE are set).
 bool launched_under_mpi();

@@ -19,8 +19,8 @@
 #include <vector>
 
 #include "combine/reduce.h"
+#include "comm/cpu_fabric.h"
 #include "dispatch/check.h"
-#include "dispatch/cpu_fabric.h"
 #include "dispatch/plan.h"
 #include "epmoe/config.h"
 #include "epmoe/dispatch.h"

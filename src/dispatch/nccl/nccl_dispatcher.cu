@@ -17,11 +17,11 @@
 #include <vector>
 
 #include "core/cuda/check.h"
-#include "dispatch/check.h"
-#include "dispatch/output.h"
+#include "comm/nccl/nccl_comm_impl.h"
 #include "dispatch/a2a/host.h"
 #include "dispatch/a2a/kernels.cuh"
-#include "dispatch/nccl/nccl_comm_impl.h"
+#include "dispatch/check.h"
+#include "dispatch/output.h"
 #include "epmoe/error.h"
 
 namespace epmoe::detail {

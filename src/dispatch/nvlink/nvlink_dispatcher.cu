@@ -35,10 +35,10 @@
 #include <vector>
 
 #include "core/cuda/check.h"
+#include "comm/nccl/nccl_comm_impl.h"
+#include "dispatch/a2a/host.h"
 #include "dispatch/check.h"
 #include "dispatch/output.h"
-#include "dispatch/a2a/host.h"
-#include "dispatch/nccl/nccl_comm_impl.h"
 #include "dispatch/nvlink/nvlink_combine.cuh"
 #include "dispatch/nvlink/nvlink_kernels.cuh"
 #include "epmoe/error.h"

@@ -361,6 +361,31 @@ TEST(NcclNvlinkDispatch, MismatchedConfigurationIsAnError) {
   }
 }
 
+// Communicators the caller created (ncclCommInitAll) and epmoe adopted (adopt_nccl_comm) carry
+// both dispatchers like epmoe's own; the caller destroys them afterwards.
+TEST(NcclNvlinkDispatch, AdoptedCommunicatorsMatchCpuFabric) {
+  NEED_GPUS(2);
+  if (tests_under_mpirun()) GTEST_SKIP() << "creates its own communicators over GPUs 0 and 1; one process only";
+  setenv("NCCL_NVLS_ENABLE", "0", 1);  // as nccl_comm.h asks of a caller that creates its own
+  struct Raw {
+    ncclComm_t c[2] = {nullptr, nullptr};
+    ~Raw() {
+      for (ncclComm_t x : c)
+        if (x) ncclCommDestroy(x);
+    }
+  } raw;
+  int devs[2] = {0, 1};
+  ASSERT_EQ(ncclSuccess, ncclCommInitAll(raw.c, 2, devs));
+  std::vector<std::unique_ptr<Communicator>> comms;
+  for (ncclComm_t c : raw.c) comms.push_back(adopt_nccl_comm(c));
+  for (const char* name : {"nccl", "nvlink"}) {
+    const MoeConfig cfg = small_config(name, ActFormat::fp8, ActFormat::bf16);
+    auto disps = create_all(cfg, comms);
+    const auto in = random_inputs(cfg, {37, 50}, 31);
+    expect_same(cfg, in, gpu_round_trip(cfg, comms, disps, in), std::string(name) + " on adopted communicators");
+  }
+}
+
 // 1000 back-to-back steps with changing token counts; every 100th is checked against the fabric,
 // and the last one after all 1000 ran without a host sync in between (nvlink).
 TEST(NcclNvlinkDispatch, ThousandBackToBackCalls) {

@@ -1,4 +1,4 @@
-#include "core/rendezvous.h"
+#include "comm/rendezvous.h"
 
 #include <unistd.h>
 

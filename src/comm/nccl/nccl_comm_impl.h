@@ -20,9 +20,11 @@ void nccl_check(ncclResult_t r, const char* expr, const char* file, int line);
 // initialisation.
 void nccl_preflight();
 
+// `owned`: epmoe created the NCCL communicator and destroys it (or aborts it after a timeout). An
+// adopted one (adopt_nccl_comm) is never destroyed or aborted here: it stays the caller's.
 class NcclComm final : public Communicator {
  public:
-  NcclComm(ncclComm_t comm, int rank, int size, int device, int timeout_ms);
+  NcclComm(ncclComm_t comm, int rank, int size, int device, int timeout_ms, bool owned = true);
   ~NcclComm() override;
   NcclComm(const NcclComm&) = delete;
   NcclComm& operator=(const NcclComm&) = delete;
@@ -43,8 +45,8 @@ class NcclComm final : public Communicator {
   cudaStream_t stream() const { return stream_; }
 
   // Waits for `stream` to drain, polling NCCL for asynchronous errors. After `timeout_ms` the
-  // communicator is aborted (a later call fails at once) and TimeoutError is thrown; NCCL does not
-  // say which peer is missing, so the error names rank -1 and says so.
+  // communicator is marked broken (a later call fails at once), aborted when it is owned, and
+  // TimeoutError is thrown; NCCL does not say which peer is missing, so the error names rank -1.
   void wait(cudaStream_t stream, const char* where, int timeout_ms = -1);
   // all_gather of one u64 per rank (a collective on stream()).
   std::vector<uint64_t> all_gather_u64(uint64_t value, const char* where);
@@ -55,6 +57,7 @@ class NcclComm final : public Communicator {
   // The same on `stream` (which may be the legacy default stream, null); waits for it, bounded.
   std::vector<int32_t> all_gather_i32(const int32_t* host_values, int n, const char* where, cudaStream_t stream);
   bool broken() const { return broken_; }
+  bool owned() const { return owned_; }
 
  private:
   ncclComm_t comm_ = nullptr;
@@ -62,6 +65,7 @@ class NcclComm final : public Communicator {
   cudaStream_t stream_ = nullptr;
   void* dev_scratch_ = nullptr;  // small device buffer for all_gather
   size_t dev_scratch_bytes_ = 0;
+  bool owned_;
   bool broken_ = false;
 };
 

@@ -8,7 +8,7 @@
 #include <fstream>
 #include <thread>
 
-#include "core/rendezvous.h"
+#include "comm/rendezvous.h"
 #include "epmoe/error.h"
 
 namespace epmoe {

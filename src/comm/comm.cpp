@@ -1,10 +1,10 @@
 // Communicators that need no device: the single-rank one and the cpu group (ranks as threads over
-// the shared-memory fabric of src/dispatch/cpu_fabric.h).
+// the shared-memory fabric of cpu_fabric.h).
 #include <exception>
 #include <string>
 #include <thread>
 
-#include "dispatch/cpu_fabric.h"
+#include "comm/cpu_fabric.h"
 #include "epmoe/comm.h"
 #include "epmoe/error.h"
 

@@ -1,4 +1,4 @@
-#include "dispatch/cpu_fabric.h"
+#include "comm/cpu_fabric.h"
 
 #include <chrono>
 #include <cstring>

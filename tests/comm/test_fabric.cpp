@@ -7,7 +7,7 @@
 #include <stdexcept>
 #include <string>
 
-#include "dispatch/cpu_fabric.h"
+#include "comm/cpu_fabric.h"
 #include "epmoe/comm.h"
 #include "epmoe/error.h"
 

@@ -1,19 +1,21 @@
 // NCCL communicators: creation (one process for all GPUs, one process per GPU, mpirun bootstrap),
-// the version check, check_same, and bounded waits.
-#include "dispatch/nccl/nccl_comm_impl.h"
+// adoption of a caller's communicator, the version check, check_same, and bounded waits.
+#include "comm/nccl/nccl_comm_impl.h"
 
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
-#include <atomic>
 #include <cstring>
+#include <optional>
 #include <set>
 #include <thread>
 
+#include "comm/rendezvous.h"
 #include "core/cuda/check.h"
-#include "core/rendezvous.h"
+#include "core/env.h"
 #include "epmoe/error.h"
 #include "epmoe/nccl_comm.h"
 
@@ -39,7 +41,7 @@ void nccl_preflight() {
   setenv("NCCL_NVLS_ENABLE", "0", 1);
   int v = 0;
   EPMOE_NCCL_CHECK(ncclGetVersion(&v));
-  if (v != NCCL_VERSION_CODE && !std::getenv("EPMOE_NCCL_ALLOW_VERSION_MISMATCH")) {
+  if (v != NCCL_VERSION_CODE && !env::nccl_allow_version_mismatch()) {
     throw BackendError("NCCL version mismatch: epmoe was compiled against NCCL " + version_string(NCCL_VERSION_CODE) +
                        " but libnccl.so.2 loaded at run time is " + version_string(v) +
                        "; the NCCL device API is inlined at compile time, so build against the NCCL you run with "
@@ -47,8 +49,8 @@ void nccl_preflight() {
   }
 }
 
-NcclComm::NcclComm(ncclComm_t comm, int rank, int size, int device, int timeout_ms)
-    : comm_(comm), rank_(rank), size_(size), device_(device), timeout_ms_(timeout_ms) {
+NcclComm::NcclComm(ncclComm_t comm, int rank, int size, int device, int timeout_ms, bool owned)
+    : comm_(comm), rank_(rank), size_(size), device_(device), timeout_ms_(timeout_ms), owned_(owned) {
   activate();
   EPMOE_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   dev_scratch_bytes_ = 4096;
@@ -57,8 +59,15 @@ NcclComm::NcclComm(ncclComm_t comm, int rank, int size, int device, int timeout_
 
 NcclComm::~NcclComm() {
   cudaSetDevice(device_);
+  if (!owned_ && broken_) {
+    // A collective of ours may still be pending on the caller's communicator, which we may not
+    // abort: waiting for the stream or freeing (an implicit device sync) could block forever, so
+    // the stream is released without waiting and the small scratch buffer is left behind.
+    if (stream_) cudaStreamDestroy(stream_);
+    return;
+  }
   if (stream_) cudaStreamSynchronize(stream_);
-  if (comm_) {
+  if (comm_ && owned_) {
     // A broken group may never complete a destroy (it synchronises with peers): abort instead.
     if (broken_) ncclCommAbort(comm_);
     else ncclCommDestroy(comm_);
@@ -87,8 +96,11 @@ void NcclComm::wait(cudaStream_t stream, const char* where, int timeout_ms) {
     }
     if (std::chrono::steady_clock::now() > deadline) {
       broken_ = true;
-      ncclCommAbort(comm_);
-      comm_ = nullptr;
+      // An adopted communicator belongs to the caller: aborting it would free it under their feet.
+      if (owned_) {
+        ncclCommAbort(comm_);
+        comm_ = nullptr;
+      }
       throw TimeoutError("rank " + std::to_string(rank_) + ": a peer did not arrive within " + std::to_string(limit) +
                              " ms at " + where + " (NCCL collectives do not say which peer; rank -1 = unknown). "
                              "Check that every rank calls the same collectives in the same order, or raise "
@@ -145,7 +157,7 @@ NcclComm& as_nccl(Communicator& c, const char* who) {
   auto* n = dynamic_cast<NcclComm*>(&c);
   if (!n)
     throw UsageError(std::string(who) + " needs a communicator of kind \"nccl\" but got \"" + c.kind() +
-                     "\"; create it with make_nccl_group or make_nccl_comm (include epmoe/nccl_comm.h)");
+                     "\"; create it with make_nccl_group, make_nccl_comm or adopt_nccl_comm (include epmoe/nccl_comm.h)");
   return *n;
 }
 
@@ -212,51 +224,48 @@ std::unique_ptr<Communicator> make_nccl_comm(const ncclUniqueId& id, int rank, i
   return std::make_unique<detail::NcclComm>(c, rank, nranks, device, timeout_ms);
 }
 
-bool launched_under_mpi() {
-  return std::getenv("OMPI_COMM_WORLD_RANK") != nullptr && std::getenv("OMPI_COMM_WORLD_SIZE") != nullptr;
+std::unique_ptr<Communicator> adopt_nccl_comm(ncclComm_t comm, int timeout_ms) {
+  check_timeout(timeout_ms, "adopt_nccl_comm");
+  if (comm == nullptr)
+    throw UsageError("adopt_nccl_comm: comm is null; pass a communicator initialised with ncclCommInitRank, "
+                     "ncclCommInitAll or ncclCommSplit");
+  detail::nccl_preflight();
+  ncclResult_t state = ncclSuccess;
+  EPMOE_NCCL_CHECK(ncclCommGetAsyncError(comm, &state));
+  if (state == ncclInProgress)
+    throw UsageError("adopt_nccl_comm: comm is still initialising (a non-blocking communicator); wait until "
+                     "ncclCommGetAsyncError reports ncclSuccess, then adopt it");
+  EPMOE_NCCL_CHECK(state);
+  int rank = -1, size = 0, device = -1;
+  EPMOE_NCCL_CHECK(ncclCommUserRank(comm, &rank));
+  EPMOE_NCCL_CHECK(ncclCommCount(comm, &size));
+  EPMOE_NCCL_CHECK(ncclCommCuDevice(comm, &device));
+  const int n = visible_devices();
+  if (device < 0 || device >= n)
+    throw UsageError("adopt_nccl_comm: comm runs on CUDA device " + std::to_string(device) +
+                     ", which this process does not see (it sees " + std::to_string(n) +
+                     "); adopt the communicator in the process that created it");
+  return std::make_unique<detail::NcclComm>(comm, rank, size, device, timeout_ms, /*owned=*/false);
 }
 
-namespace {
-
-int env_int(const char* name) {
-  const char* v = std::getenv(name);
-  if (!v) throw UsageError(std::string("environment variable ") + name + " is not set; start the ranks with mpirun");
-  char* end = nullptr;
-  const long x = std::strtol(v, &end, 10);
-  if (!end || *end) throw UsageError(std::string(name) + "=" + v + " is not an integer");
-  return static_cast<int>(x);
-}
-
-std::string job_id() {
-  for (const char* name : {"EPMOE_JOB_ID", "PMIX_NAMESPACE", "OMPI_MCA_ess_base_jobid", "OMPI_MCA_orte_ess_jobid"}) {
-    if (const char* v = std::getenv(name); v && *v) {
-      std::string s = v;
-      for (char& ch : s)
-        if (!isalnum(static_cast<unsigned char>(ch)) && ch != '-' && ch != '_') ch = '_';
-      return s;
-    }
-  }
-  throw UsageError("make_nccl_comm_from_env: no job id found (EPMOE_JOB_ID, PMIX_NAMESPACE, OMPI_MCA_ess_base_jobid); "
-                   "export EPMOE_JOB_ID=<something unique per job> on every rank");
-}
-
-}  // namespace
+bool launched_under_mpi() { return env::mpi_launch().has_value(); }
 
 std::unique_ptr<Communicator> make_nccl_comm_from_env(int timeout_ms) {
   check_timeout(timeout_ms, "make_nccl_comm_from_env");
-  if (!launched_under_mpi())
+  const std::optional<env::MpiLaunch> mpi = env::mpi_launch();
+  if (!mpi)
     throw UsageError("make_nccl_comm_from_env: OMPI_COMM_WORLD_RANK/SIZE are not set; launch with mpirun -np <R>");
-  const int rank = env_int("OMPI_COMM_WORLD_RANK");
-  const int size = env_int("OMPI_COMM_WORLD_SIZE");
-  const int local = std::getenv("OMPI_COMM_WORLD_LOCAL_RANK") ? env_int("OMPI_COMM_WORLD_LOCAL_RANK") : rank;
-  const char* dir_env = std::getenv("EPMOE_BOOTSTRAP_DIR");
-  const std::string dir = dir_env && *dir_env ? dir_env : "/tmp";
+  const int rank = mpi->rank, size = mpi->size, local = mpi->local_rank;
+  const std::string job = env::job_id();
+  if (job.empty())
+    throw UsageError("make_nccl_comm_from_env: no job id found (EPMOE_JOB_ID, PMIX_NAMESPACE, OMPI_MCA_ess_base_jobid); "
+                     "export EPMOE_JOB_ID=<something unique per job> on every rank");
   // The n-th communicator a process creates meets the n-th of every other rank (all ranks create
   // them in the same order): a file per creation, so that a rank that is already on its next
   // creation can never read the id of the previous one before rank 0 has removed it.
   static std::atomic<uint64_t> created{0};
   const uint64_t seq = created.fetch_add(1);
-  const std::string path = dir + "/epmoe-nccl-" + job_id() + "-" + std::to_string(seq) + ".id";
+  const std::string path = env::bootstrap_dir() + "/epmoe-nccl-" + job + "-" + std::to_string(seq) + ".id";
   ncclUniqueId id{};
   if (rank == 0) {
     id = make_nccl_unique_id();
