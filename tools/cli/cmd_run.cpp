@@ -42,11 +42,23 @@ int run_main(const std::vector<std::string>& args) {
     return 2;
   }
   print_run_summary(s, k);
+  // A rank that gave up waiting leaves its group unusable, and the other ranks then report that
+  // (in the library's terms); the user's knob is --timeout-ms.
+  const auto timed_out = [&](const std::string& what) {
+    const auto at = what.find("rank ");
+    const std::string cause = what.find("did not arrive") != std::string::npos && at != std::string::npos
+                                  ? what.substr(at, what.find(')', at) == std::string::npos ? std::string::npos : what.find(')', at) - at)
+                                  : what;
+    return BackendError("a rank waited longer than --timeout-ms=" + std::to_string(s.cfg.timeout_ms) +
+                        " ms for a peer (" + cause + "); raise --timeout-ms, the machine may be busy");
+  };
   try {
     return run_driver(s, k);
   } catch (const TimeoutError& e) {
-    throw BackendError(std::string(e.what()) + " (a rank waited longer than --timeout-ms=" +
-                       std::to_string(s.cfg.timeout_ms) + " for a peer; raise --timeout-ms if the machine is busy)");
+    throw timed_out(e.what());
+  } catch (const Error& e) {
+    if (std::string(e.what()).find("did not arrive within") == std::string::npos) throw;
+    throw timed_out(e.what());
   }
 }
 

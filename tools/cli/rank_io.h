@@ -25,6 +25,9 @@ class RankIO {
 };
 
 std::unique_ptr<RankIO> make_host_io();
+// Free memory of GPU 0 in bytes; 0 without CUDA or GPU.
+double gpu_memory_bytes();
+
 // GPU `device_index` (CUDA builds; elsewhere throws UsageError).
 std::unique_ptr<RankIO> make_cuda_io(int device_index);
 

@@ -80,10 +80,21 @@ class CudaIO : public RankIO {
 
 std::unique_ptr<RankIO> make_cuda_io(int device_index) { return std::make_unique<CudaIO>(device_index); }
 
+double gpu_memory_bytes() {
+  size_t free_b = 0, total_b = 0;
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0 || cudaMemGetInfo(&free_b, &total_b) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  return double(free_b);
+}
+
 }  // namespace epmoe::cli
 
 #else
 namespace epmoe::cli {
+double gpu_memory_bytes() { return 0; }
 std::unique_ptr<RankIO> make_cuda_io(int) {
   throw UsageError("--device cuda: this epmoe was built without CUDA; use --device cpu");
 }

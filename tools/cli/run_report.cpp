@@ -37,9 +37,9 @@ void print_run_summary(const RunSetup& s, const SetupCheck& k) {
   const size_t nrows = k.per_row.size();
   std::printf("plan: %zu row%s x %d layer%s; float64 check on tokens %s per rank (--check-tokens)", nrows,
               nrows == 1 ? "" : "s", s.layers, s.layers == 1 ? "" : "s", list(k.plan.check_per_rank).c_str());
-  if (s.device == DeviceKind::cpu)
-    std::printf("; about %s of host memory, about %.0f s on %d cores (estimate)", bytes(k.plan.host_bytes).c_str(),
-                std::max(1.0, k.plan.seconds), harness::cpu_cores());
+  std::printf("; %sabout %s of host memory, about %.0f s on %d cores (estimate)",
+              s.device == DeviceKind::cuda ? "host side (weights, float64 check): " : "", bytes(k.plan.host_bytes).c_str(),
+              std::max(1.0, k.plan.seconds), harness::cpu_cores());
   std::printf("\nerrors: final hidden state vs float64 with unquantized weights and the same routing; max_err/max_ref = "
               "max |out - ref| / max |ref|; time_ms: sum over layers of the slowest rank's forward%s\n\n",
               s.device == DeviceKind::cuda ? " (median of 3); tok/s/GPU: tokens x layers / time / GPUs" : "");

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <climits>
 #include <cmath>
+#include <numeric>
 #include <cstdio>
 
 #include "bench_util.h"
@@ -13,6 +14,7 @@
 #include "harness/check.h"
 #include "harness/machine.h"
 #include "harness/synthetic.h"
+#include "rank_io.h"
 
 namespace epmoe::cli {
 
@@ -46,9 +48,10 @@ RunSetup build_setup(const Flags& f) {
   s.preset = f.has("preset") ? f.get("preset") : (multi_gpu ? "qwen3-30b-a3b" : "tiny");
   const ModelPreset& p = preset(s.preset);
   s.cfg = p.config;
-  // A real shape on the CPU is checked layer by layer in float64: one layer unless asked.
-  const int default_layers =
-      multi_gpu ? std::min(3, p.num_layers) : (s.device == DeviceKind::cpu && s.preset != "tiny" ? 1 : p.num_layers);
+  // Every layer of a real shape is generated and checked in float64 on the host: one layer on the
+  // CPU, three on GPUs, unless asked.
+  const bool real_shape = s.preset != "tiny";
+  const int default_layers = !real_shape ? p.num_layers : std::min(s.device == DeviceKind::cpu ? 1 : 3, p.num_layers);
   s.layers = f.get_int("layers", default_layers);
   s.seed = uint64_t(f.get_int("seed", 1));
   if (f.has("check-tokens") && f.get("check-tokens") == "all") s.check_tokens = INT64_MAX;
@@ -230,35 +233,55 @@ SetupCheck check_setup(const RunSetup& s) {
   const int cores = harness::cpu_cores();
   double worst_w = 0;
   for (const Row& r : rows) worst_w = std::max(worst_w, weight_bytes_per_element(r.weights));
-  if (s.device == DeviceKind::cpu) {
-    // Every simulated rank is in this process: its quantized experts, the reference runner's fp32
-    // copies of the experts its tokens use, the generator's per-thread masters, the activations.
-    const double slots = double(R) * c.experts_per_rank();
-    const double used = std::min<double>(slots, double(total) * c.top_k);
-    p.host_bytes = slots * per_expert * worst_w + used * per_expert * 4.0 + cores * per_expert * 8.0 +
-                   double(total) * c.hidden * 24.0 + harness::check_cost(c, checked, cores).bytes;
-    // Rates measured on the reference path of a shared 2-core machine: ~0.5 GFLOP/s per core for
-    // the fp32 runner and the float64 check, ~75 M weights/s per core generated and quantized.
-    const double gen_s = slots * per_expert / (75e6 * cores);
-    const double fwd_s = double(total) * c.top_k * per_expert * 2.0 / (0.5e9 * cores);
-    const double chk_s = harness::check_cost(c, checked, cores).flops / (0.5e9 * cores);
-    p.seconds = double(rows.size()) * s.layers * (gen_s + fwd_s + chk_s);
-    const double avail = harness::available_memory_bytes();
-    if (p.host_bytes > 0.8 * avail) {
-      // What fits: the experts scale the weights, so name the largest expert count that fits.
-      const double per_e = per_expert * (worst_w + 4.0);
-      const double fixed = p.host_bytes - slots * per_e;
-      int e_fit = int(std::max(0.0, (0.8 * avail - fixed) / per_e));
-      e_fit -= e_fit % R;
+  // Host side: the ranks of this process (all of them, but one under mpirun) generate and quantize
+  // their experts layer by layer; on the CPU the reference runner also holds fp32 copies of the
+  // experts its tokens use. Rates measured on the reference path of a shared 2-core machine:
+  // ~0.5 GFLOP/s per core for the fp32 runner and the float64 check, ~75 M weights/s per core
+  // generated and quantized.
+  const bool cpu = s.device == DeviceKind::cpu;
+  const int local_ranks = cpu || !under_mpirun() ? R : 1;
+  const double slots = double(local_ranks) * c.experts_per_rank();
+  const double used = cpu ? std::min<double>(slots, double(total) * c.top_k) : 0.0;
+  p.host_bytes = slots * per_expert * worst_w + used * per_expert * 4.0 + cores * per_expert * 8.0 +
+                 double(total) * c.hidden * 24.0 + harness::check_cost(c, checked, cores).bytes;
+  p.host_bytes *= 1.15;  // allocator and runner overheads (measured: qwen3-30b-a3b on 4 simulated ranks)
+  const double gen_s = slots * per_expert / (75e6 * cores);
+  const double fwd_s = cpu ? double(total) * c.top_k * per_expert * 2.0 / (0.5e9 * cores) : 0.0;
+  const double chk_s = harness::check_cost(c, checked, cores).flops / (0.5e9 * cores);
+  p.seconds = double(rows.size()) * s.layers * (gen_s + fwd_s + chk_s);
+  const double avail = harness::available_memory_bytes();
+  const std::string shape = s.preset + " (H=" + std::to_string(c.hidden) + " I=" + std::to_string(c.intermediate) +
+                            " E=" + std::to_string(c.num_experts) + ")";
+  // What fits: the experts scale the weights, so name the largest expert count that fits.
+  auto experts_fit = [&](double budget, double per_e, double fixed, double ranks_here) {
+    int e = int(std::max(0.0, (budget - fixed) / per_e * double(R) / ranks_here));
+    const int step = c.router.kind == RouterKind::sigmoid_grouped_topk && c.router.n_group > 0
+                         ? std::lcm(R, c.router.n_group)
+                         : R;
+    e -= e % step;
+    return e >= c.top_k ? "What fits: --experts " + std::to_string(e) + " or fewer"
+                        : std::string("Lower --intermediate or --hidden");
+  };
+  if (p.host_bytes > 0.75 * avail) {
+    const double per_e = per_expert * (worst_w + (cpu ? 4.0 : 0.0));
+    k.whole.push_back({"model", s.preset,
+                       "one layer of " + shape + " on " + std::to_string(local_ranks) + (cpu ? " simulated" : "") +
+                           " rank(s) needs about " + gib(p.host_bytes) + " of host memory; this machine has " +
+                           gib(avail) + " available. " + experts_fit(0.75 * avail / 1.15, per_e, p.host_bytes / 1.15 - slots * per_e, local_ranks) +
+                           (cpu ? ", or run on a GPU (--device cuda)" : "")});
+  }
+  if (!cpu && s.gpus > 0) {
+    // Device side, per GPU: its experts in the weight format (nvfp4 also in the decode engine's
+    // prepared order), the activations and the dispatcher's buffers of C rows from every rank.
+    const double gpu = gpu_memory_bytes();
+    const double per_e = per_expert * worst_w * (worst_w < 1.0 && c.tuning.nvfp4_prepare ? 2.0 : 1.0);
+    const double act = double(tmax) * c.hidden * 16.0 + double(R) * c.capacity * c.hidden * 2.0 * (c.top_k + 2);
+    const double need = c.experts_per_rank() * per_e + act;
+    if (gpu > 0 && need > 0.9 * gpu)
       k.whole.push_back({"model", s.preset,
-                         "one layer of " + s.preset + " (H=" + std::to_string(c.hidden) + " I=" + std::to_string(c.intermediate) +
-                             " E=" + std::to_string(c.num_experts) + ") on " + std::to_string(R) +
-                             " simulated rank(s) needs about " + gib(p.host_bytes) + " of host memory; this machine has " +
-                             gib(avail) + " available. " +
-                             (e_fit >= c.top_k ? "What fits: --experts " + std::to_string(e_fit) + " or fewer"
-                                               : std::string("Lower --intermediate or --hidden")) +
-                             ", or run on a GPU (--device cuda)"});
-    }
+                         "one layer of " + shape + " needs about " + gib(need) + " on each GPU; GPU 0 has " + gib(gpu) +
+                             ". " + experts_fit(0.9 * gpu, per_e, act, 1.0) +
+                             ", more --ranks, or fewer --tokens"});
   }
   return k;
 }
