@@ -116,7 +116,7 @@ void run_row_rank(Communicator& comm, RankIO& io, Exchange& ex, const RunSetup& 
     }
     // Ranks check different token counts: meet here, under the host-side timeout, so that no rank
     // waits for a slower one's float64 inside the next forward (under --timeout-ms).
-    ex.allgather(comm, {});
+    ex.allgather(comm, {0.0});  // one value: NCCL treats an empty allgather as no collective
     if (talk && (gpu || plan.seconds > 10))
       std::fprintf(stderr, "[epmoe run] %s: layer %d/%d done (%.1f s)\n", tag.c_str(), l + 1, s.layers, seconds_since(t0));
   }

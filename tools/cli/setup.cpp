@@ -22,7 +22,7 @@ void add_run_flags(Flags& f) {
   f.add("preset", "NAME", "model shape: tiny (default; qwen3-30b-a3b on several GPUs), deepseek-v3, qwen3-235b-a22b, qwen3-30b-a3b, mixtral-8x7b, gpt-oss-120b");
   add_config_flags(f);
   f.add("tokens", "T[,T...]", "tokens per rank, one value per rank or one for all (cpu default: 37,0,64,0 pattern; several GPUs: 2048, last rank 512)");
-  f.add("layers", "L", "MoE layers stacked with residuals (default: the preset's on one device, at most 3 on several GPUs; 1 for presets on cpu)");
+  f.add("layers", "L", "MoE layers stacked with residuals (default: tiny 4; a model preset 1 on cpu, 3 on GPUs)");
   f.add("seed", "N", "random seed of weights and inputs (default 1)");
   f.add("device", "cpu|cuda", "where to run (default: cuda when the GPU path is built and a GPU is visible)");
   f.add("check-tokens", "N|all", "tokens per rank compared with float64 (default 64; 0 = none)");
