@@ -81,6 +81,8 @@ expect 0 'ce_rows +64 ' -- validate --device cpu --ce-rows 64 --push-warps 8 --w
 expect 2 'tuning.push_warps=99 is outside' -- validate --device cpu --push-warps 99
 expect 2 '--engine=fast is not an engine' -- validate --device cpu --engine fast
 expect 2 '--combine-mode=dma is not a combine mode' -- run --device cpu --combine-mode dma
+expect 0 'interm. q: +fp8' -- validate --device cpu --iq fp8
+expect 2 '--iq is short for --intermediate-quant' -- validate --device cpu --iq fp8 --intermediate-quant none
 # A malformed EPMOE_* variable is reported by validate, naming the variable.
 envs="EPMOE_RUNNER_ENGINE=fast"
 expect 2 'EPMOE_RUNNER_ENGINE' -- validate --device cpu

@@ -40,6 +40,7 @@ const FlagSpec kConfigFlags[] = {
     {"weights", "FMT", "weight format bf16|fp8|nvfp4 (run: default the dispatch format's family)"},
     {"combine", "FMT", "combine format bf16|fp8"},
     {"intermediate-quant", "Q", "none|fp8: re-quantize silu(gate)*up before the second GEMM"},
+    {"iq", "Q", "short for --intermediate-quant"},
     {"dispatcher", "NAME", "dispatcher backend (cpu: cpu, or local for one rank; cuda: nvlink|nccl, or local for one GPU)"},
     {"runner", "NAME", "runner backend (reference on cpu, cuda on GPUs)"},
     {"timeout-ms", "MS", "how long a rank waits for a peer before giving up"},
@@ -73,14 +74,19 @@ bool switch01(const Flags& f, const std::string& name, bool fallback) { return f
 
 }  // namespace
 
+// --iq goes with --intermediate-quant: declared, or left out, together.
+static bool same_flag(const std::set<std::string>& names, const std::string& name) {
+  return names.count(name) || (name == "iq" && names.count("intermediate-quant"));
+}
+
 void add_config_flags(Flags& f, const std::set<std::string>& except) {
   for (const FlagSpec& s : kConfigFlags)
-    if (!except.count(s.name)) f.add(s.name, s.value, s.help);
+    if (!same_flag(except, s.name)) f.add(s.name, s.value, s.help);
 }
 
 void add_config_flags_only(Flags& f, const std::set<std::string>& only) {
   for (const FlagSpec& s : kConfigFlags)
-    if (only.count(s.name)) f.add(s.name, s.value, s.help);
+    if (same_flag(only, s.name)) f.add(s.name, s.value, s.help);
 }
 
 void add_tuning_flags(Flags& f) {
@@ -127,11 +133,14 @@ void apply_config_flags(const Flags& f, MoeConfig& c) {
     c.weight_format = *w;
   }
   if (f.has("combine")) c.combine_format = act_flag(f, "combine");
-  if (f.has("intermediate-quant")) {
-    const std::string q = f.get("intermediate-quant");
+  if (f.has("intermediate-quant") && f.has("iq"))
+    throw UsageError("--iq is short for --intermediate-quant; give one of them");
+  for (const char* name : {"intermediate-quant", "iq"}) {
+    if (!f.has(name)) continue;
+    const std::string q = f.get(name);
     if (q == "none") c.intermediate_quant = IntermediateQuant::none;
     else if (q == "fp8") c.intermediate_quant = IntermediateQuant::fp8;
-    else throw UsageError("--intermediate-quant=" + q + " is not known; use none or fp8");
+    else throw UsageError(std::string("--") + name + "=" + q + " is not known; use none or fp8");
   }
   if (f.has("dispatcher")) c.dispatcher = f.get("dispatcher");
   if (f.has("runner")) c.runner = f.get("runner");
