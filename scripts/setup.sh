@@ -1,16 +1,39 @@
 #!/usr/bin/env bash
-# Installs what is missing (Debian packages, the CUTLASS headers from PyPI), then configures and
-# builds epmoe into ./build. Safe to run again: it skips what is already there.
+# Installs what is missing (tools tested by their commands, gtest by its headers or CMake package;
+# the CUTLASS headers from PyPI), then configures and builds epmoe into ./build. Safe to run again:
+# it skips what is already there.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$(pwd)
 
+# Each tool is tested for by what the build uses (a command, or gtest's headers or CMake package),
+# not by a Debian package name: cmake and ninja may come from pip, gtest from a source install.
+# Only what is missing is installed, with apt-get (named packages) when there is apt-get.
+have_gtest() {  # the headers, or an installed CMake package (GTestConfig.cmake)
+  local d
+  for d in /usr/include /usr/local/include ${CPATH:+${CPATH//:/ }}; do
+    [ -f "$d/gtest/gtest.h" ] && return 0
+  done
+  for d in /usr/lib /usr/local/lib ${CMAKE_PREFIX_PATH:+${CMAKE_PREFIX_PATH//:/ }}; do
+    compgen -G "$d/cmake/GTest/GTestConfig.cmake" >/dev/null || compgen -G "$d/*/cmake/GTest/GTestConfig.cmake" \
+      >/dev/null || compgen -G "$d/lib/cmake/GTest/GTestConfig.cmake" >/dev/null && return 0
+  done
+  return 1
+}
 need=()
-for pkg in cmake ninja-build g++ libgtest-dev ccache python3-pip unzip; do
-  dpkg -s "$pkg" >/dev/null 2>&1 || need+=("$pkg")
-done
+command -v cmake >/dev/null 2>&1 || need+=(cmake)
+command -v ninja >/dev/null 2>&1 || need+=(ninja-build)
+command -v g++ >/dev/null 2>&1 || need+=(g++)
+command -v ccache >/dev/null 2>&1 || need+=(ccache)
+python3 -m pip --version >/dev/null 2>&1 || need+=(python3-pip)
+command -v unzip >/dev/null 2>&1 || need+=(unzip)
+have_gtest || need+=(libgtest-dev)
 if [ ${#need[@]} -gt 0 ]; then
-  echo "setup: installing ${need[*]}"
+  echo "setup: missing ${need[*]}"
+  if ! command -v apt-get >/dev/null 2>&1; then
+    echo "setup: no apt-get here; install these (Debian package names) and run again" >&2
+    exit 1
+  fi
   sudo_cmd=""; [ "$(id -u)" -ne 0 ] && sudo_cmd="sudo"
   $sudo_cmd apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq "${need[@]}" >/dev/null

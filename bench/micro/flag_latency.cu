@@ -15,7 +15,8 @@
 //   E. what G CTAs can move at all (the dispatch runs on 24 SMs and measured SM-bound at 4096
 //      tokens): a plain local copy, and the fp8 dispatch's byte pattern without its arithmetic
 //      (read 16 bytes, store 8 into our memory and 8 into the peer's), 64 MiB read per figure.
-// Usage: nvcc -O3 -std=c++17 -arch=sm_90a bench/micro/flag_latency.cu -o /tmp/fl && /tmp/fl [iters]
+// Usage: cmake -S . -B build -DEPMOE_BUILD_MICRO=ON && cmake --build build --target micro_flag_latency
+//        && build/micro_flag_latency [iters]   (or by hand: nvcc -O3 -std=c++17 -arch=sm_90a ...)
 #include <cuda_runtime.h>
 
 #include <cstdint>

@@ -4,7 +4,8 @@
 // SM, persistent grid). This measures how the achieved HBM read rate depends on (R, S) at equal
 // bytes per stage, next to a plain contiguous read and a device-to-device copy, so that a kernel
 // rewrite can be predicted before it is written.
-//   nvcc -O3 -std=c++17 -arch=sm_90a bench/micro/hbm_patterns.cu -o /tmp/hbm && /tmp/hbm
+//   cmake -S . -B build -DEPMOE_BUILD_MICRO=ON && cmake --build build --target micro_hbm_patterns
+//   && build/micro_hbm_patterns   (or by hand: nvcc -O3 -std=c++17 -arch=sm_90a ...)
 #include <cuda_runtime.h>
 
 #include <algorithm>

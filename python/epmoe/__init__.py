@@ -52,7 +52,7 @@ with_cuda: bool = _C.with_cuda
 with_nccl: bool = _C.with_nccl
 
 if with_nccl:
-    from ._C import nccl_comm, nccl_group, nccl_unique_id, nccl_versions  # noqa: F401
+    from ._C import adopt_nccl_comm, nccl_comm, nccl_group, nccl_unique_id, nccl_versions  # noqa: F401
 
     # NCCL's device API is inlined from the headers the extension was built with: the library loaded
     # now (perhaps PyTorch's copy, if torch was imported first) must be the same version.

@@ -250,10 +250,17 @@ class EpMoEQuantized(EpMoE):
         self._handle = _register(self._layer)
 
 
-def communicator(group=None, device: Optional[int] = None, timeout_ms: int = 60000):
-    """An epmoe NCCL communicator over a torch.distributed process group (default: the world): rank
-    and size from the group, an NCCL id made on the group's rank 0 and broadcast through the group.
-    The GPU is ``device`` or the current CUDA device."""
+def communicator(group=None, device: Optional[int] = None, timeout_ms: int = 60000, comm_ptr: Optional[int] = None):
+    """An epmoe NCCL communicator for a torch.distributed process group (default: the world).
+
+    With ``comm_ptr`` (the address of an ncclComm_t the group already owns, where the framework
+    exposes it, e.g. torchcomms' ``get_nccl_comm_ptr()``), that communicator is adopted: epmoe uses
+    it and never destroys it. Otherwise a new one is made: rank and size from the group, an NCCL id
+    made on the group's rank 0 and broadcast through the group (PyTorch's ProcessGroupNCCL has no
+    public accessor for its own). The GPU is ``device`` or the current CUDA device."""
+    if comm_ptr is not None:
+        from . import adopt_nccl_comm
+        return adopt_nccl_comm(comm_ptr, timeout_ms)
     import torch.distributed as dist
     from . import nccl_comm, nccl_unique_id
 

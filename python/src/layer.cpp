@@ -247,6 +247,12 @@ void bind_layer(nb::module_& m) {
     return make_nccl_comm(u, rank, world, device, timeout_ms);
   }, nb::arg("id"), nb::arg("rank"), nb::arg("world"), nb::arg("device"), nb::arg("timeout_ms") = 10000,
         "Rank `rank` of `world` on CUDA device `device` (one process per GPU). Collective.");
+  m.def("adopt_nccl_comm", [](uintptr_t comm, int timeout_ms) {
+    nb::gil_scoped_release unlocked;
+    return adopt_nccl_comm(reinterpret_cast<ncclComm_t>(comm), timeout_ms);
+  }, nb::arg("comm"), nb::arg("timeout_ms") = 10000,
+        "Wraps an ncclComm_t the caller owns (its address as an int, e.g. from torchcomms' get_nccl_comm_ptr()): "
+        "rank, size and device from NCCL; epmoe never destroys it, so keep it alive longer than every layer on it.");
   m.def("nccl_group", [](std::vector<int> devices, int timeout_ms) {
     nb::gil_scoped_release unlocked;
     return make_nccl_group(std::move(devices), timeout_ms);

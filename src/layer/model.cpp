@@ -1,10 +1,9 @@
-// Random model weights and the stacked-layer driver (see model.h for the comparison rule).
+// The whole synthetic model in host memory (harness/synthetic.h) and the stacked-layer driver (see model.h for the comparison rule).
 #include "layer/model.h"
 
 #include <algorithm>
 #include <chrono>
 #include <cmath>
-#include <random>
 #include <string>
 
 #include "epmoe/comm.h"
@@ -12,23 +11,13 @@
 #include "epmoe/layer.h"
 #include "epmoe/numeric.h"
 #include "epmoe/router.h"
+#include "harness/machine.h"
+#include "harness/synthetic.h"
 
 namespace epmoe {
 
-namespace {
-
-// More than this and the CPU path would take minutes or swap; a GPU runner is the tool then.
-constexpr double kMaxHostBytes = 8.0 * (1ull << 30);
-
-void fill_normal(std::mt19937_64& rng, std::vector<float>& v, double stddev) {
-  std::normal_distribution<float> d(0.f, float(stddev));
-  for (float& x : v) x = d(rng);
-}
-
-}  // namespace
-
 double model_host_bytes(const MoeConfig& cfg, int num_layers) {
-  const double per_expert = 3.0 * cfg.hidden * cfg.intermediate;
+  const double per_expert = harness::expert_elements(cfg);
   // fp32 masters + at most fp32-sized dequantized caches in the runners + quantized copies
   // (<= 2 bytes per element per copy) + the float64 dense copy used by the comparison.
   const double masters = per_expert * cfg.num_experts * 4.0;
@@ -40,43 +29,32 @@ Model::Model(const MoeConfig& cfg, int num_layers, uint64_t seed) : cfg_(cfg) {
   validate_or_throw(cfg);
   if (num_layers < 1)
     throw UsageError("layers=" + std::to_string(num_layers) + " must be at least 1");
-  const double bytes = model_host_bytes(cfg, num_layers);
-  if (bytes > kMaxHostBytes)
-    throw UsageError("the CPU model needs about " + std::to_string(int64_t(bytes / (1 << 20))) +
+  // Half of what is free now: the runners and the comparison allocate on top of the model.
+  const double bytes = model_host_bytes(cfg, num_layers), budget = harness::available_memory_bytes() / 2;
+  if (bytes > budget)
+    throw UsageError("the whole-model CPU copy needs about " + std::to_string(int64_t(bytes / (1 << 20))) +
                      " MiB of host memory for hidden=" + std::to_string(cfg.hidden) + " intermediate=" +
                      std::to_string(cfg.intermediate) + " experts=" + std::to_string(cfg.num_experts) + " layers=" +
-                     std::to_string(num_layers) + "; use --preset tiny, fewer --layers/--experts, or the GPU path");
+                     std::to_string(num_layers) + ", more than half of the " +
+                     std::to_string(int64_t(budget * 2 / (1 << 20))) + " MiB available; use fewer layers or experts");
   const int H = cfg.hidden, I = cfg.intermediate, E = cfg.num_experts, R = cfg.num_ranks;
-  const ExpertPlacement placement = cfg.resolved_placement();
-  const int El = placement.slots_per_rank();
-  std::mt19937_64 rng(seed);
   layers_.resize(num_layers);
-  for (ModelLayer& L : layers_) {
-    // Scales keep every stage near unit variance: gate/up ~ N(0,1) for unit-variance inputs,
-    // logits with a spread of about 1, so routing is neither uniform nor one-hot.
+  for (int l = 0; l < num_layers; ++l) {
+    ModelLayer& L = layers_[l];
     L.w13.resize(size_t(E) * 2 * I * H);
     L.w2.resize(size_t(E) * H * I);
-    L.router.resize(size_t(E) * H);
-    fill_normal(rng, L.w13, 1.0 / std::sqrt(double(H)));
-    fill_normal(rng, L.w2, 1.0 / std::sqrt(double(I)));
-    fill_normal(rng, L.router, 1.0 / std::sqrt(double(H)));
-    L.bias.assign(E, 0.f);
-    if (cfg.router.kind == RouterKind::sigmoid_grouped_topk) fill_normal(rng, L.bias, 0.05);
-
-    std::vector<float> r13, r2;
+    for (int e = 0; e < E; ++e) {
+      const harness::ExpertMasters m = harness::expert_masters(cfg, seed, l, e);
+      std::copy(m.w13.begin(), m.w13.end(), L.w13.begin() + size_t(e) * 2 * I * H);
+      std::copy(m.w2.begin(), m.w2.end(), L.w2.begin() + size_t(e) * H * I);
+    }
+    harness::RouterWeights rt = harness::router_weights(cfg, seed, l);
+    L.router = std::move(rt.w);
+    L.bias = std::move(rt.bias);
     for (int r = 0; r < R; ++r) {
-      // Slots that no expert occupies (possible with an explicit map) hold zeros.
-      r13.assign(size_t(El) * 2 * I * H, 0.f);
-      r2.assign(size_t(El) * H * I, 0.f);
-      for (int e = 0; e < E; ++e) {
-        for (const ExpertCopy& c : placement.copies(e)) {
-          if (c.rank != r) continue;
-          std::copy_n(L.w13.data() + size_t(e) * 2 * I * H, size_t(2) * I * H, r13.data() + size_t(c.slot) * 2 * I * H);
-          std::copy_n(L.w2.data() + size_t(e) * H * I, size_t(H) * I, r2.data() + size_t(c.slot) * H * I);
-        }
-      }
-      L.rank_w13.push_back(quantize_matrix(r13.data(), El, 2 * I, H, cfg.weight_format));
-      L.rank_w2.push_back(quantize_matrix(r2.data(), El, H, I, cfg.weight_format));
+      harness::RankWeights w = harness::rank_weights(cfg, seed, l, r);
+      L.rank_w13.push_back(std::move(w.w13));
+      L.rank_w2.push_back(std::move(w.w2));
     }
   }
 }
@@ -94,25 +72,7 @@ ExpertWeights Model::rank_weights(int l, int rank) const {
 
 void Model::router_logits(int l, const bf16_raw* h, int64_t T, float* logits) const {
   const ModelLayer& L = layers_.at(l);
-  const int H = cfg_.hidden, E = cfg_.num_experts;
-  std::vector<float> x(H);
-  for (int64_t t = 0; t < T; ++t) {
-    for (int i = 0; i < H; ++i) x[i] = num::bf16_to_f32(h[t * H + i]);
-    for (int e = 0; e < E; ++e) {
-      const float* w = L.router.data() + size_t(e) * H;
-      float s = 0.f;
-      for (int i = 0; i < H; ++i) s += w[i] * x[i];
-      logits[t * E + e] = s;
-    }
-  }
-}
-
-std::vector<bf16_raw> random_hidden(int64_t T, int H, uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  std::normal_distribution<float> d(0.f, 1.f);
-  std::vector<bf16_raw> out(size_t(T) * H);
-  for (bf16_raw& v : out) v = num::f32_to_bf16(d(rng));
-  return out;
+  harness::router_logits(harness::RouterWeights{L.router, L.bias}, cfg_.hidden, cfg_.num_experts, h, T, logits);
 }
 
 StackResult run_stack_cpu(const Model& model, const std::vector<int64_t>& tokens_per_rank, uint64_t seed,

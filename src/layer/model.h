@@ -1,7 +1,8 @@
 // A random model and the stacked-layer driver behind `epmoe run` and the end-to-end tests.
 //
-// Every layer has fp32 master weights (fixed seed), a router projection [E, H] so that logits
-// depend on the input, and per-rank quantized expert weights laid out by the config's placement.
+// Every layer has fp32 master weights, a router projection [E, H] so that logits depend on the
+// input, and per-rank quantized expert weights laid out by the config's placement, all from the
+// one synthetic generator (harness/synthetic.h): the same values any rank of `epmoe run` builds.
 // The stack is h_{l+1} = bf16(h_l + MoE_l(h_l)) on the cpu fabric (R ranks as threads).
 //
 // The float64 comparison path keeps h in double and uses the unquantized master weights, but it
@@ -17,6 +18,7 @@
 #include "epmoe/config.h"
 #include "epmoe/quant.h"
 #include "epmoe/runner.h"
+#include "harness/synthetic.h"
 #include "run/oracle.h"
 
 namespace epmoe {
@@ -30,8 +32,8 @@ struct ModelLayer {
 
 class Model {
  public:
-  // Throws UsageError when the weights would not fit comfortably in host memory (the CPU path is
-  // meant for small shapes; larger ones need the GPU runner).
+  // Holds every expert of every layer: meant for test shapes. Throws UsageError when that would
+  // take more than half of the memory available now.
   Model(const MoeConfig& cfg, int num_layers, uint64_t seed);
 
   const MoeConfig& config() const { return cfg_; }
@@ -50,8 +52,7 @@ class Model {
 // Bytes of host memory Model(cfg, num_layers) needs (masters + quantized copies), an estimate.
 double model_host_bytes(const MoeConfig& cfg, int num_layers);
 
-// bf16 [T][H], entries ~ N(0, 1), from `seed`.
-std::vector<bf16_raw> random_hidden(int64_t T, int H, uint64_t seed);
+using harness::random_hidden;  // bf16 [T][H], entries ~ N(0, 1), from `seed`
 
 struct StackResult {
   std::vector<std::vector<bf16_raw>> out;  // per rank, final hidden [T_r][H]

@@ -16,6 +16,8 @@
 #include "epmoe/layer.h"
 #include "epmoe/numeric.h"
 #include "epmoe/router.h"
+#include "harness/check.h"
+#include "harness/synthetic.h"
 #include "layer/model.h"
 #include "run/oracle.h"
 #include "run/reference.h"
@@ -400,6 +402,39 @@ TEST(Stack, ErrorAgainstFloat64PerFormat) {
     EXPECT_LT(r.error.one_minus_cos, k.max_one_minus_cos) << format_name(k.act);
     EXPECT_GT(r.error.one_minus_cos, 0.0) << "quantized path identical to float64: comparison is not real";
   }
+}
+
+// The one synthetic generator: any rank builds exactly the bytes the whole model holds for it,
+// and the float64 check that regenerates experts equals the oracle on the whole model.
+TEST(Synthetic, RankWeightsAndCheckMatchTheWholeModel) {
+  for (WeightFormat wf : {WeightFormat::bf16, WeightFormat::fp8, WeightFormat::nvfp4}) {
+    MoeConfig c = base_config(4, 16, 4, 20);
+    c.weight_format = wf;
+    c.dispatch_format = ActFormat::bf16;
+    const Model m(c, 2, 9);
+    for (int l = 0; l < 2; ++l)
+      for (int r = 0; r < 4; ++r) {
+        const harness::RankWeights w = harness::rank_weights(c, 9, l, r);
+        EXPECT_EQ(w.w13.data, m.layer(l).rank_w13[r].data) << format_name(wf) << " layer " << l << " rank " << r;
+        EXPECT_EQ(w.w2.scales, m.layer(l).rank_w2[r].scales);
+        EXPECT_EQ(w.w13.global_scale, m.layer(l).rank_w13[r].global_scale);
+      }
+  }
+  MoeConfig c = base_config(4, 16, 4, 20);
+  const Model m(c, 2, 9);
+  const int64_t S = 6;
+  const std::vector<bf16_raw> h = random_hidden(S, c.hidden, 3);
+  const std::vector<double> x = oracle::widen_bf16(h.data(), h.size());
+  std::vector<int32_t> ids = {0, 5, 9, -1, 15, 3, 3, 7, 1, 2, 4, 8, 11, 12, 13, 14, 0, 1, 2, 3, 6, 10, 15, -1};
+  std::vector<float> w(ids.size());
+  for (size_t i = 0; i < w.size(); ++i) w[i] = 0.1f * float(i % 5) + 0.05f;
+  std::vector<double> got, want(size_t(S) * c.hidden);
+  harness::moe_f64(c, 9, 1, x, S, ids, w, got);
+  const auto dense = oracle::DenseExperts::from_fp32(m.layer(1).w13.data(), m.layer(1).w2.data(), 16, c.hidden,
+                                                     c.intermediate);
+  oracle::moe_forward(dense, x.data(), S, ids.data(), w.data(), c.top_k, want.data());
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < got.size(); ++i) ASSERT_DOUBLE_EQ(got[i], want[i]) << i;
 }
 
 }  // namespace

@@ -10,7 +10,7 @@
 #include "epmoe/comm.h"
 #include "epmoe/layer.h"
 #include "epmoe/quant.h"
-#include "quant/cuda/gpu_test_util.h"
+#include "common/gpu_test_util.h"
 
 namespace epmoe::test {
 namespace {

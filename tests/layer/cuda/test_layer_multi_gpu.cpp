@@ -18,7 +18,7 @@
 #include "epmoe/comm.h"
 #include "epmoe/layer.h"
 #include "epmoe/quant.h"
-#include "quant/cuda/gpu_test_util.h"
+#include "common/gpu_test_util.h"
 
 #if defined(EPMOE_WITH_NCCL)
 #include "common/gpu_ranks.h"

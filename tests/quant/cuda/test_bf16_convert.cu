@@ -5,7 +5,7 @@
 
 #include <cstdint>
 
-#include "quant/cuda/gpu_test_util.h"
+#include "common/gpu_test_util.h"
 #include "quant/cuda/quant_device.cuh"
 
 namespace epmoe::test {

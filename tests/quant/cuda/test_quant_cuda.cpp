@@ -9,7 +9,7 @@
 
 #include "epmoe/error.h"
 #include "epmoe/quant.h"
-#include "quant/cuda/gpu_test_util.h"
+#include "common/gpu_test_util.h"
 #include "quant/cuda/quant.h"
 
 namespace epmoe::test {

@@ -9,7 +9,7 @@
 
 #include "epmoe/error.h"
 #include "epmoe/router.h"
-#include "quant/cuda/gpu_test_util.h"
+#include "common/gpu_test_util.h"
 #include "route/cuda/route.h"
 
 namespace epmoe::test {

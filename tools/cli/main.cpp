@@ -1,4 +1,4 @@
-// `epmoe`: entry point. Looks the command up in the table of tools/commands.h.
+// `epmoe`: entry point. Looks the command up in the table of tools/cli/commands.h.
 #include <algorithm>
 #include <cstdio>
 #include <exception>

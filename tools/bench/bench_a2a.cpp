@@ -19,6 +19,7 @@
 #include "bench_util.h"
 #include "comm/launch.h"
 #include "comm/nccl/nccl_comm_impl.h"
+#include "setup.h"
 #include "commands.h"
 #include "core/cuda/check.h"
 #include "dispatch/a2a/host.h"
@@ -38,7 +39,7 @@ struct Opts {
   std::vector<ActFormat> fmts;
   std::vector<std::string> disps;
   int reps = 50;
-  int comm_sms = 24;
+  const Flags* flags = nullptr;  // the shared configuration and tuning flags
   bool phases = false;  // nvlink: CTA 0's phase stamps
   bool graph = false;   // the timed steps captured in one CUDA graph and replayed
 };
@@ -352,6 +353,7 @@ void a2a_rank(Communicator& comm, const Opts& o) {
     for (long long T : o.Ts) {
       for (ActFormat f : o.fmts) {
         MoeConfig cfg = pre.config;
+        apply_config_flags(*o.flags, cfg);  // --hidden, --ue8m0, --timeout-ms and the tuning flags
         cfg.num_ranks = R;
         cfg.capacity = static_cast<int>(T);
         cfg.dispatch_format = f;
@@ -359,7 +361,6 @@ void a2a_rank(Communicator& comm, const Opts& o) {
         if (f == ActFormat::nvfp4 && cfg.nvfp4_global_scale <= 0) cfg.nvfp4_global_scale = 448.f * 6.f / 5.f;
         cfg.dispatcher = dname;
         cfg.runner = "cuda";
-        cfg.tuning.comm_sms = o.comm_sms;
         cfg.placement.reset();
         // A format the shape cannot take (fp8 needs H % 128 == 0, ...) is skipped and said; every
         // rank decides alike from the same configuration.
@@ -411,7 +412,6 @@ int bench_a2a(const std::vector<std::string>& args) {
   flags.add("tokens", "LIST", "tokens per rank (default 128,512,4096,16384)");
   flags.add("formats", "LIST", "dispatch formats (default bf16,fp8,nvfp4)");
   flags.add("dispatchers", "LIST", "nvlink,nccl (default both)");
-  flags.add("comm-sms", "N", "SMs for the nvlink kernels (default 24)");
   flags.add("reps", "N", "timed repetitions (median; default 50, quick 20)");
   flags.add("quick", "", "tokens 128,4096 and fewer repetitions");
   flags.add("phases", "",
@@ -419,6 +419,10 @@ int bench_a2a(const std::vector<std::string>& args) {
             "over all its CTAs (d.kernel, c.kernel: first start to last end, what a profiler reports)");
   flags.add("graph", "", "capture the timed dispatch+combine steps in one CUDA graph and replay it (no host launch "
             "gaps; the nvlink dispatcher only, nccl is not capturable)");
+  // The configuration fields the sweep leaves free, and every tuning option (--comm-sms,
+  // --push-warps, --combine-mode, --ce-rows for nvlink).
+  add_config_flags_only(flags, {"hidden", "ue8m0", "timeout-ms"});
+  add_tuning_flags(flags);
   if (wants_help(args)) {
     std::printf("usage: epmoe bench a2a [flags]\nRuns on every visible GPU (one process), or one process per GPU "
                 "under mpirun -np N.\n%s",
@@ -437,7 +441,12 @@ int bench_a2a(const std::vector<std::string>& args) {
       throw UsageError("--dispatchers: '" + dn + "' is not a multi-GPU dispatcher; use nvlink, nccl or both");
   o.reps = flags.get_int("reps", quick ? 20 : 50);
   if (o.reps <= 0) throw UsageError("--reps: " + std::to_string(o.reps) + " must be positive");
-  o.comm_sms = flags.get_int("comm-sms", 24);
+  o.flags = &flags;
+  {
+    Tuning t;
+    apply_tuning_flags(flags, t);
+    for (const ConfigIssue& is : validate(t)) throw UsageError(is.message);
+  }
   o.phases = flags.get_bool("phases", false);
   o.graph = flags.get_bool("graph", false);
   if (o.graph)

@@ -20,6 +20,7 @@
 
 #include "args.h"
 #include "bench_util.h"
+#include "setup.h"
 #include "core/cuda/check.h"
 #include "epmoe/config.h"
 #include "epmoe/error.h"
@@ -117,10 +118,14 @@ struct Opts {
   IntermediateQuant iq = IntermediateQuant::none;
   // nvfp4 weights in their natural layout and/or prepared for the decode engine.
   bool nvfp4_natural = false, nvfp4_prepared = true;
+  MoeConfig flags_cfg;                // the shared configuration and tuning flags, applied
+  const Flags* flags_given = nullptr;
 };
 
 // One preset: the runner for every weight format and M, the cuBLAS loop, the table.
-void bench_preset(const Opts& o, const ModelPreset& pre, double hbm_gbs, Timer& timer, const char* gpu) {
+void bench_preset(const Opts& o, const ModelPreset& given, double hbm_gbs, Timer& timer, const char* gpu) {
+  ModelPreset pre = given;
+  apply_config_flags(*o.flags_given, pre.config);  // --hidden, --intermediate, --ue8m0, tuning
   const int H = pre.config.hidden, I = pre.config.intermediate;
   const int E = o.local_experts > 0 ? o.local_experts : std::max(1, pre.config.num_experts / 2);
   const std::vector<long long>& Ms = o.Ms;
@@ -298,8 +303,11 @@ int bench_runner(const std::vector<std::string>& args) {
   flags.add("quick", "", "M = 128,2048,32768 and fewer repetitions");
   flags.add("reps", "N", "timed repetitions per point (median reported; default 7, quick 3)");
   flags.add("no-cublas", "", "skip the cuBLAS baseline");
-  flags.add("engine", "NAME", "runner GEMM engine: auto (default), mma or cutlass (CUTLASS where the format allows)");
-  flags.add("iq", "NAME", "intermediate_quant: none (default) or fp8 (fp8 weights then run GEMM2 on fp8 too)");
+  // The configuration fields a runner-only bench leaves free, and every tuning option (--engine:
+  // auto, mma or cutlass, CUTLASS where the format allows; --intermediate-quant fp8: fp8 weights
+  // then run GEMM2 on fp8 too).
+  add_config_flags_only(flags, {"hidden", "intermediate", "ue8m0", "intermediate-quant"});
+  add_tuning_flags(flags);
   flags.add("nvfp4-layout", "NAME", "nvfp4 weights: prepared (default: the decode engine's copy), natural, or both");
   if (wants_help(args)) {
     std::printf("usage: epmoe bench runner [flags]\n%s", flags.help().c_str());
@@ -332,12 +340,14 @@ int bench_runner(const std::vector<std::string>& args) {
     }
   }
   o.cublas = !flags.get_bool("no-cublas", false);
-  o.engine_name = flags.has("engine") ? flags.get("engine") : "auto";
+  // Shared flags land on a scratch configuration; each preset's configuration takes them below.
+  apply_config_flags(flags, o.flags_cfg);
+  o.flags_given = &flags;
+  o.engine_name = engine_name(o.flags_cfg.tuning.engine);
   o.engine = cuda::CudaRunner::parse_engine(o.engine_name, "--engine");
-  o.iq_name = flags.has("iq") ? flags.get("iq") : "none";
-  if (o.iq_name != "none" && o.iq_name != "fp8")
-    throw UsageError("--iq: '" + o.iq_name + "' is not an intermediate quantization; use none or fp8");
-  o.iq = o.iq_name == "fp8" ? IntermediateQuant::fp8 : IntermediateQuant::none;
+  o.iq = o.flags_cfg.intermediate_quant;
+  o.iq_name = o.iq == IntermediateQuant::fp8 ? "fp8" : "none";
+  for (const ConfigIssue& is : validate(o.flags_cfg.tuning)) throw UsageError(is.message);
   const std::string layout = flags.has("nvfp4-layout") ? flags.get("nvfp4-layout") : "prepared";
   if (layout != "prepared" && layout != "natural" && layout != "both")
     throw UsageError("--nvfp4-layout: '" + layout + "' is not a layout; use prepared, natural or both");

@@ -1,6 +1,6 @@
 // The command table of the `epmoe` tool. Each command lives in its own file and registers itself
 // with a static CommandRegistrar, so adding one touches no shared file. `epmoe bench` is a
-// command whose subcommands register the same way (tools/bench_*.cpp, with a BenchRegistrar).
+// command whose subcommands register the same way (tools/bench/bench_*.cpp, with a BenchRegistrar).
 #pragma once
 #include <string>
 #include <vector>

@@ -1,5 +1,5 @@
 // `epmoe bench <subcommand>`: a front for the benchmark drivers, which register themselves from
-// tools/bench_*.cpp through BenchRegistrar (see commands.h).
+// tools/bench/bench_*.cpp through BenchRegistrar (see commands.h).
 #include <algorithm>
 #include <cstdio>
 #include <exception>
@@ -13,7 +13,7 @@ namespace {
 void list_subcommands(std::FILE* to) {
   std::fprintf(to, "usage: epmoe bench <subcommand> [flags]\n\n");
   if (bench_commands().empty()) {
-    std::fprintf(to, "no bench subcommand is built into this binary (they register from tools/bench_*.cpp)\n");
+    std::fprintf(to, "no bench subcommand is built into this binary (they register from tools/bench/bench_*.cpp)\n");
     return;
   }
   auto table = bench_commands();

@@ -32,6 +32,7 @@
 #include "args.h"
 #include "bench_util.h"
 #include "comm/launch.h"
+#include "setup.h"
 #include "core/cuda/check.h"
 #include "epmoe/epmoe.h"
 #include "route/cuda/route.h"
@@ -442,19 +443,18 @@ int bench_layer(const std::vector<std::string>& args) {
   flags.add("preset", "NAME", "model shape (default deepseek-v3)");
   flags.add("tokens", "LIST", "tokens per rank (default 128,512,4096,16384; quick 128,4096)");
   flags.add("formats", "LIST", "dispatch formats, weights of the same family (default bf16,fp8,nvfp4)");
-  flags.add("dispatcher", "NAME", "nvlink (default on several GPUs), nccl, or local (one GPU)");
-  flags.add("ranks", "R", "GPUs (default: every visible GPU, or the mpirun world)");
   flags.add("reps", "N", "timed repetitions, median reported (default 20, quick 10)");
   flags.add("check-tokens", "N", "tokens per rank compared with float64 (default 64; 0 = none)");
   flags.add("no-graph", "", "time eager calls even where a CUDA graph is possible");
-  flags.add("comm-sms", "N", "SMs for the nvlink kernels (default 24)");
-  flags.add("combine", "FMT", "combine format bf16|fp8 (default bf16)");
-  flags.add("iq", "NAME", "intermediate_quant: none (default) or fp8 (the DeepSeek-V3 fp8 recipe: GEMM2 on fp8)");
   flags.add("quick", "", "tokens 128,4096 and fewer repetitions");
   flags.add("decode", "", "decode mode: --layers stacked layers, --seqs sequences per rank per step");
   flags.add("layers", "L", "decode: stacked layers (default 8)");
   flags.add("seqs", "N", "decode: concurrent sequences per rank (default 64)");
   flags.add("seed", "N", "random seed (default 1)");
+  // Every configuration field the sweep leaves free (--ranks: default every visible GPU, or the
+  // mpirun world; --dispatcher: nvlink on several GPUs, local on one), and every tuning option.
+  add_config_flags(flags, {"dispatch", "weights", "capacity", "placement", "slots-per-rank", "runner", "nvfp4-global-scale"});
+  add_tuning_flags(flags);
   if (wants_help(args)) {
     std::printf("usage: epmoe bench layer [flags]\n\nThe full MoE layer (route, quantize, dispatch, run, combine) on "
                 "every GPU (one process, or one per GPU under mpirun),\nnext to the runner alone on the same "
@@ -483,32 +483,19 @@ int bench_layer(const std::vector<std::string>& args) {
   o.formats = parse_act_formats(flags.has("formats") ? flags.get("formats") : "bf16,fp8,nvfp4", "formats");
   o.preset = flags.has("preset") ? flags.get("preset") : "deepseek-v3";
 
-  const int R = flags.get_int("ranks", default_gpu_ranks());
-  if (R < 1) {
-    std::fprintf(stderr, "bench layer: no CUDA device visible\n");
-    return 1;
-  }
   MoeConfig& b = o.base;
   b = preset(o.preset).config;
-  b.num_ranks = R;
-  b.placement.reset();
-  b.dispatcher = flags.has("dispatcher") ? flags.get("dispatcher") : (R == 1 ? "local" : "nvlink");
+  b.num_ranks = default_gpu_ranks();
+  b.dispatcher.clear();
   b.runner = "cuda";
+  apply_config_flags(flags, b);
+  b.placement.reset();
+  const int R = b.num_ranks;
+  if (R < 1) throw UsageError("bench layer needs a CUDA GPU and this machine shows none (--ranks=" + std::to_string(R) + ")");
+  if (b.dispatcher.empty()) b.dispatcher = R == 1 ? "local" : "nvlink";
   if ((R == 1) != (b.dispatcher == "local"))
     throw UsageError("--dispatcher=" + b.dispatcher + " with " + std::to_string(R) + " rank" + (R == 1 ? "" : "s") +
                      ": one GPU runs dispatcher local, several run nvlink or nccl");
-  b.tuning.comm_sms = flags.get_int("comm-sms", b.tuning.comm_sms);
-  if (flags.has("combine")) {
-    const auto c = parse_act_format(flags.get("combine"));
-    if (!c) throw UsageError("--combine=" + flags.get("combine") + " is not a format; use bf16 or fp8");
-    b.combine_format = *c;
-  }
-  if (flags.has("iq")) {
-    const std::string iq = flags.get("iq");
-    if (iq != "none" && iq != "fp8")
-      throw UsageError("--iq=" + iq + " is not an intermediate quantization; use none or fp8");
-    b.intermediate_quant = iq == "fp8" ? IntermediateQuant::fp8 : IntermediateQuant::none;
-  }
   // Every configuration is checked here, the same way on every rank, before any collective.
   const int64_t maxT = o.decode ? o.seqs : *std::max_element(o.tokens.begin(), o.tokens.end());
   for (ActFormat f : o.formats) {

@@ -1,0 +1,120 @@
+// Counter-hash weights (see synthetic.h). The hash is splitmix64: cheap, and every element is an
+// independent function of its coordinates, so generation parallelizes over anything.
+#include "harness/synthetic.h"
+
+#include <algorithm>
+#include <cmath>
+#include <random>
+
+#include "core/parallel.h"
+#include "epmoe/numeric.h"
+
+namespace epmoe::harness {
+
+namespace {
+
+uint64_t mix64(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+enum Which : uint64_t { kW13 = 0, kW2 = 1, kRouter = 2, kBias = 3 };
+
+// Element i (= row * cols + col) of matrix `which` of expert `e` in layer `l`.
+void gen_matrix(uint64_t seed, int l, int e, Which which, double stddev, float* out, size_t n) {
+  const uint64_t base = mix64(mix64(mix64(seed) ^ uint64_t(l)) ^ (uint64_t(e) << 2 | which));
+  const float a = float(std::sqrt(3.0) * stddev) * 0x1p-23f;
+  for (size_t i = 0; i < n; ++i) {
+    const int64_t u = int64_t(mix64(base + i) >> 40) - (int64_t(1) << 23);  // [-2^23, 2^23)
+    out[i] = a * float(u);
+  }
+}
+
+}  // namespace
+
+ExpertMasters expert_masters(const MoeConfig& c, uint64_t seed, int l, int e) {
+  const int H = c.hidden, I = c.intermediate;
+  ExpertMasters m;
+  m.w13.resize(size_t(2) * I * H);
+  m.w2.resize(size_t(H) * I);
+  gen_matrix(seed, l, e, kW13, 1.0 / std::sqrt(double(H)), m.w13.data(), m.w13.size());
+  gen_matrix(seed, l, e, kW2, 1.0 / std::sqrt(double(I)), m.w2.data(), m.w2.size());
+  return m;
+}
+
+RouterWeights router_weights(const MoeConfig& c, uint64_t seed, int l) {
+  RouterWeights r;
+  r.w.resize(size_t(c.num_experts) * c.hidden);
+  gen_matrix(seed, l, 0, kRouter, 1.0 / std::sqrt(double(c.hidden)), r.w.data(), r.w.size());
+  r.bias.assign(c.num_experts, 0.f);
+  if (c.router.kind == RouterKind::sigmoid_grouped_topk) gen_matrix(seed, l, 0, kBias, 0.05, r.bias.data(), r.bias.size());
+  return r;
+}
+
+void router_logits(const RouterWeights& rt, int H, int E, const bf16_raw* h, int64_t T, float* logits) {
+  constexpr int64_t kBlock = 64;
+  detail::parallel_for((T + kBlock - 1) / kBlock, [&](int64_t b) {
+    std::vector<float> x(H);
+    for (int64_t t = b * kBlock; t < std::min(T, (b + 1) * kBlock); ++t) {
+      for (int i = 0; i < H; ++i) x[i] = num::bf16_to_f32(h[t * H + i]);
+      for (int e = 0; e < E; ++e) {
+        const float* w = rt.w.data() + size_t(e) * H;
+        float s = 0.f;
+        for (int i = 0; i < H; ++i) s += w[i] * x[i];
+        logits[t * E + e] = s;
+      }
+    }
+  });
+}
+
+RankWeights rank_weights(const MoeConfig& c, uint64_t seed, int l, int rank) {
+  const int H = c.hidden, I = c.intermediate;
+  const ExpertPlacement pl = c.resolved_placement();
+  const int El = pl.slots_per_rank();
+  std::vector<int> slot_expert(El, -1);
+  for (int e = 0; e < pl.num_experts(); ++e)
+    for (const ExpertCopy& cp : pl.copies(e))
+      if (cp.rank == rank) slot_expert[cp.slot] = e;
+  std::vector<HostMatrix> q13(El), q2(El);
+  detail::parallel_for(El, [&](int64_t s) {
+    ExpertMasters m;
+    if (slot_expert[s] >= 0) {
+      m = expert_masters(c, seed, l, slot_expert[s]);
+    } else {
+      m.w13.assign(size_t(2) * I * H, 0.f);
+      m.w2.assign(size_t(H) * I, 0.f);
+    }
+    q13[s] = quantize_matrix(m.w13.data(), 1, 2 * I, H, c.weight_format);
+    q2[s] = quantize_matrix(m.w2.data(), 1, H, I, c.weight_format);
+  });
+  auto join = [&](std::vector<HostMatrix>& q, int rows, int cols) {
+    HostMatrix out;
+    out.format = c.weight_format;
+    out.experts = El;
+    out.rows = rows;
+    out.cols = cols;
+    for (HostMatrix& m : q) {
+      out.data.insert(out.data.end(), m.data.begin(), m.data.end());
+      out.scales.insert(out.scales.end(), m.scales.begin(), m.scales.end());
+      out.global_scale.insert(out.global_scale.end(), m.global_scale.begin(), m.global_scale.end());
+      m = HostMatrix{};
+    }
+    return out;
+  };
+  RankWeights w;
+  w.w13 = join(q13, 2 * I, H);
+  w.w2 = join(q2, H, I);
+  return w;
+}
+
+std::vector<bf16_raw> random_hidden(int64_t T, int H, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> d(0.f, 1.f);
+  std::vector<bf16_raw> out(size_t(T) * H);
+  for (bf16_raw& v : out) v = num::f32_to_bf16(d(rng));
+  return out;
+}
+
+}  // namespace epmoe::harness

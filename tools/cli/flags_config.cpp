@@ -1,0 +1,172 @@
+// The flags of every MoeConfig and Tuning field (setup.h): one declaration, one parser.
+#include <climits>
+
+#include "epmoe/error.h"
+#include "epmoe/options.h"
+#include "setup.h"
+
+namespace epmoe::cli {
+
+namespace {
+
+ActFormat act_flag(const Flags& f, const std::string& name) {
+  const auto v = parse_act_format(f.get(name));
+  if (!v) throw UsageError("--" + name + "=" + f.get(name) + " is not a format; use bf16, fp8 or nvfp4");
+  return *v;
+}
+
+struct FlagSpec {
+  const char *name, *value, *help;
+};
+
+// MoeConfig fields, in the order of config.h.
+const FlagSpec kConfigFlags[] = {
+    {"hidden", "H", "hidden size"},
+    {"intermediate", "I", "intermediate size of one expert"},
+    {"experts", "E", "number of experts"},
+    {"topk", "K", "experts per token"},
+    {"router", "KIND", "softmax|sigmoid (softmax_topk, sigmoid_grouped_topk)"},
+    {"n-group", "N", "sigmoid router: expert groups"},
+    {"topk-group", "N", "sigmoid router: groups kept"},
+    {"scaling", "X", "sigmoid router: routed_scaling_factor"},
+    {"renormalize", "", "renormalize the top-k weights to sum 1 (--renormalize=false to disable)"},
+    {"ranks", "R", "expert-parallel ranks (cpu: simulated as threads, default 4; cuda: default every visible GPU, or the mpirun world)"},
+    {"capacity", "C", "most tokens one rank may dispatch (default: the largest --tokens value)"},
+    {"placement", "MAP", "explicit expert map 'e:r.s[,r.s];...' (default contiguous)"},
+    {"slots-per-rank", "N", "expert slots per rank for --placement (default ceil(E/R))"},
+    {"dispatch", "FMT", "dispatch format bf16|fp8|nvfp4 (run: default all three)"},
+    {"ue8m0", "", "fp8 scales as powers of two (rounded up)"},
+    {"nvfp4-global-scale", "X", "nvfp4 dispatch: activation global scale (run: default calibrated per layer from the data)"},
+    {"weights", "FMT", "weight format bf16|fp8|nvfp4 (run: default the dispatch format's family)"},
+    {"combine", "FMT", "combine format bf16|fp8"},
+    {"intermediate-quant", "Q", "none|fp8: re-quantize silu(gate)*up before the second GEMM"},
+    {"iq", "Q", "short for --intermediate-quant"},
+    {"dispatcher", "NAME", "dispatcher backend (cpu: cpu, or local for one rank; cuda: nvlink|nccl, or local for one GPU)"},
+    {"runner", "NAME", "runner backend (reference on cpu, cuda on GPUs)"},
+    {"timeout-ms", "MS", "how long a rank waits for a peer before giving up"},
+};
+
+const FlagSpec kTuningFlags[] = {
+    {"engine", "auto|mma|cutlass", "runner cuda: GEMM engines it may use (env EPMOE_RUNNER_ENGINE)"},
+    {"wgmma-defer", "0|1", "runner cuda: decode wgmma waits for a stage one iteration later (env EPMOE_WGMMA_DEFER)"},
+    {"fused-swiglu", "0|1", "runner cuda: CUTLASS GEMM1 with SwiGLU in its epilogue (env EPMOE_CUTLASS_SWIGLU)"},
+    {"widen-scratch-mb", "N", "runner cuda: MiB for widening fp8/nvfp4 weights for CUTLASS bf16 (env EPMOE_WIDEN_SCRATCH_MB)"},
+    {"nvfp4-prepare", "0|1", "runner cuda: copy nvfp4 weights into the decode engine's order (env EPMOE_NVFP4_PREPARE)"},
+    {"comm-sms", "N", "dispatcher nvlink: SMs of the dispatch and combine kernels (env EPMOE_COMM_SMS)"},
+    {"push-warps", "N", "dispatcher nvlink: combine warps per CTA that push rows, 4..12 (env EPMOE_NVL_PUSH_WARPS)"},
+    {"combine-mode", "sm|ce", "dispatcher nvlink: who moves combine rows, SMs or the copy engine (env EPMOE_NVL_COMBINE)"},
+    {"ce-rows", "N", "dispatcher nvlink, combine-mode ce: rows per copy (env EPMOE_NVL_CE_ROWS)"},
+};
+
+// An int flag that may not wrap: the value is range-checked here, in the flag's own terms.
+int int_flag(const Flags& f, const std::string& name, int fallback) {
+  if (!f.has(name)) return fallback;
+  const std::string& v = f.get(name);
+  char* end = nullptr;
+  const long long x = std::strtoll(v.c_str(), &end, 10);
+  if (v.empty() || *end != '\0') throw UsageError("--" + name + "=" + v + " is not an integer");
+  if (x < INT_MIN || x > INT_MAX)
+    throw UsageError("--" + name + "=" + v + " is out of range; the most it can be is " + std::to_string(INT_MAX));
+  return int(x);
+}
+
+bool switch01(const Flags& f, const std::string& name, bool fallback) { return f.get_bool(name, fallback); }
+
+}  // namespace
+
+// --iq goes with --intermediate-quant: declared, or left out, together.
+static bool same_flag(const std::set<std::string>& names, const std::string& name) {
+  return names.count(name) || (name == "iq" && names.count("intermediate-quant"));
+}
+
+void add_config_flags(Flags& f, const std::set<std::string>& except) {
+  for (const FlagSpec& s : kConfigFlags)
+    if (!same_flag(except, s.name)) f.add(s.name, s.value, s.help);
+}
+
+void add_config_flags_only(Flags& f, const std::set<std::string>& only) {
+  for (const FlagSpec& s : kConfigFlags)
+    if (same_flag(only, s.name)) f.add(s.name, s.value, s.help);
+}
+
+void add_tuning_flags(Flags& f) {
+  for (const FlagSpec& s : kTuningFlags) f.add(s.name, s.value, s.help);
+}
+
+void apply_tuning_flags(const Flags& f, Tuning& t) {
+  if (f.has("engine") && !parse_engine(f.get("engine"), t.engine))
+    throw UsageError("--engine=" + f.get("engine") + " is not an engine; use auto, mma or cutlass");
+  t.wgmma_defer = switch01(f, "wgmma-defer", t.wgmma_defer);
+  t.fused_swiglu = switch01(f, "fused-swiglu", t.fused_swiglu);
+  t.widen_scratch_mb = int_flag(f, "widen-scratch-mb", t.widen_scratch_mb);
+  t.nvfp4_prepare = switch01(f, "nvfp4-prepare", t.nvfp4_prepare);
+  t.comm_sms = int_flag(f, "comm-sms", t.comm_sms);
+  t.push_warps = int_flag(f, "push-warps", t.push_warps);
+  if (f.has("combine-mode") && !parse_combine_mode(f.get("combine-mode"), t.combine))
+    throw UsageError("--combine-mode=" + f.get("combine-mode") + " is not a combine mode; use sm or ce");
+  t.ce_rows = int_flag(f, "ce-rows", t.ce_rows);
+}
+
+void apply_config_flags(const Flags& f, MoeConfig& c) {
+  c.hidden = int_flag(f, "hidden", c.hidden);
+  c.intermediate = int_flag(f, "intermediate", c.intermediate);
+  c.num_experts = int_flag(f, "experts", c.num_experts);
+  c.top_k = int_flag(f, "topk", c.top_k);
+  if (f.has("router")) {
+    const std::string r = f.get("router");
+    if (r == "softmax" || r == "softmax_topk") c.router.kind = RouterKind::softmax_topk;
+    else if (r == "sigmoid" || r == "sigmoid_grouped_topk") c.router.kind = RouterKind::sigmoid_grouped_topk;
+    else throw UsageError("--router=" + r + " is not known; use softmax or sigmoid");
+  }
+  c.router.n_group = int_flag(f, "n-group", c.router.n_group);
+  c.router.topk_group = int_flag(f, "topk-group", c.router.topk_group);
+  c.router.routed_scaling_factor = float(f.get_double("scaling", c.router.routed_scaling_factor));
+  c.router.renormalize = f.get_bool("renormalize", c.router.renormalize);
+  c.num_ranks = int_flag(f, "ranks", c.num_ranks);
+  c.capacity = int_flag(f, "capacity", c.capacity);
+  if (f.has("dispatch")) c.dispatch_format = act_flag(f, "dispatch");
+  c.fp8_ue8m0 = f.get_bool("ue8m0", c.fp8_ue8m0);
+  c.nvfp4_global_scale = float(f.get_double("nvfp4-global-scale", c.nvfp4_global_scale));
+  if (f.has("weights")) {
+    const auto w = parse_weight_format(f.get("weights"));
+    if (!w) throw UsageError("--weights=" + f.get("weights") + " is not a weight format; use bf16, fp8 or nvfp4");
+    c.weight_format = *w;
+  }
+  if (f.has("combine")) c.combine_format = act_flag(f, "combine");
+  if (f.has("intermediate-quant") && f.has("iq"))
+    throw UsageError("--iq is short for --intermediate-quant; give one of them");
+  for (const char* name : {"intermediate-quant", "iq"}) {
+    if (!f.has(name)) continue;
+    const std::string q = f.get(name);
+    if (q == "none") c.intermediate_quant = IntermediateQuant::none;
+    else if (q == "fp8") c.intermediate_quant = IntermediateQuant::fp8;
+    else throw UsageError(std::string("--") + name + "=" + q + " is not known; use none or fp8");
+  }
+  if (f.has("dispatcher")) c.dispatcher = f.get("dispatcher");
+  if (f.has("runner")) c.runner = f.get("runner");
+  c.timeout_ms = int_flag(f, "timeout-ms", c.timeout_ms);
+  apply_tuning_flags(f, c.tuning);
+  // Last: the map is read against the final expert and rank counts.
+  if (f.has("placement")) {
+    if (c.num_experts < 1 || c.num_ranks < 1)
+      throw UsageError("--placement needs --experts and --ranks of at least 1");
+    const int slots = int_flag(f, "slots-per-rank", (c.num_experts + c.num_ranks - 1) / c.num_ranks);
+    c.placement = ExpertPlacement::parse(f.get("placement"), c.num_experts, c.num_ranks, slots);
+  }
+}
+
+std::vector<ConfigIssue> inapplicable_flags(const Flags& f, const MoeConfig& c) {
+  std::vector<ConfigIssue> is;
+  if (c.router.kind != RouterKind::sigmoid_grouped_topk)
+    for (const char* name : {"n-group", "topk-group", "scaling"})
+      if (f.has(name))
+        is.push_back({name, f.get(name),
+                      std::string("--") + name + " applies to the sigmoid router only, and this router is softmax; "
+                      "add --router sigmoid or leave --" + name + " out"});
+  if (f.has("slots-per-rank") && !f.has("placement"))
+    is.push_back({"slots-per-rank", f.get("slots-per-rank"),
+                  "--slots-per-rank applies to an explicit --placement only; add --placement or leave it out"});
+  return is;
+}
+
+}  // namespace epmoe::cli
