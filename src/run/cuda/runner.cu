@@ -9,8 +9,8 @@
 #include "epmoe/error.h"
 #include "epmoe/numeric.h"
 #include "quant/cuda/quant_device.cuh"
-#include "run/cuda/cutlass_gemm.h"
-#include "run/cuda/gemm.h"
+#include "run/cuda/engine_cutlass.h"
+#include "run/cuda/engine.h"
 #include "run/cuda/permute.cuh"
 #include "run/cuda/rows.h"
 #include "run/cuda/widen.h"
@@ -479,7 +479,7 @@ int CudaRunner::run_widened(const cutlass_engine::Grouped& g, const MatrixView& 
 // [rows][2I] (gate | up) -> SwiGLU (bf16; fp8 round trip or e4m3 + scales per intermediate_quant)
 // -> GEMM2 -> weighted sum. Where GEMM1 runs on the bf16 GEMM and the intermediate stays bf16,
 // GEMM1 and the SwiGLU pass are instead its gate half [rows][I] and its up half with SwiGLU in the
-// epilogue (gemm1_swiglu, cutlass_swiglu.cu). Per GEMM the operand path is:
+// epilogue (gemm1_swiglu, engine_cutlass_swiglu.cu). Per GEMM the operand path is:
 //   bf16 weights: CUTLASS bf16;
 //   fp8 weights: CUTLASS fp8 where the other operand is e4m3 already (GEMM1: fp8 dispatch, GEMM2:
 //     intermediate_quant = fp8), else widened to bf16(e4m3 * tile scale) + CUTLASS bf16, so that a

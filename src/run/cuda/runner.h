@@ -26,7 +26,7 @@
 #include "core/cuda/check.h"
 #include "epmoe/config.h"
 #include "epmoe/runner.h"
-#include "run/cuda/cutlass_gemm.h"
+#include "run/cuda/engine_cutlass.h"
 
 namespace epmoe::cuda {
 
@@ -46,7 +46,7 @@ class CudaRunner final : public Runner {
   // Engines of the last run's two GEMMs, e.g. "wgmma-fp8/mma-fp8".
   const char* last_engines() const { return last_engines_; }
 
-  // Large-M engine choice. automatic: the CUTLASS grouped GEMMs (cutlass_gemm.h) when the rows an
+  // Large-M engine choice. automatic: the CUTLASS grouped GEMMs (engine_cutlass.h) when the rows an
   // expert can expect, S*K / E_total (expected_rows), are >= kCutlassMinRows, else the mma.sync/wgmma
   // kernels; cutlass: CUTLASS whatever M; mma: never CUTLASS. CUTLASS takes every weight format:
   // bf16 weights on the bf16 GEMM; fp8 weights on the fp8 x fp8 GEMM where the other operand is
@@ -80,7 +80,7 @@ class CudaRunner final : public Runner {
   int last_widen_chunks() const { return last_widen_chunks_; }
 
   // CUTLASS engine, GEMM1 on the bf16 GEMM with a bf16 intermediate (intermediate_quant none): run
-  // as its gate half and then its up half with SwiGLU in the epilogue (cutlass_swiglu.cu) instead of
+  // as its gate half and then its up half with SwiGLU in the epilogue (engine_cutlass_swiglu.cu) instead of
   // GEMM1 [rows][2I] plus a SwiGLU pass. Off by default (run 28, bf16 M 32768: 4.74 ms fused
   // against 4.71 without: two N = I GEMMs cost more than the pass they remove);
   // EPMOE_CUTLASS_SWIGLU=0|1 (read by the constructor) or set_fused_swiglu override it.
@@ -119,7 +119,7 @@ class CudaRunner final : public Runner {
   std::string engines_;  // last_engines() of the CUTLASS engine (built per run)
 };
 
-// nvfp4 weights on the decode engine run fastest from a prepared copy (gemm_nvfp4_prepared.cu:
+// nvfp4 weights on the decode engine run fastest from a prepared copy (engine_wgmma_nvfp4_prepared.cu:
 // each weight tile's stages contiguous, in the order the threads load them, the code bits
 // permuted for a cheaper decode; the same bytes as data + scales, the same results bit for bit).
 // Writes the copies of w's nvfp4 matrices into w13 / w2 (grown as needed) and points

@@ -15,7 +15,7 @@
 #include "epmoe/error.h"
 #include "epmoe/quant.h"
 #include "quant/cuda/gpu_test_util.h"
-#include "run/cuda/gemm.h"
+#include "run/cuda/engine.h"
 #include "run/cuda/runner.h"
 #include "run/cuda/runner_test_util.h"
 #include "run/reference.h"

@@ -1,10 +1,10 @@
 // Instantiations of the decode wgmma engine (bf16 and fp8 x fp8), one translation unit, and the
-// choice between its plain and deferred-wait pipelines (gemm_wgmma.cuh).
+// choice between its plain and deferred-wait pipelines (engine_wgmma.cuh).
 #include <atomic>
 #include <cstdlib>
 #include <string>
 
-#include "run/cuda/gemm_wgmma.cuh"
+#include "run/cuda/engine_wgmma.cuh"
 
 namespace epmoe::cuda {
 
@@ -15,7 +15,7 @@ namespace {
 // -1: not yet read from EPMOE_WGMMA_DEFER; 0: plain; 1: deferred.
 std::atomic<int> g_defer{-1};
 
-// Default deferred: bitwise the same as plain (tests/run/cuda/test_wgmma_pipeline.cpp, run 11) and
+// Default deferred: bitwise the same as plain (tests/run/cuda/test_engine_wgmma.cpp, run 11) and
 // faster on an H200 (DeepSeek-V3 experts, 128 local, run 11): fp8 x fp8 M = 128 / 2048 2.075 ->
 // 1.800 / 1.992 -> 1.843 ms, bf16 3.154 -> 3.125 / 3.231 -> 3.181 ms.
 bool defer_now() {

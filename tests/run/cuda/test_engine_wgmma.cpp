@@ -1,4 +1,4 @@
-// The decode wgmma engine's two pipelines (gemm_wgmma.cuh: plain, and deferred wait with a fifth
+// The decode wgmma engine's two pipelines (engine_wgmma.cuh: plain, and deferred wait with a fifth
 // ring slot) at the grouped-GEMM level: the same arithmetic in the same order, so the outputs must
 // be equal bit for bit, for bf16 and fp8 x fp8, fused (GEMM1 + SwiGLU) and plain (GEMM2) GEMMs,
 // several m-tiles per expert, partial m-tiles, empty experts, partial n-tiles. Outputs are poisoned
@@ -16,7 +16,7 @@
 #include "epmoe/numeric.h"
 #include "epmoe/quant.h"
 #include "quant/cuda/gpu_test_util.h"
-#include "run/cuda/gemm.h"
+#include "run/cuda/engine.h"
 
 namespace epmoe::test {
 namespace {

@@ -1,5 +1,5 @@
 // Runner "cuda" on its CUTLASS engine (src/run/cuda/cutlass_*.cu) vs the CPU reference runner, with
-// the bound of test_runner_cuda.cpp (max|a-b|/max|ref| <= 3e-2, 1-cos <= 1e-3): bf16 weights (bf16,
+// the bound of test_runner.cpp (max|a-b|/max|ref| <= 3e-2, 1-cos <= 1e-3): bf16 weights (bf16,
 // fp8 and nvfp4 dispatch), fp8 weights with an fp8 dispatch (GEMM1 on e4m3 x e4m3 with block
 // scales; GEMM2 fp8 with intermediate_quant = fp8, else bf16 on W2 widened to bf16), fp8 weights
 // with a bf16 dispatch (W13 widened), nvfp4 weights (both widened, 1/gs as the epilogue alpha) with
@@ -8,7 +8,7 @@
 // experts with no rows, everything on one expert (odd m-tile counts, so a cluster of two m-tiles
 // has an empty half), T = 1 and tokens with no expert. Large M at DeepSeek-V3 expert shapes: the
 // whole output against the mma engine (itself checked against the reference in
-// test_runner_cuda.cpp) and the first tokens against the reference. Also the engine rule and the
+// test_runner.cpp) and the first tokens against the reference. Also the engine rule and the
 // EPMOE_RUNNER_ENGINE parsing.
 #include <gtest/gtest.h>
 
@@ -23,7 +23,7 @@
 #include "epmoe/error.h"
 #include "epmoe/quant.h"
 #include "quant/cuda/gpu_test_util.h"
-#include "run/cuda/cutlass_gemm.h"
+#include "run/cuda/engine_cutlass.h"
 #include "run/cuda/runner.h"
 #include "run/cuda/runner_test_util.h"
 #include "run/cuda/widen.h"
