@@ -333,7 +333,8 @@ int bench_runner(const std::vector<std::string>& args) {
   }
   o.cublas = !flags.get_bool("no-cublas", false);
   o.engine_name = flags.has("engine") ? flags.get("engine") : "auto";
-  o.engine = cuda::CudaRunner::parse_engine(o.engine_name, "--engine");
+  if (!epmoe::parse_engine(o.engine_name, o.engine))
+    throw UsageError("--engine='" + o.engine_name + "' is not an engine; use auto, mma or cutlass");
   o.iq_name = flags.has("iq") ? flags.get("iq") : "none";
   if (o.iq_name != "none" && o.iq_name != "fp8")
     throw UsageError("--iq: '" + o.iq_name + "' is not an intermediate quantization; use none or fp8");

@@ -1,4 +1,6 @@
-// Grouped GEMMs of the CUDA runner (host side). Rows of all experts are packed by expert into one
+// The mma.sync and wgmma grouped-GEMM engines of the CUDA runner (host side; the CUTLASS engine
+// is engine_cutlass.h). Each engine lives in its own engine_*.cu (one translation unit each, so
+// that they build in parallel); which one a GEMM runs on is policy.h's choice. Rows of all experts are packed by expert into one
 // [rows][K] bf16 matrix A; a device-built tile table lists the m-tiles (expert, first row, rows),
 // and a device scalar how many there are, so launches never need the host to know the counts
 // (CUDA-graph capturable). Each CTA loops over (m-tile, n-tile) pairs (persistent grid).
@@ -37,6 +39,9 @@ struct GemmArgs {
   // nvfp4 decode engine, fused GEMM1: write the output in that engine's K order (kperm_nvfp4_tokens)
   // because GEMM2 runs on it too.
   bool out_kperm = false;
+  // Decode wgmma engine (bf16, fp8): its deferred-wait pipeline (true, Tuning::wgmma_defer's
+  // default) or the plain one; the same results bitwise (engine_wgmma.cuh).
+  bool wgmma_defer = true;
 };
 
 // BM = rows per m-tile: 32 (decode: few rows per expert) or 128.
@@ -49,11 +54,7 @@ void launch_grouped_gemm_nvfp4(const GemmArgs& a, int bm, cudaStream_t stream);
 // in fp32 per 128-K block. See engine_wgmma.cuh.
 void launch_grouped_gemm_wgmma_bf16(const GemmArgs& a, cudaStream_t stream);
 void launch_grouped_gemm_wgmma_fp8(const GemmArgs& a, cudaStream_t stream);
-// Pipeline of those two: deferred wait (default) or plain, the same results bitwise (see
-// engine_wgmma.cuh). EPMOE_WGMMA_DEFER=0|1 sets it at the first launch; set_wgmma_defer overrides it
-// for the whole process (tests and benchmarks compare the two).
-void set_wgmma_defer(bool on);
-bool wgmma_defer();
+// Their pipeline is GemmArgs::wgmma_defer (the runner passes MoeConfig::tuning.wgmma_defer).
 // nvfp4: W nvfp4 (e4m3 block-16 scales, per-expert global scale) x A bf16, the weights decoded to
 // bf16 in registers as wgmma's A operand (engine_wgmma_nvfp4.cu). Needs K % 128 == 0 (and N % 64
 // for the fused GEMM1): wgmma_nvfp4_supports says whether a GEMM qualifies. A must be in the

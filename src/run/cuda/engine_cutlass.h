@@ -80,7 +80,7 @@ void swiglu(const bf16_raw* h, const int32_t* offsets, const int32_t* cnt, int E
 
 }  // namespace epmoe::cuda::cutlass_engine
 
-// ---- shared implementation of the two instantiations (engine_cutlass_bf16.cu, engine_cutlass_fp8.cu) ----------
+// ---- shared implementation of the two instantiations (engine_cutlass_bf16.cu, engine_cutlass_fp8.cu) ----
 // Only those files define EPMOE_CUTLASS_GROUPED_IMPL (and have the CUTLASS include directory).
 #if defined(EPMOE_CUTLASS_GROUPED_IMPL) && defined(EPMOE_WITH_CUTLASS)
 #include <string>

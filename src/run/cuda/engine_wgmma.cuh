@@ -29,7 +29,7 @@
 //              run while the CTA synchronizes and issues the loads of the next. The stage being
 //              computed may still be read while the loads of s + 3 land, hence a fifth ring slot
 //              (5 x 21 KB, still two CTAs per SM). Tile ends wait at once (the epilogue needs the
-//              sums). Chosen by EPMOE_WGMMA_DEFER (default 1, deferred; see engine_wgmma.cu).
+//              sums). Chosen per launch by GemmArgs::wgmma_defer (default deferred, engine_wgmma.cu).
 #pragma once
 #include "epmoe/numeric.h"
 #include "run/cuda/engine_mma.cuh"

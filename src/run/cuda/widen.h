@@ -19,7 +19,7 @@
 
 namespace epmoe::cuda::widen {
 
-// Default scratch bound (EPMOE_WIDEN_SCRATCH_MB overrides it in CudaRunner).
+// Default scratch bound (Tuning::widen_scratch_mb's default, 1024 MiB).
 constexpr size_t kDefaultScratchBytes = size_t(1) << 30;
 
 // Bytes of one expert of `m` widened to bf16 (rows * cols * 2).
