@@ -76,7 +76,8 @@ CutlassPlan cutlass_plan(const DispatchOutput& in, const ExpertWeights& w, Inter
 }
 
 void check_config(const MoeConfig& cfg, std::vector<ConfigIssue>& issues) {
-  for (const auto& [field, v] : {std::pair<const char*, int>{"hidden", cfg.hidden}, {"intermediate", cfg.intermediate}}) {
+  using Dim = std::pair<const char*, int>;
+  for (const auto& [field, v] : {Dim{"hidden", cfg.hidden}, Dim{"intermediate", cfg.intermediate}}) {
     if (v >= 1 && v % 64 != 0)
       issues.push_back({field, std::to_string(v),
                         std::string(field) + "=" + std::to_string(v) +
