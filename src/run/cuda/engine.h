@@ -1,9 +1,10 @@
 // The mma.sync and wgmma grouped-GEMM engines of the CUDA runner (host side; the CUTLASS engine
 // is engine_cutlass.h). Each engine lives in its own engine_*.cu (one translation unit each, so
-// that they build in parallel); which one a GEMM runs on is policy.h's choice. Rows of all experts are packed by expert into one
-// [rows][K] bf16 matrix A; a device-built tile table lists the m-tiles (expert, first row, rows),
-// and a device scalar how many there are, so launches never need the host to know the counts
-// (CUDA-graph capturable). Each CTA loops over (m-tile, n-tile) pairs (persistent grid).
+// that they build in parallel); which one a GEMM runs on is policy.h's choice. Rows of all
+// experts are packed by expert into one [rows][K] bf16 matrix A; a device-built tile table lists
+// the m-tiles (expert, first row, rows), and a device scalar how many there are, so launches never
+// need the host to know the counts (CUDA-graph capturable). Each CTA loops over (m-tile, n-tile)
+// pairs (persistent grid).
 #pragma once
 #include <cuda_runtime.h>
 
