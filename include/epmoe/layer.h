@@ -15,10 +15,11 @@ class MoeLayer {
   // Validates cfg (UsageError listing every issue), resolves the (dispatcher, runner) pair through
   // the registry, and checks with the other ranks that they were built with the same
   // configuration (collective). `weights` are this rank's experts on the runner's device;
-  // `router_bias` is [E] fp32 on the same device, or null. nvfp4 weights on runner "cuda" are
-  // also copied once, here, into the decode engine's prepared layout (the same bytes again; the
-  // same results, ~20% faster decode; docs/RUNNER.md): weights changed after construction need a
-  // new layer. EPMOE_NVFP4_PREPARE=0 turns the copy off (the engine then reads data and scales).
+  // `router_bias` is [E] fp32 on the same device, or null. The runner's prepare step
+  // (Runner::prepare) runs here, once: e.g. runner "cuda" copies nvfp4 weights into its decode
+  // engine's prepared layout (the same bytes again; the same results, ~20% faster decode;
+  // docs/RUNNER.md; tuning.nvfp4_prepare = false turns it off). Weights changed after
+  // construction need a new layer.
   MoeLayer(const MoeConfig& cfg, Communicator& comm, const ExpertWeights& weights,
            const float* router_bias = nullptr);
   ~MoeLayer();

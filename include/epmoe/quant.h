@@ -37,8 +37,8 @@ struct MatrixView {
   const void* scales = nullptr;         // fp8: f32 [E][rows/128][cols/128]; nvfp4: e4m3 [E][rows][cols/16]
   const float* global_scale = nullptr;  // nvfp4: [E]
   // nvfp4 on the cuda runner, optional: the same weights in the decode engine's tile order, made
-  // once by cuda::prepare_nvfp4_weights (run/cuda/gemm.h); data and scales stay required (the
-  // large-M engine widens from them). Must be rebuilt if data or scales change.
+  // once by the runner's prepare step (Runner::prepare; run/cuda/prepare.h); data and scales stay
+  // required (the large-M engine widens from them). Must be rebuilt if data or scales change.
   const void* prepared = nullptr;
   DeviceKind device = DeviceKind::cpu;
 

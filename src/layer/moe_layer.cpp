@@ -2,7 +2,6 @@
 // runs the registered step (dispatch -> run -> combine) of the configured backend pair.
 #include "epmoe/layer.h"
 
-#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -13,21 +12,13 @@
 #if defined(EPMOE_WITH_CUDA)
 #include <cuda_runtime.h>
 
+#include "core/cuda/check.h"
 #include "route/cuda/route.h"
-#include "run/cuda/runner.h"
 #endif
 
 namespace epmoe {
 
 namespace {
-
-// EPMOE_NVFP4_PREPARE: unset or 1 = prepare nvfp4 weights for the cuda runner, 0 = do not.
-bool nvfp4_prepare_enabled() {
-  const char* e = std::getenv("EPMOE_NVFP4_PREPARE");
-  if (!e || std::string(e) == "1") return true;
-  if (std::string(e) == "0") return false;
-  throw UsageError(std::string("EPMOE_NVFP4_PREPARE='") + e + "' is not 0 or 1");
-}
 
 std::string dims(const MatrixView& m) {
   std::string s = "[";
@@ -67,33 +58,12 @@ void check_weights(const MoeConfig& cfg, const ExpertWeights& w, DeviceKind devi
 }
 
 #if defined(EPMOE_WITH_CUDA)
-void cuda_check(cudaError_t e, const char* what) {
-  if (e != cudaSuccess) throw BackendError(std::string("MoeLayer: ") + what + ": " + cudaGetErrorString(e));
+// Grows `buf` to `bytes` on device `dev`, whatever device is current.
+void reserve_on(cuda::DeviceBuffer& buf, size_t bytes, int dev) {
+  if (bytes <= buf.size()) return;
+  cuda::DeviceGuard guard(dev);
+  buf.reserve(bytes);
 }
-
-// Device memory that frees itself; allocation on a given device without changing the caller's one.
-struct DeviceBuffer {
-  void* ptr = nullptr;
-  size_t bytes = 0;
-  int device = 0;
-  void reserve(size_t n, int dev) {
-    if (n <= bytes) return;
-    int prev = 0;
-    cuda_check(cudaGetDevice(&prev), "cudaGetDevice");
-    cuda_check(cudaSetDevice(dev), "cudaSetDevice");
-    if (ptr) cudaFree(ptr);
-    ptr = nullptr;
-    bytes = 0;
-    const cudaError_t e = cudaMalloc(&ptr, n);
-    cudaSetDevice(prev);
-    cuda_check(e, "cudaMalloc of a layer workspace");
-    bytes = n;
-    device = dev;
-  }
-  ~DeviceBuffer() {
-    if (ptr) cudaFree(ptr);
-  }
-};
 #endif
 
 }  // namespace
@@ -113,8 +83,7 @@ struct MoeLayer::Impl {
   std::vector<int32_t> ids_host;
   std::vector<float> w_host;
 #if defined(EPMOE_WITH_CUDA)
-  DeviceBuffer y_dev, ids_dev, w_dev;
-  cuda::DeviceBuffer prep13, prep2;  // nvfp4 weights in the decode engine's prepared layout
+  cuda::DeviceBuffer y_dev, ids_dev, w_dev;
 #endif
 
   Impl(const MoeConfig& c, Communicator& cm, const ExpertWeights& w, const float* bias)
@@ -122,7 +91,7 @@ struct MoeLayer::Impl {
 
   bf16_raw* y() {
 #if defined(EPMOE_WITH_CUDA)
-    if (device == DeviceKind::cuda) return static_cast<bf16_raw*>(y_dev.ptr);
+    if (device == DeviceKind::cuda) return y_dev.get<bf16_raw>();
 #endif
     return y_host.data();
   }
@@ -186,15 +155,9 @@ MoeLayer::MoeLayer(const MoeConfig& cfg, Communicator& comm, const ExpertWeights
     s.y_host.assign(y_elems, 0);
   } else {
 #if defined(EPMOE_WITH_CUDA)
-    s.y_dev.reserve(y_elems * sizeof(bf16_raw), comm.device_index());
-    s.ids_dev.reserve(size_t(cfg.capacity) * cfg.top_k * sizeof(int32_t), comm.device_index());
-    s.w_dev.reserve(size_t(cfg.capacity) * cfg.top_k * sizeof(float), comm.device_index());
-    if (cfg.runner == "cuda" && cfg.weight_format == WeightFormat::nvfp4 && nvfp4_prepare_enabled()) {
-      cuda::DeviceGuard guard(comm.device_index());
-      cuda::prepare_nvfp4_weights(s.weights, s.prep13, s.prep2, nullptr);
-      // Complete before any forward, whatever stream the caller then uses.
-      EPMOE_CUDA_CHECK(cudaDeviceSynchronize());
-    }
+    reserve_on(s.y_dev, y_elems * sizeof(bf16_raw), comm.device_index());
+    reserve_on(s.ids_dev, size_t(cfg.capacity) * cfg.top_k * sizeof(int32_t), comm.device_index());
+    reserve_on(s.w_dev, size_t(cfg.capacity) * cfg.top_k * sizeof(float), comm.device_index());
 #else
     throw UsageError("MoeLayer: runner=" + cfg.runner + " needs CUDA, which this build does not have");
 #endif
@@ -202,6 +165,9 @@ MoeLayer::MoeLayer(const MoeConfig& cfg, Communicator& comm, const ExpertWeights
   // Collective: the dispatcher checks the configuration fingerprint with every rank.
   s.dispatcher = s.pair.dispatcher->create(cfg, comm);
   s.runner = s.pair.runner->create(cfg, comm.device_index());
+  // The backend's one-time conversion of the weights (e.g. nvfp4 into the cuda runner's decode
+  // layout); every step then passes the prepared weights.
+  s.runner->prepare(s.weights, nullptr);
 }
 
 MoeLayer::~MoeLayer() = default;
@@ -236,10 +202,10 @@ void MoeLayer::forward(const TensorView& hidden, const TensorView& router_logits
   }
 #if defined(EPMOE_WITH_CUDA)
   // T > C is reported by the dispatcher on every rank; the scratch grows so routing stays in bounds.
-  s.ids_dev.reserve(size_t(T) * K * sizeof(int32_t), s.comm.device_index());
-  s.w_dev.reserve(size_t(T) * K * sizeof(float), s.comm.device_index());
-  auto* ids = static_cast<int32_t*>(s.ids_dev.ptr);
-  auto* w = static_cast<float*>(s.w_dev.ptr);
+  reserve_on(s.ids_dev, size_t(T) * K * sizeof(int32_t), s.comm.device_index());
+  reserve_on(s.w_dev, size_t(T) * K * sizeof(float), s.comm.device_index());
+  auto* ids = s.ids_dev.get<int32_t>();
+  auto* w = s.w_dev.get<float>();
   cuda::route(c.router, router_logits, s.router_bias, K, ids, w, static_cast<cudaStream_t>(stream));
   s.step(T, hidden, ids, w, out, stream);
 #else

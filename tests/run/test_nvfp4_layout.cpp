@@ -63,7 +63,7 @@ TEST(Nvfp4Layout, ScaledProductsAreExactInBf16) {
 }
 
 TEST(Nvfp4Layout, TokenOrderMatchesTheAFragments) {
-  // Model of the engine (gemm_nvfp4_wgmma.cu): in a 64-K block thread t of a quad loads the 16
+  // Model of the engine (engine_wgmma_nvfp4.cu): in a 64-K block thread t of a quad loads the 16
   // codes of natural K 16t .. 16t+15 as two words; register i (0-7) of its A set is decode word
   // i / 4, pair i % 4 = codes (i % 4, i % 4 + 4) of that word; instruction j takes registers 2j
   // (K slots 2t, 2t+1) and 2j + 1 (slots 2t+8, 2t+9) of the m64nNk16 A fragment, i.e. position

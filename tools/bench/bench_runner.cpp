@@ -344,7 +344,7 @@ int bench_runner(const std::vector<std::string>& args) {
   apply_config_flags(flags, o.flags_cfg);
   o.flags_given = &flags;
   o.engine_name = engine_name(o.flags_cfg.tuning.engine);
-  o.engine = cuda::CudaRunner::parse_engine(o.engine_name, "--engine");
+  o.engine = o.flags_cfg.tuning.engine;
   o.iq = o.flags_cfg.intermediate_quant;
   o.iq_name = o.iq == IntermediateQuant::fp8 ? "fp8" : "none";
   for (const ConfigIssue& is : validate(o.flags_cfg.tuning)) throw UsageError(is.message);

@@ -1,4 +1,4 @@
-// The nvfp4 decode engine's bit tricks and K order (gemm_nvfp4_wgmma.cu), as plain integer code
+// The nvfp4 decode engine's bit tricks and K order (engine_wgmma_nvfp4.cu), as plain integer code
 // that the host can run too: tests/run/test_nvfp4_layout.cpp checks them against the e2m1 values
 // and against a model of wgmma's A-fragment layout without a GPU.
 #pragma once
@@ -22,7 +22,7 @@ EPMOE_HD constexpr void e2m1x8_to_bf16(uint32_t x, uint32_t (&d)[4]) {
   d[3] = ((y >> 6) & 0x01C001C0u) | (x & 0x80008000u);
 }
 
-// The prepared layout (gemm_nvfp4_prepared.cu) stores each 32-bit word of eight codes with its bits
+// The prepared layout (engine_wgmma_nvfp4_prepared.cu) stores each 32-bit word of eight codes with its bits
 // permuted: bit s of the prepared word is bit prep_src(s) of the natural word. The permutation is
 // one found by exhaustive search so that the four bf16x2 of e2m1x8_to_bf16 come out of four
 // rotations and six masks (10 integer operations instead of ~20 as compiled for the natural word):

@@ -4,6 +4,7 @@
 
 #include "core/builtin_backends.h"
 #include "epmoe/registry.h"
+#include "run/cuda/policy.h"
 #include "run/cuda/runner.h"
 
 namespace epmoe::detail {
@@ -17,6 +18,7 @@ void register_cuda_backends(Registry& reg) {
   runner.create = [](const MoeConfig& cfg, int device_index) -> std::unique_ptr<Runner> {
     return std::make_unique<cuda::CudaRunner>(cfg, device_index);
   };
+  runner.check = cuda::policy::check_config;
   reg.add(std::move(runner));
 }
 

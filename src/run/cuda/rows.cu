@@ -1,4 +1,4 @@
-// Row passes of the CUDA runner (rows.h). Measured before the vector forms (run 19, ncu, one H200,
+// Row passes and routing tables of the CUDA runner (rows.h). Measured before the vector forms (run 19, ncu, one H200,
 // DeepSeek-V3, M = 32768 bf16): permute 380 us and weighted sum 343 us, i.e. 2.5 and 1.5 TB/s,
 // because every thread moved 2 elements (2- and 4-byte accesses) per step.
 #include "run/cuda/rows.h"
@@ -180,6 +180,140 @@ __global__ void reduce_vec_kernel(const bf16_raw* __restrict__ o, const int32_t*
   }
 }
 
+// ---- routing tables; the fp8 operands of the wgmma fp8 engine -------------------------------------
+
+constexpr int kScanThreads = 1024;
+
+__global__ void count_kernel(const int32_t* __restrict__ ids, const int32_t* __restrict__ counts, int64_t S, int C,
+                             int K, int E, int32_t* __restrict__ cnt) {
+  const int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  if (i >= S || !slot_valid(i, C, counts)) return;
+  for (int k = 0; k < K; ++k) {
+    const int e = ids[i * K + k];
+    if (e >= 0 && e < E) atomicAdd(&cnt[e], 1);
+  }
+}
+
+// Offsets of each expert's rows, the m-tile table, and zeroed fill counters. Thread i owns a
+// contiguous chunk of experts.
+__global__ void __launch_bounds__(kScanThreads) offsets_kernel(const int32_t* __restrict__ cnt, int E, int bm,
+                                                               int32_t* __restrict__ offsets,
+                                                               int32_t* __restrict__ fill, MTile* __restrict__ tiles,
+                                                               int32_t* __restrict__ num_tiles) {
+  __shared__ int32_t s_rows[kScanThreads], s_tiles[kScanThreads];
+  const int tid = threadIdx.x;
+  const int chunk = (E + kScanThreads - 1) / kScanThreads;
+  const int e0 = tid * chunk, e1 = min(E, e0 + chunk);
+  int32_t rows = 0, nt = 0;
+  for (int e = e0; e < e1; ++e) {
+    rows += cnt[e];
+    nt += (cnt[e] + bm - 1) / bm;
+  }
+  s_rows[tid] = rows;
+  s_tiles[tid] = nt;
+  __syncthreads();
+  for (int o = 1; o < kScanThreads; o <<= 1) {
+    const int32_t a = tid >= o ? s_rows[tid - o] : 0, b = tid >= o ? s_tiles[tid - o] : 0;
+    __syncthreads();
+    s_rows[tid] += a;
+    s_tiles[tid] += b;
+    __syncthreads();
+  }
+  int32_t r = s_rows[tid] - rows, t = s_tiles[tid] - nt;
+  for (int e = e0; e < e1; ++e) {
+    offsets[e] = r;
+    fill[e] = 0;
+    for (int m = 0; m < cnt[e]; m += bm) tiles[t++] = MTile{e, r + m, min(bm, cnt[e] - m), 0};
+    r += cnt[e];
+  }
+  if (tid == kScanThreads - 1) *num_tiles = s_tiles[tid];
+}
+
+// fp8 dispatch into the wgmma fp8 engine: the slot's e4m3 codes are copied as they are (16-byte
+// moves when the payload is aligned) and its block scales go to the transposed scale matrix
+// as_t[kb * ld + row].
+__global__ void permute_fp8_kernel(const uint8_t* __restrict__ payload, const uint8_t* __restrict__ scales,
+                                   const int32_t* __restrict__ ids, const int32_t* __restrict__ counts, int C, int K,
+                                   int E, int H, bool aligned16, const int32_t* __restrict__ offsets,
+                                   int32_t* __restrict__ fill, int32_t* __restrict__ pair_pos,
+                                   uint8_t* __restrict__ A8, float* __restrict__ as_t, int64_t ld) {
+  __shared__ int32_t pos[32];
+  const int64_t i = blockIdx.x;
+  if (!slot_valid(i, C, counts)) return;
+  claim_rows(i, K, E, ids, offsets, fill, pair_pos, pos);
+  const uint8_t* row = payload + i * int64_t(H);
+  if (aligned16) {
+    for (int c = threadIdx.x; c < H / 16; c += blockDim.x) {
+      const uint4 v = reinterpret_cast<const uint4*>(row)[c];
+      for (int k = 0; k < K; ++k)
+        if (pos[k] >= 0) reinterpret_cast<uint4*>(A8 + int64_t(pos[k]) * H)[c] = v;
+    }
+  } else {
+    for (int h = threadIdx.x; h < H; h += blockDim.x) {
+      const uint8_t v = row[h];
+      for (int k = 0; k < K; ++k)
+        if (pos[k] >= 0) A8[int64_t(pos[k]) * H + h] = v;
+    }
+  }
+  const float* sc = reinterpret_cast<const float*>(scales + i * int64_t(H / 128) * 4);
+  for (int b = threadIdx.x; b < H / 128; b += blockDim.x) {
+    const float s = sc[b];
+    for (int k = 0; k < K; ++k)
+      if (pos[k] >= 0) as_t[b * ld + pos[k]] = s;
+  }
+}
+
+// Block b (128 elements) of an intermediate row, read by one warp: this lane's 4 values into v, and
+// the block's fp8 parameters from the warp-wide amax. Both intermediate kernels start so.
+__device__ __forceinline__ dev::Fp8Block load_block128(const bf16_raw* row, int b, int lane, bool ue8m0,
+                                                        float (&v)[4]) {
+  float amax = 0.f;
+#pragma unroll
+  for (int q = 0; q < 4; ++q) {
+    v[q] = num::bf16_to_f32(row[b * 128 + lane * 4 + q]);
+    amax = fmaxf(amax, fabsf(v[q]));
+  }
+  return dev::fp8_block_params(dev::warp_max(amax), ue8m0);
+}
+
+// h rows (bf16) to e4m3 codes + block-128 scales (intermediate_quant = fp8) for the wgmma fp8
+// GEMM2: the same codes and scales as the round trip below, kept as codes. One warp per block.
+__global__ void intermediate_to_fp8_kernel(const bf16_raw* __restrict__ h, const int32_t* __restrict__ offsets,
+                                           const int32_t* __restrict__ cnt, int E, int I, bool ue8m0,
+                                           uint8_t* __restrict__ h8, float* __restrict__ hs_t, int64_t ld) {
+  const int64_t r = blockIdx.x;
+  const int64_t rows = offsets[E - 1] + cnt[E - 1];
+  if (r >= rows) return;
+  const bf16_raw* row = h + r * I;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+  for (int b = warp; b < I / 128; b += warps) {
+    float v[4];
+    const dev::Fp8Block bp = load_block128(row, b, lane, ue8m0, v);
+    uint32_t packed = 0;
+#pragma unroll
+    for (int q = 0; q < 4; ++q) packed |= uint32_t(dev::fp8_code(v[q], bp)) << (8 * q);
+    *reinterpret_cast<uint32_t*>(h8 + r * I + b * 128 + lane * 4) = packed;
+    if (lane == 0) hs_t[b * ld + r] = bp.scale;
+  }
+}
+
+// h rows take the fp8 block-128 round trip (intermediate_quant = fp8); one warp per block.
+__global__ void intermediate_fp8_kernel(bf16_raw* __restrict__ h, const int32_t* __restrict__ offsets,
+                                        const int32_t* __restrict__ cnt, int E, int I, bool ue8m0) {
+  const int64_t r = blockIdx.x;
+  const int64_t rows = offsets[E - 1] + cnt[E - 1];
+  if (r >= rows) return;
+  bf16_raw* row = h + r * I;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+  for (int b = warp; b < I / 128; b += warps) {
+    float v[4];
+    const dev::Fp8Block bp = load_block128(row, b, lane, ue8m0, v);
+#pragma unroll
+    for (int q = 0; q < 4; ++q)
+      row[b * 128 + lane * 4 + q] = num::f32_to_bf16(dev::fp8_dequant(dev::fp8_code(v[q], bp), bp.scale));
+  }
+}
+
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
 }  // namespace
@@ -212,6 +346,39 @@ void launch_reduce(const DispatchOutput& in, const int32_t* pair_pos, const bf16
     reduce_vec_kernel<<<unsigned(S), 128, 0, st>>>(o, pair_pos, in.weights, in.counts, C, K, H, y);
   else
     reduce_kernel<<<unsigned(S), 256, 0, st>>>(o, pair_pos, in.weights, in.counts, C, K, H, y);
+  EPMOE_CUDA_CHECK_LAUNCH();
+}
+
+void launch_count(const DispatchOutput& in, int bm, int32_t* cnt, int32_t* offsets, int32_t* fill, MTile* tiles,
+                  int32_t* num_tiles, cudaStream_t st) {
+  const int64_t S = in.slots();
+  const int C = in.capacity, K = in.top_k, E = in.num_local_experts;
+  EPMOE_CUDA_CHECK(cudaMemsetAsync(cnt, 0, size_t(E) * 4, st));
+  count_kernel<<<unsigned((S + 255) / 256), 256, 0, st>>>(in.local_ids, in.counts, S, C, K, E, cnt);
+  EPMOE_CUDA_CHECK_LAUNCH();
+  offsets_kernel<<<1, kScanThreads, 0, st>>>(cnt, E, bm, offsets, fill, tiles, num_tiles);
+  EPMOE_CUDA_CHECK_LAUNCH();
+}
+
+void launch_permute_fp8_rows(const DispatchOutput& in, const int32_t* offsets, int32_t* fill, int32_t* pair_pos,
+                             uint8_t* A8, float* as_t, int64_t ld, cudaStream_t st) {
+  const int64_t S = in.slots();
+  const int C = in.capacity, K = in.top_k, E = in.num_local_experts, H = in.hidden;
+  const bool aligned16 = reinterpret_cast<uintptr_t>(in.payload) % 16 == 0;
+  permute_fp8_kernel<<<unsigned(S), 256, 0, st>>>(in.payload, in.scales, in.local_ids, in.counts, C, K, E, H, aligned16,
+                                                  offsets, fill, pair_pos, A8, as_t, ld);
+  EPMOE_CUDA_CHECK_LAUNCH();
+}
+
+void launch_intermediate_to_fp8(const bf16_raw* h, const int32_t* offsets, const int32_t* cnt, int E, int I,
+                                bool ue8m0, int64_t max_rows, uint8_t* h8, float* hs_t, cudaStream_t st) {
+  intermediate_to_fp8_kernel<<<unsigned(max_rows), 256, 0, st>>>(h, offsets, cnt, E, I, ue8m0, h8, hs_t, max_rows);
+  EPMOE_CUDA_CHECK_LAUNCH();
+}
+
+void launch_intermediate_fp8(bf16_raw* h, const int32_t* offsets, const int32_t* cnt, int E, int I, bool ue8m0,
+                             int64_t max_rows, cudaStream_t st) {
+  intermediate_fp8_kernel<<<unsigned(max_rows), 256, 0, st>>>(h, offsets, cnt, E, I, ue8m0);
   EPMOE_CUDA_CHECK_LAUNCH();
 }
 

@@ -17,6 +17,11 @@
 // m-tile 32, and CUTLASS fp8): with an fp8 dispatch the activations stay e4m3 and GEMM1 runs on fp8
 // tensor cores with both scales applied in fp32 per 128-K block; with intermediate_quant = fp8 the
 // intermediate becomes e4m3 codes + block scales and GEMM2 does the same.
+//
+// Where things are: the engines in engine_*.cu (engine.h, engine_cutlass.h), which engine and tile
+// a call uses in policy.h, the row passes in rows.h, this orchestration in runner.cu (decode
+// engines) and runner_cutlass.cu (the CUTLASS engine's path), its configuration limits in
+// policy::check_config (registered as the runner's RunnerInfo::check, register.cpp).
 #pragma once
 #include <cuda_runtime.h>
 
@@ -26,76 +31,62 @@
 #include "core/cuda/check.h"
 #include "epmoe/config.h"
 #include "epmoe/runner.h"
-#include "run/cuda/cutlass_gemm.h"
+#include "run/cuda/engine_cutlass.h"
+#include "run/cuda/prepare.h"
 
 namespace epmoe::cuda {
 
 class CudaRunner final : public Runner {
  public:
+  // Tuning from cfg.tuning: engine, wgmma_defer, fused_swiglu, widen_scratch_mb, nvfp4_prepare.
+  // cfg is expected to have passed validate() (policy::check_config holds this runner's limits);
+  // the constructor touches no GPU and throws nothing.
   CudaRunner(const MoeConfig& cfg, int device_index);
   const char* name() const override { return "cuda"; }
+  // nvfp4 weights with cfg.tuning.nvfp4_prepare: the decode engine's prepared copies of w's
+  // matrices (prepare_nvfp4_weights) into buffers this runner owns (kept, and reused by a later
+  // prepare, until it is destroyed), w.w13.prepared / w.w2.prepared pointed at them; complete when
+  // it returns (`stream` is synchronized). Returns their bytes; 0 (w unchanged) for other formats,
+  // shapes the engine does not take, or nvfp4_prepare off. Run w only with this runner.
+  size_t prepare(ExpertWeights& w, Stream stream) override;
   void run(const DispatchOutput& in, const ExpertWeights& w, bf16_raw* y, Stream stream) override;
 
-  // Rows per GEMM m-tile chosen for the last run (32 or 128), for benchmarks and tests.
+  // ---- what the last run chose (tests, benchmarks) ------------------------------------------------
+  // Rows per GEMM m-tile (32 or 128).
   int last_block_m() const { return last_bm_; }
-  // Force the m-tile (0 = automatic from the average rows per expert).
-  void set_block_m(int bm) { force_bm_ = bm; }
-  // Decode (m-tile 32) GEMMs on the Hopper wgmma engine (default) or on the mma.sync one (false),
-  // for tests and benchmarks that compare the two.
-  void set_wgmma_decode(bool on) { wgmma_decode_ = on; }
-  // Engines of the last run's two GEMMs, e.g. "wgmma-fp8/mma-fp8".
+  // Engines of the two GEMMs, e.g. "wgmma-fp8/mma-fp8", "cutlass-fp8/cutlass-bf16(widened fp8)".
   const char* last_engines() const { return last_engines_; }
+  // Widen-and-GEMM chunks of a CUTLASS run (both GEMMs together; 0 when nothing was widened).
+  int last_widen_chunks() const { return last_widen_chunks_; }
+  // Whether a CUTLASS run fused SwiGLU into GEMM1 (policy::CutlassPlan::fused_swiglu).
+  bool last_swiglu_fused() const { return last_swiglu_fused_; }
 
-  // Large-M engine choice. automatic: the CUTLASS grouped GEMMs (cutlass_gemm.h) when the rows an
-  // expert can expect, S*K / E_total (expected_rows), are >= kCutlassMinRows, else the mma.sync/wgmma
-  // kernels; cutlass: CUTLASS whatever M; mma: never CUTLASS. CUTLASS takes every weight format:
-  // bf16 weights on the bf16 GEMM; fp8 weights on the fp8 x fp8 GEMM where the other operand is
-  // e4m3 (GEMM1: fp8 dispatch with H, I % 128 == 0 and a 16-byte aligned payload; GEMM2:
-  // intermediate_quant = fp8); otherwise (fp8 with a bf16 operand, and nvfp4 always) the weights
-  // are widened to bf16 in a scratch buffer, a chunk of whole experts at a time, and run on the
-  // bf16 GEMM: last_engines() then says e.g. "cutlass-fp8/cutlass-bf16(widened fp8)" or
-  // "cutlass-bf16(widened nvfp4)/cutlass-bf16(widened nvfp4)". The constructor reads
-  // EPMOE_RUNNER_ENGINE (auto|mma|cutlass); set_engine overrides it. Asking for cutlass in a build
-  // without CUTLASS throws UsageError.
-  enum class Engine { automatic, mma, cutlass };
-  // 33 = more than one 32-row decode m-tile: measured on an H200 (DeepSeek-V3 experts, 128 local),
-  // 32 rows per expert: decode wgmma 3.3 ms vs CUTLASS 3.9 ms (bf16); 64 rows: CUTLASS 4.0 ms vs
-  // 6.6 ms for the mma.sync kernel (bench/results/2026-11-29-run7-10-2xh200.md).
-  static constexpr int kCutlassMinRows = 33;
-  // nvfp4 weights are widened to bf16 first (~6 ms for 128 DeepSeek-V3 experts), which the GEMMs
-  // only repay at larger M: 64 rows per expert measured 10.3 ms widened vs 8.6 ms on mma.sync,
-  // 256 rows 10.9 ms vs 17.6 ms.
-  static constexpr int kCutlassMinRowsNvfp4 = 128;
+  // ---- test and benchmark hooks: override cfg.tuning / the policy for this runner ----------------
+  // The engine choice (policy::use_cutlass); the name CudaRunner::Engine is kept for callers.
+  using Engine = RunnerEngine;
+  // cutlass in a build without CUTLASS throws UsageError (validate() reports it for cfg.tuning).
   void set_engine(Engine e);
   Engine engine() const { return engine_; }
-  // "auto", "mma", "cutlass" -> Engine; anything else throws UsageError naming `what`.
-  static Engine parse_engine(const std::string& s, const char* what);
-
-  // Bound of the widening scratch (bytes; default widen::kDefaultScratchBytes = 1 GiB, or
-  // EPMOE_WIDEN_SCRATCH_MB read by the constructor). A chunk holds as many whole experts as fit,
-  // at least one. Tests shrink it to force several chunks; 0 throws UsageError.
+  // Force the m-tile (0 = automatic, policy::block_m).
+  void set_block_m(int bm) { force_bm_ = bm; }
+  // Decode (m-tile 32) GEMMs on the Hopper wgmma engines (default) or on the mma.sync one (false).
+  void set_wgmma_decode(bool on) { wgmma_decode_ = on; }
+  // The decode wgmma engine's pipeline (tuning.wgmma_defer; the same results bitwise).
+  void set_wgmma_defer(bool on) { wgmma_defer_ = on; }
+  bool wgmma_defer() const { return wgmma_defer_; }
+  // CUTLASS GEMM1 as gate half + up half with SwiGLU in the epilogue (tuning.fused_swiglu).
+  void set_fused_swiglu(bool on) { fused_swiglu_ = on; }
+  bool fused_swiglu() const { return fused_swiglu_; }
+  // Bound of the widening scratch in bytes (tuning.widen_scratch_mb MiB); tests shrink it to force
+  // several chunks. 0 throws UsageError.
   void set_widen_scratch_bytes(size_t bytes);
   size_t widen_scratch_bytes() const { return widen_scratch_; }
-  // Widen-and-GEMM chunks of the last CUTLASS run (both GEMMs together; 0 when nothing was widened).
-  int last_widen_chunks() const { return last_widen_chunks_; }
-
-  // CUTLASS engine, GEMM1 on the bf16 GEMM with a bf16 intermediate (intermediate_quant none): run
-  // as its gate half and then its up half with SwiGLU in the epilogue (cutlass_swiglu.cu) instead of
-  // GEMM1 [rows][2I] plus a SwiGLU pass. Off by default (run 28, bf16 M 32768: 4.74 ms fused
-  // against 4.71 without: two N = I GEMMs cost more than the pass they remove);
-  // EPMOE_CUTLASS_SWIGLU=0|1 (read by the constructor) or set_fused_swiglu override it.
-  void set_fused_swiglu(bool on) { fused_swiglu_ = on; }
-  // Whether the last CUTLASS run fused SwiGLU into GEMM1.
-  bool last_swiglu_fused() const { return last_swiglu_fused_; }
-  // "<n>" (MiB, 1..2^24) -> bytes; anything else throws UsageError naming `what`.
-  static size_t parse_scratch_mb(const std::string& s, const char* what);
 
  private:
+  // The tables both paths route rows with (rows.h): rows per expert and their offsets, the
+  // permute's fill counters and (slot, k) -> row positions, and the m-tile table.
+  void reserve_routing(int E, int64_t max_tiles, int64_t max_rows);
   void check(const DispatchOutput& in, const ExpertWeights& w, const bf16_raw* y) const;
-  // Whether this call runs on the CUTLASS engine (host-side rule above), and that engine's run.
-  bool use_cutlass(const DispatchOutput& in, const ExpertWeights& w) const;
-  // Rows per local expert with full slots and balanced routing: S*K / max(cfg.num_experts, E_loc).
-  double expected_rows(const DispatchOutput& in) const;
   void run_cutlass(const DispatchOutput& in, const ExpertWeights& w, bf16_raw* y, cudaStream_t st);
   // swiglu_gate non-null: g is GEMM1 and each chunk runs as the fused pair (gate half into
   // swiglu_gate, up half with SwiGLU into g.out).
@@ -110,23 +101,15 @@ class CudaRunner final : public Runner {
   DeviceBuffer cnt_, offsets_, fill_, tiles_, num_tiles_, pair_pos_, a_, h_, o_;
   DeviceBuffer a8_, as_, h8_, hs_;  // fp8 operands of the wgmma fp8 engine (codes, transposed scales)
   Engine engine_ = Engine::automatic;
+  bool wgmma_defer_ = true;
   int sms_ = 0;
   DeviceBuffer gu_, cws_;  // CUTLASS engine: GEMM1 output [rows][2I] (gate | up), GEMM tables/workspace
   DeviceBuffer scratch_, inv_gs_;  // widened weights of one chunk; 1/gs of W13 and W2 (nvfp4) [2][E]
   size_t widen_scratch_ = size_t(1) << 30;
   int last_widen_chunks_ = 0;
   bool fused_swiglu_ = false, last_swiglu_fused_ = false;
-  std::string engines_;  // last_engines() of the CUTLASS engine (built per run)
+  std::string engines_;  // last_engines() when built per run
+  DeviceBuffer prep13_, prep2_;  // prepare(): nvfp4 weights in the decode engine's load order
 };
-
-// nvfp4 weights on the decode engine run fastest from a prepared copy (gemm_nvfp4_prepared.cu:
-// each weight tile's stages contiguous, in the order the threads load them, the code bits
-// permuted for a cheaper decode; the same bytes as data + scales, the same results bit for bit).
-// Writes the copies of w's nvfp4 matrices into w13 / w2 (grown as needed) and points
-// w.w13.prepared / w.w2.prepared at them, for each matrix the engine takes (K % 128 == 0, W13 with
-// I % 64 == 0); returns the bytes prepared (0 for other formats or shapes: nothing changes). The
-// copies must be redone if the weights change; data and scales stay in use (large-M GEMMs widen
-// from them). Enqueued on `stream`.
-size_t prepare_nvfp4_weights(ExpertWeights& w, DeviceBuffer& w13, DeviceBuffer& w2, cudaStream_t stream);
 
 }  // namespace epmoe::cuda

@@ -1,9 +1,9 @@
 // Widening of quantized expert weights to bf16 for the CUTLASS engine of the "cuda" runner: Hopper
 // has no bf16 x fp8 and no fp4 tensor-core op, so fp8 weights meeting a bf16 operand and nvfp4
 // weights are turned into bf16 in a bounded scratch buffer, a chunk of consecutive experts at a time,
-// and then run through the bf16 grouped GEMM (cutlass_bf16.cu).
+// and then run through the bf16 grouped GEMM (engine_cutlass_bf16.cu).
 //
-// Values (the same as the mma.sync engine builds in its B fragments, gemm_kernel.cuh):
+// Values (the same as the mma.sync engine builds in its B fragments, engine_mma.cuh):
 //   fp8  : bf16(e4m3 * fp32 tile scale), one rounding per weight;
 //   nvfp4: bf16(e2m1 * e4m3 block scale), exact (at most 6 significant bits); the per-expert global
 //          scale is NOT applied here: the GEMM's epilogue multiplies the fp32 accumulator by
@@ -19,7 +19,7 @@
 
 namespace epmoe::cuda::widen {
 
-// Default scratch bound (EPMOE_WIDEN_SCRATCH_MB overrides it in CudaRunner).
+// Default scratch bound (Tuning::widen_scratch_mb's default, 1024 MiB).
 constexpr size_t kDefaultScratchBytes = size_t(1) << 30;
 
 // Bytes of one expert of `m` widened to bf16 (rows * cols * 2).

@@ -1,4 +1,4 @@
-// Set-up shared by the tests of runner "cuda" (test_runner_cuda.cpp, test_cutlass_gemm.cu): device
+// Set-up shared by the tests of runner "cuda" (test_runner.cpp, test_runner_cutlass.cu): device
 // copies of host weights and of a host DispatchOutput, the configuration of a one-rank problem,
 // random weights, a received batch built by the real dispatch plan, and the bound of design.md 3.6
 // that both files state (max|a-b|/max|ref| <= 3e-2, 1-cos <= 1e-3).

@@ -16,7 +16,7 @@
 
 #include "core/cuda/check.h"
 #include "epmoe/error.h"
-#include "run/cuda/gemm.h"
+#include "run/cuda/engine.h"
 #include "run/cuda/silu.cuh"
 
 namespace epmoe::cuda::gemm {

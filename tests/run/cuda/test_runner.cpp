@@ -15,7 +15,7 @@
 #include "epmoe/error.h"
 #include "epmoe/quant.h"
 #include "quant/cuda/gpu_test_util.h"
-#include "run/cuda/gemm.h"
+#include "run/cuda/engine.h"
 #include "run/cuda/runner.h"
 #include "run/cuda/runner_test_util.h"
 #include "run/reference.h"
@@ -237,6 +237,39 @@ TEST(CudaRunner, RejectsMismatchedWeights) {
   in.device = DeviceKind::cuda;
   Dev<bf16_raw> y(4 * 256);
   EXPECT_THROW(runner.run(in, dw, y.get(), nullptr), UsageError);
+}
+
+
+// The prepare step (Runner::prepare, called by MoeLayer): nvfp4 weights get the decode engine's
+// prepared copies, owned by the runner, with tuning.nvfp4_prepare; other formats, and nvfp4 with
+// the option off, are left as they are. The copies give the same bits as the natural layout
+// (expect_prepared_equal) and say so in the engine names.
+TEST(CudaRunner, PrepareStep) {
+  EPMOE_REQUIRE_GPU();
+  std::mt19937 rng(11);
+  const int H = 256, I = 128, E = 4;
+  for (const WeightFormat wf : {WeightFormat::nvfp4, WeightFormat::bf16, WeightFormat::fp8}) {
+    for (const bool on : {true, false}) {
+      SCOPED_TRACE(std::string(format_name(wf)) + (on ? " prepare on" : " prepare off"));
+      Problem p{H, I, E, 2, 8, ActFormat::bf16, wf};
+      MoeConfig cfg = make_cfg(p);
+      cfg.tuning.nvfp4_prepare = on;
+      const TestWeights wt(rng, E, H, I, wf);
+      ExpertWeights w = wt.on_device;
+      cuda::CudaRunner runner(cfg, 0);
+      const size_t bytes = runner.prepare(w, nullptr);
+      if (wf == WeightFormat::nvfp4 && on) {
+        EXPECT_EQ(bytes, cuda::nvfp4_prepared_bytes(w.w13, true, I) + cuda::nvfp4_prepared_bytes(w.w2, false, H));
+        EXPECT_NE(w.w13.prepared, nullptr);
+        EXPECT_NE(w.w2.prepared, nullptr);
+        EXPECT_EQ(w.w13.data, wt.on_device.w13.data) << "data and scales stay in use";
+      } else {
+        EXPECT_EQ(bytes, 0u);
+        EXPECT_EQ(w.w13.prepared, nullptr);
+        EXPECT_EQ(w.w2.prepared, nullptr);
+      }
+    }
+  }
 }
 
 }  // namespace

@@ -31,7 +31,7 @@
 // two whole 32-byte sectors; 8 scale bytes; two SW128 token atoms), 3 ring slots loaded 1 stage
 // ahead (run 28: 1.50 / 1.66 ms at M 128 / 2048 against 1.59 / 1.75 with 4 slots 2 ahead; with
 // the L2 hints below the copies mostly hit L2), persistent grid over one flat stream of (tile,
-// k-stage) steps like gemm_wgmma.cuh.
+// k-stage) steps like engine_wgmma.cuh.
 // A stage is two batches of 8 wgmmas (one per 64-K sub-block), each from its own set of A
 // registers, and a batch is waited for only when its registers are about to be refilled: the
 // decode of one sub-block runs while the tensor cores work on the previous one (before: decode,
@@ -52,7 +52,7 @@
 // Tried and not kept (run 28): 256-K stages (a whole line per row and stage, 34 KB stages, 2 CTAs
 // per SM): 1.48-1.50 ms at M 128 (same), 1.88 at M 2048 (worse, from 1.66).
 //
-#include "run/cuda/nvfp4_wgmma.cuh"
+#include "run/cuda/engine_wgmma_nvfp4.cuh"
 
 namespace epmoe::cuda::wgf4 {
 namespace {
@@ -141,7 +141,7 @@ __global__ void __launch_bounds__(kThreads) nvfp4_wgmma_kernel(GemmArgs p) {
   const int tr = tid >> 2, tq = tid & 3;
   // Weight loads: chunk ch = tid % 4 of tile rows wq + 32 j (j = 0, 1 in half 0; 2, 3 in half 1);
   // (wq + 32 j) & 2 = wq & 2, so one shared offset serves every chunk. Scales: row tid.
-  // A load cursor as in gemm_wgmma.cuh: a tile's pointers and masks are computed when the cursor
+  // A load cursor as in engine_wgmma.cuh: a tile's pointers and masks are computed when the cursor
   // enters it and the next tile's table entry is read a tile ahead, so a stage's copies are
   // pointer adds rather than per-step divisions, a dependent table load and row arithmetic.
   const int wq = tid >> 2, ch = tid & 3;

@@ -29,10 +29,10 @@
 //              run while the CTA synchronizes and issues the loads of the next. The stage being
 //              computed may still be read while the loads of s + 3 land, hence a fifth ring slot
 //              (5 x 21 KB, still two CTAs per SM). Tile ends wait at once (the epilogue needs the
-//              sums). Chosen by EPMOE_WGMMA_DEFER (default 1, deferred; see gemm_wgmma.cu).
+//              sums). Chosen per launch by GemmArgs::wgmma_defer (default deferred, engine_wgmma.cu).
 #pragma once
 #include "epmoe/numeric.h"
-#include "run/cuda/gemm_kernel.cuh"
+#include "run/cuda/engine_mma.cuh"
 #include "run/cuda/nvfp4_layout.h"
 
 namespace epmoe::cuda::wg {
@@ -84,7 +84,7 @@ __device__ __forceinline__ void reg_fence(float (&d)[16]) {
   for (int i = 0; i < 16; ++i) asm volatile("" : "+f"(d[i])::"memory");
 }
 
-// The tiles both decode engines (this file and gemm_nvfp4_wgmma.cu) walk: the flat list of (m-tile,
+// The tiles both decode engines (this file and engine_wgmma_nvfp4.cu) walk: the flat list of (m-tile,
 // weight tile) pairs, of which a CTA of the persistent grid takes blockIdx.x, + gridDim.x, ...
 // (`local` counts them). A weight tile is kRowsW rows; fused (GEMM1): rows 0-63 gate n0.., rows
 // 64-127 up I+n0.. (N = I, a multiple of 64, so every row exists), so each thread holds gate and up

@@ -1,7 +1,7 @@
-// CUTLASS engine, bf16 instantiation (see cutlass_gemm.h), and the SwiGLU pass between the two
+// CUTLASS engine, bf16 instantiation (see engine_cutlass.h), and the SwiGLU pass between the two
 // grouped GEMMs (shared by the bf16 and fp8 engines; it has no CUTLASS code).
 #define EPMOE_CUTLASS_GROUPED_IMPL 1
-#include "run/cuda/cutlass_gemm.h"
+#include "run/cuda/engine_cutlass.h"
 
 #include <cuda_bf16.h>
 

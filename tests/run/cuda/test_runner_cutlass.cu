@@ -1,5 +1,5 @@
-// Runner "cuda" on its CUTLASS engine (src/run/cuda/cutlass_*.cu) vs the CPU reference runner, with
-// the bound of test_runner_cuda.cpp (max|a-b|/max|ref| <= 3e-2, 1-cos <= 1e-3): bf16 weights (bf16,
+// Runner "cuda" on its CUTLASS engine (runner_cutlass.cu, engine_cutlass_*.cu) vs the CPU reference runner, with
+// the bound of test_runner.cpp (max|a-b|/max|ref| <= 3e-2, 1-cos <= 1e-3): bf16 weights (bf16,
 // fp8 and nvfp4 dispatch), fp8 weights with an fp8 dispatch (GEMM1 on e4m3 x e4m3 with block
 // scales; GEMM2 fp8 with intermediate_quant = fp8, else bf16 on W2 widened to bf16), fp8 weights
 // with a bf16 dispatch (W13 widened), nvfp4 weights (both widened, 1/gs as the epilogue alpha) with
@@ -8,13 +8,12 @@
 // experts with no rows, everything on one expert (odd m-tile counts, so a cluster of two m-tiles
 // has an empty half), T = 1 and tokens with no expert. Large M at DeepSeek-V3 expert shapes: the
 // whole output against the mma engine (itself checked against the reference in
-// test_runner_cuda.cpp) and the first tokens against the reference. Also the engine rule and the
-// EPMOE_RUNNER_ENGINE parsing.
+// test_runner.cpp) and the first tokens against the reference. Also the engine rule (policy.h)
+// and the tuning options the engine reads.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cstdio>
-#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <string>
@@ -23,7 +22,7 @@
 #include "epmoe/error.h"
 #include "epmoe/quant.h"
 #include "quant/cuda/gpu_test_util.h"
-#include "run/cuda/cutlass_gemm.h"
+#include "run/cuda/engine_cutlass.h"
 #include "run/cuda/runner.h"
 #include "run/cuda/runner_test_util.h"
 #include "run/cuda/widen.h"
@@ -317,7 +316,7 @@ TEST(CutlassEngine, LargeMDeepSeekShapes) {
   for (const Problem& p : problems) run_problem(p, seed++);
 }
 
-// The automatic rule: CUTLASS from R*C*K / E_loc >= kCutlassMinRows on, for every weight format
+// The automatic rule: CUTLASS from R*C*K / E_loc >= policy::kCutlassMinRows on, for every weight format
 // (nvfp4 weights and fp8 weights with a bf16 operand are widened).
 TEST(CutlassEngine, AutomaticChoice) {
   EPMOE_REQUIRE_GPU();
@@ -554,57 +553,50 @@ TEST(CutlassEngine, GraphReplayEqualsEager) {
   }
 }
 
+// The engine names of tuning.engine (options.h; the environment reader and the CLI use the same
+// parser), and the bound of tuning.widen_scratch_mb: whole MiB, positive, at most 2^24.
 TEST(CutlassEngine, EngineNames) {
-  using R = cuda::CudaRunner;
-  EXPECT_EQ(R::parse_engine("auto", "x"), Engine::automatic);
-  EXPECT_EQ(R::parse_engine("mma", "x"), Engine::mma);
-  EXPECT_EQ(R::parse_engine("cutlass", "x"), Engine::cutlass);
-  try {
-    R::parse_engine("cublas", "EPMOE_RUNNER_ENGINE");
-    ADD_FAILURE() << "no UsageError";
-  } catch (const UsageError& e) {
-    const std::string m = e.what();
-    EXPECT_NE(m.find("EPMOE_RUNNER_ENGINE"), std::string::npos) << m;
-    EXPECT_NE(m.find("cublas"), std::string::npos) << m;
-    EXPECT_NE(m.find("auto, mma or cutlass"), std::string::npos) << m;
-  }
-  // EPMOE_WIDEN_SCRATCH_MB: whole MiB, positive.
-  EXPECT_EQ(R::parse_scratch_mb("1024", "x"), size_t(1) << 30);
-  EXPECT_EQ(R::parse_scratch_mb("3", "x"), size_t(3) << 20);
-  for (const char* bad : {"0", "-5", "12x", "1.5", " 7", "99999999999"}) {
-    try {
-      R::parse_scratch_mb(bad, "EPMOE_WIDEN_SCRATCH_MB");
-      ADD_FAILURE() << "no UsageError for '" << bad << "'";
-    } catch (const UsageError& e) {
-      const std::string m = e.what();
-      EXPECT_NE(m.find("EPMOE_WIDEN_SCRATCH_MB"), std::string::npos) << m;
-      EXPECT_NE(m.find(std::string("'") + bad + "'"), std::string::npos) << m;
-    }
+  RunnerEngine e = RunnerEngine::mma;
+  ASSERT_TRUE(parse_engine("auto", e));
+  EXPECT_EQ(e, Engine::automatic);
+  ASSERT_TRUE(parse_engine("mma", e));
+  EXPECT_EQ(e, Engine::mma);
+  ASSERT_TRUE(parse_engine("cutlass", e));
+  EXPECT_EQ(e, Engine::cutlass);
+  EXPECT_FALSE(parse_engine("cublas", e));
+  EXPECT_EQ(e, Engine::cutlass) << "a failed parse leaves the value";
+  Tuning t;
+  t.widen_scratch_mb = 1024;
+  EXPECT_TRUE(validate(t).empty());
+  const MoeConfig cfg = [] {
+    MoeConfig c;
+    c.tuning.widen_scratch_mb = 3;
+    return c;
+  }();
+  EXPECT_EQ(cuda::CudaRunner(cfg, 0).widen_scratch_bytes(), size_t(3) << 20);
+  for (const int bad : {0, -5, (1 << 24) + 1}) {
+    t.widen_scratch_mb = bad;
+    const std::vector<ConfigIssue> is = validate(t);
+    ASSERT_EQ(is.size(), 1u) << bad;
+    EXPECT_EQ(is[0].field, "tuning.widen_scratch_mb");
+    EXPECT_NE(is[0].message.find(std::to_string(bad)), std::string::npos) << is[0].message;
   }
 }
 
-// EPMOE_CUTLASS_SWIGLU: 0 or 1, anything else a UsageError naming it (read by the constructor,
-// which touches no GPU).
+// tuning.fused_swiglu reaches the runner (the constructor touches no GPU and throws nothing);
+// set_fused_swiglu overrides it.
 TEST(CutlassEngine, FusedSwigluSwitch) {
   const Problem p{1024, 512, 8, 2, 16, ActFormat::bf16, WeightFormat::bf16, kNone, Load::uniform, -1, -1, false, kBf16,
                   "switch"};
-  const MoeConfig cfg = make_cfg(p);
-  for (const char* bad : {"2", "on", "yes"}) {
-    setenv("EPMOE_CUTLASS_SWIGLU", bad, 1);
-    try {
-      cuda::CudaRunner r(cfg, 0);
-      ADD_FAILURE() << "no UsageError for '" << bad << "'";
-    } catch (const UsageError& e) {
-      const std::string m = e.what();
-      EXPECT_NE(m.find("EPMOE_CUTLASS_SWIGLU"), std::string::npos) << m;
-      EXPECT_NE(m.find(std::string("'") + bad + "'"), std::string::npos) << m;
-    }
+  for (const bool on : {false, true}) {
+    MoeConfig cfg = make_cfg(p);
+    cfg.tuning.fused_swiglu = on;
+    EXPECT_TRUE(validate(cfg.tuning).empty());
+    cuda::CudaRunner r(cfg, 0);
+    EXPECT_EQ(r.fused_swiglu(), on);
+    r.set_fused_swiglu(!on);
+    EXPECT_EQ(r.fused_swiglu(), !on);
   }
-  for (const char* good : {"0", "1"}) {
-    setenv("EPMOE_CUTLASS_SWIGLU", good, 1);
-    EXPECT_NO_THROW(cuda::CudaRunner(cfg, 0)) << good;
-  }
-  unsetenv("EPMOE_CUTLASS_SWIGLU");
 }
 
 }  // namespace

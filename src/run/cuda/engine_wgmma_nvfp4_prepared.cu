@@ -1,5 +1,5 @@
 // The nvfp4 register-decode wgmma kernel on PREPARED weights: the same tiles, K order, decode and
-// wgmmas as gemm_nvfp4_wgmma.cu (bitwise the same outputs), but the weights come from a copy made
+// wgmmas as engine_wgmma_nvfp4.cu (bitwise the same outputs), but the weights come from a copy made
 // once (prepare_nvfp4_weights) in which every (weight tile, 128-K stage) is one contiguous 9 KB
 // block ordered by the thread that decodes it, so they go from global memory straight into
 // registers: no shared-memory ring, no per-row scale requests.
@@ -37,7 +37,7 @@
 // 1.222 ms. Neither deeper loads nor cheaper MMAs moved it (runs 50-51): the weight stages in a
 // shared-memory ring filled by TMA bulk copies, 4 ahead (161 registers, 3 CTAs/SM) 1.237 / 1.330;
 // the same with mma.sync m16n8k16 on the n8 groups that hold tokens (134 registers) 1.186 / 1.375.
-#include "run/cuda/nvfp4_wgmma.cuh"
+#include "run/cuda/engine_wgmma_nvfp4.cuh"
 
 namespace epmoe::cuda::wgf4p {
 namespace {

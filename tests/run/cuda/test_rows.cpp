@@ -12,7 +12,7 @@
 #include <random>
 #include <vector>
 
-#include "run/cuda/cutlass_gemm.h"
+#include "run/cuda/engine_cutlass.h"
 #include "run/cuda/rows.h"
 #include "run/cuda/runner_test_util.h"
 

@@ -1,4 +1,4 @@
-// CUTLASS engine, GEMM1's up half with SwiGLU fused into its epilogue (see cutlass_gemm.h).
+// CUTLASS engine, GEMM1's up half with SwiGLU fused into its epilogue (see engine_cutlass.h).
 //
 // Why two GEMMs and a source: CUTLASS's epilogue works on one output tile, and in W13 the gate
 // and up rows of an intermediate column are I rows apart, so a tile of the whole GEMM1 never holds
@@ -11,7 +11,7 @@
 // Numerics: the gate is rounded to bf16 as before; the up half is not rounded before the product
 // (the unfused pass read it as bf16), as in the decode engines' fused epilogues.
 #define EPMOE_CUTLASS_GROUPED_IMPL 1
-#include "run/cuda/cutlass_gemm.h"
+#include "run/cuda/engine_cutlass.h"
 
 #include <string>
 
@@ -57,7 +57,7 @@ struct SwigluFn<cutlass::Array<float, N>> {
   }
 };
 
-// Same tiles and cluster as the bf16 GEMM (cutlass_bf16.cu).
+// Same tiles and cluster as the bf16 GEMM (engine_cutlass_bf16.cu).
 using TileShape = Shape<_128, _256, _64>;
 using ClusterShape = Shape<_2, _1, _1>;
 using Element = cutlass::bfloat16_t;

@@ -1,5 +1,5 @@
 // Grouped GEMM instantiation for bf16 weights (one format per file so that they build in parallel).
-#include "run/cuda/gemm_kernel.cuh"
+#include "run/cuda/engine_mma.cuh"
 
 namespace epmoe::cuda {
 

@@ -1,5 +1,5 @@
 // The CUTLASS engine of the "cuda" runner: Hopper grouped GEMMs (wgmma + TMA, warp-specialized,
-// persistent, one GEMM per local expert) for large M, where the mma.sync engine of gemm_kernel.cuh
+// persistent, one GEMM per local expert) for large M, where the mma.sync engine of engine_mma.cuh
 // is far from the tensor-core peak.
 //
 // Shapes never reach the host: a small device kernel turns the runner's device counts/offsets into
@@ -8,8 +8,8 @@
 // whole engine is CUDA-graph capturable.
 //
 // Two instantiations, one per .cu so that they build in parallel:
-//   cutlass_bf16.cu: bf16 x bf16 -> bf16, fp32 accumulation (tile 128x256x64, cluster 2x1);
-//   cutlass_fp8.cu : e4m3 x e4m3 -> bf16 with DeepSeek block scales (A: 1x128 fp32 per row,
+//   engine_cutlass_bf16.cu: bf16 x bf16 -> bf16, fp32 accumulation (tile 128x256x64, cluster 2x1);
+//   engine_cutlass_fp8.cu : e4m3 x e4m3 -> bf16 with DeepSeek block scales (A: 1x128 fp32 per row,
 //                    B: 128x128 fp32 tiles), promoted into fp32 every 128 of K (tile 128x128x128,
 //                    cluster 2x1).
 // Both clusters pair two m-tiles of one expert, so each weight tile is multicast to both.
@@ -57,7 +57,7 @@ void grouped_gemm_bf16(const Grouped& g, cudaStream_t stream);
 // The up half of GEMM1 with SwiGLU in its epilogue: out = bf16(silu(src) * alpha[e] * acc), src
 // being the gate half already run by grouped_gemm_bf16 (bf16, as the unfused pass reads it); the
 // up half is not rounded before the product. silu(g) = g / (1 + exp(-g)) with the fast exp, as
-// every other engine computes it (cutlass_swiglu.cu).
+// every other engine computes it (engine_cutlass_swiglu.cu).
 size_t swiglu_workspace_bytes(int experts, int sms);
 void grouped_gemm_bf16_swiglu(const Grouped& g, cudaStream_t stream);
 size_t fp8_workspace_bytes(int experts, int sms);
@@ -80,7 +80,7 @@ void swiglu(const bf16_raw* h, const int32_t* offsets, const int32_t* cnt, int E
 
 }  // namespace epmoe::cuda::cutlass_engine
 
-// ---- shared implementation of the two instantiations (cutlass_bf16.cu, cutlass_fp8.cu) ----------
+// ---- shared implementation of the two instantiations (engine_cutlass_bf16.cu, engine_cutlass_fp8.cu) ----
 // Only those files define EPMOE_CUTLASS_GROUPED_IMPL (and have the CUTLASS include directory).
 #if defined(EPMOE_CUTLASS_GROUPED_IMPL) && defined(EPMOE_WITH_CUTLASS)
 #include <string>
@@ -194,7 +194,7 @@ typename Gemm::Arguments make_args(const Tables<Gemm, kScaled, kSource>& t, int 
   args.epilogue.ptr_D = t.d;
   args.epilogue.dD = t.sd;
   if constexpr (kSource) {
-    // Tree (source, alpha, accumulator; node), cutlass_swiglu.cu: the ptr-array scalar broadcast
+    // Tree (source, alpha, accumulator; node), engine_cutlass_swiglu.cu: the ptr-array scalar broadcast
     // reads alpha[group * stride_L] for each tile's group, or 1 without alpha.
     args.epilogue.ptr_C = t.c;
     args.epilogue.dC = t.sc;

@@ -1,7 +1,7 @@
-// CUTLASS engine, fp8 instantiation (see cutlass_gemm.h): e4m3 x e4m3 grouped GEMM with DeepSeek
+// CUTLASS engine, fp8 instantiation (see engine_cutlass.h): e4m3 x e4m3 grouped GEMM with DeepSeek
 // block scales, and the fp8 permute that feeds it the dispatched bytes unchanged.
 #define EPMOE_CUTLASS_GROUPED_IMPL 1
-#include "run/cuda/cutlass_gemm.h"
+#include "run/cuda/engine_cutlass.h"
 
 #include <string>
 

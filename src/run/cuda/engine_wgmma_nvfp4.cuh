@@ -1,10 +1,10 @@
-// What the two nvfp4 register-decode wgmma kernels share (gemm_nvfp4_wgmma.cu reads the weights
-// through shared memory in their natural layout, gemm_nvfp4_prepared.cu straight into registers
+// What the two nvfp4 register-decode wgmma kernels share (engine_wgmma_nvfp4.cu reads the weights
+// through shared memory in their natural layout, engine_wgmma_nvfp4_prepared.cu straight into registers
 // from the prepared layout): the tile geometry, the decode of one thread's 16 codes of a row into
 // wgmma A fragments, the batch of wgmmas of one 64-K sub-block, and the epilogue. Both kernels run
 // the same arithmetic in the same order, so their outputs are bitwise equal (tested).
 #pragma once
-#include "run/cuda/gemm_wgmma.cuh"
+#include "run/cuda/engine_wgmma.cuh"
 #include "run/cuda/nvfp4_layout.h"
 
 namespace epmoe::cuda::wgf4 {

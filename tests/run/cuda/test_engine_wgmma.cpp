@@ -1,4 +1,4 @@
-// The decode wgmma engine's two pipelines (gemm_wgmma.cuh: plain, and deferred wait with a fifth
+// The decode wgmma engine's two pipelines (engine_wgmma.cuh: plain, and deferred wait with a fifth
 // ring slot) at the grouped-GEMM level: the same arithmetic in the same order, so the outputs must
 // be equal bit for bit, for bf16 and fp8 x fp8, fused (GEMM1 + SwiGLU) and plain (GEMM2) GEMMs,
 // several m-tiles per expert, partial m-tiles, empty experts, partial n-tiles. Outputs are poisoned
@@ -16,7 +16,8 @@
 #include "epmoe/numeric.h"
 #include "epmoe/quant.h"
 #include "quant/cuda/gpu_test_util.h"
-#include "run/cuda/gemm.h"
+#include "run/cuda/engine.h"
+#include "run/cuda/runner.h"
 
 namespace epmoe::test {
 namespace {
@@ -88,15 +89,13 @@ void run_case(const Case& c, uint32_t seed) {
     Dev<bf16_raw> out(size_t(std::max(total, 1)) * N);
     out.poison();
     g.out = out.get();
-    cuda::set_wgmma_defer(defer);
+    g.wgmma_defer = defer;
     if (c.fp8) cuda::launch_grouped_gemm_wgmma_fp8(g, nullptr);
     else cuda::launch_grouped_gemm_wgmma_bf16(g, nullptr);
     EPMOE_CUDA_CHECK(cudaDeviceSynchronize());
     return out.download();
   };
-  const bool before = cuda::wgmma_defer();
   const std::vector<bf16_raw> plain = run(false), deferred = run(true);
-  cuda::set_wgmma_defer(before);
 
   ASSERT_EQ(plain.size(), deferred.size());
   size_t differ = 0, unwritten = 0;
@@ -153,13 +152,20 @@ TEST(WgmmaPipeline, DeferredEqualsPlainBitwise) {
 }
 
 TEST(WgmmaPipeline, SetterOverridesTheDefault) {
-  // set_wgmma_defer overrides EPMOE_WGMMA_DEFER for the process; wgmma_defer reports the state.
-  const bool before = cuda::wgmma_defer();
-  cuda::set_wgmma_defer(true);
-  EXPECT_TRUE(cuda::wgmma_defer());
-  cuda::set_wgmma_defer(false);
-  EXPECT_FALSE(cuda::wgmma_defer());
-  cuda::set_wgmma_defer(before);
+  // The pipeline is a launch argument (no process state): deferred by default, as
+  // Tuning::wgmma_defer; the runner passes tuning.wgmma_defer and set_wgmma_defer overrides it.
+  EXPECT_TRUE(cuda::GemmArgs{}.wgmma_defer);
+  EXPECT_TRUE(Tuning{}.wgmma_defer);
+  for (const bool on : {false, true}) {
+    MoeConfig cfg;
+    cfg.tuning.wgmma_defer = on;
+    cuda::CudaRunner r(cfg, 0);
+    EXPECT_EQ(r.wgmma_defer(), on);
+    r.set_wgmma_defer(true);
+    EXPECT_TRUE(r.wgmma_defer());
+    r.set_wgmma_defer(false);
+    EXPECT_FALSE(r.wgmma_defer());
+  }
 }
 
 }  // namespace

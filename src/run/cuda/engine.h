@@ -1,7 +1,10 @@
-// Grouped GEMMs of the CUDA runner (host side). Rows of all experts are packed by expert into one
-// [rows][K] bf16 matrix A; a device-built tile table lists the m-tiles (expert, first row, rows),
-// and a device scalar how many there are, so launches never need the host to know the counts
-// (CUDA-graph capturable). Each CTA loops over (m-tile, n-tile) pairs (persistent grid).
+// The mma.sync and wgmma grouped-GEMM engines of the CUDA runner (host side; the CUTLASS engine
+// is engine_cutlass.h). Each engine lives in its own engine_*.cu (one translation unit each, so
+// that they build in parallel); which one a GEMM runs on is policy.h's choice. Rows of all
+// experts are packed by expert into one [rows][K] bf16 matrix A; a device-built tile table lists
+// the m-tiles (expert, first row, rows), and a device scalar how many there are, so launches never
+// need the host to know the counts (CUDA-graph capturable). Each CTA loops over (m-tile, n-tile)
+// pairs (persistent grid).
 #pragma once
 #include <cuda_runtime.h>
 
@@ -37,6 +40,9 @@ struct GemmArgs {
   // nvfp4 decode engine, fused GEMM1: write the output in that engine's K order (kperm_nvfp4_tokens)
   // because GEMM2 runs on it too.
   bool out_kperm = false;
+  // Decode wgmma engine (bf16, fp8): its deferred-wait pipeline (true, Tuning::wgmma_defer's
+  // default) or the plain one; the same results bitwise (engine_wgmma.cuh).
+  bool wgmma_defer = true;
 };
 
 // BM = rows per m-tile: 32 (decode: few rows per expert) or 128.
@@ -46,16 +52,12 @@ void launch_grouped_gemm_nvfp4(const GemmArgs& a, int bm, cudaStream_t stream);
 
 // Decode engine (m-tiles of 32 rows only): Hopper wgmma with the weights as the M operand.
 // bf16: W bf16 x A bf16. fp8: W fp8 (128x128 tile scales) x A8 e4m3 (per-128 scales), promoted
-// in fp32 per 128-K block. See gemm_wgmma.cuh.
+// in fp32 per 128-K block. See engine_wgmma.cuh.
 void launch_grouped_gemm_wgmma_bf16(const GemmArgs& a, cudaStream_t stream);
 void launch_grouped_gemm_wgmma_fp8(const GemmArgs& a, cudaStream_t stream);
-// Pipeline of those two: deferred wait (default) or plain, the same results bitwise (see
-// gemm_wgmma.cuh). EPMOE_WGMMA_DEFER=0|1 sets it at the first launch; set_wgmma_defer overrides it
-// for the whole process (tests and benchmarks compare the two).
-void set_wgmma_defer(bool on);
-bool wgmma_defer();
+// Their pipeline is GemmArgs::wgmma_defer (the runner passes MoeConfig::tuning.wgmma_defer).
 // nvfp4: W nvfp4 (e4m3 block-16 scales, per-expert global scale) x A bf16, the weights decoded to
-// bf16 in registers as wgmma's A operand (gemm_nvfp4_wgmma.cu). Needs K % 128 == 0 (and N % 64
+// bf16 in registers as wgmma's A operand (engine_wgmma_nvfp4.cu). Needs K % 128 == 0 (and N % 64
 // for the fused GEMM1): wgmma_nvfp4_supports says whether a GEMM qualifies. A must be in the
 // engine's K order: rows rewritten by kperm_nvfp4_tokens, or GEMM1 output with out_kperm.
 void launch_grouped_gemm_wgmma_nvfp4(const GemmArgs& a, cudaStream_t stream);
@@ -64,7 +66,7 @@ bool wgmma_nvfp4_supports(int K, int N, bool fused);
 // order (per 64-K block, natural 4-byte word 8t + m to word 4m + t). K % 64 == 0.
 void kperm_nvfp4_tokens(bf16_raw* A, const int32_t* offsets, const int32_t* cnt, int E, int K, int64_t max_rows,
                         cudaStream_t stream);
-// The same engine on prepared weights (W.prepared, gemm_nvfp4_prepared.cu): bitwise the same
+// The same engine on prepared weights (W.prepared, engine_wgmma_nvfp4_prepared.cu): bitwise the same
 // results, the weights loaded straight into registers. prepare_nvfp4_weights writes the prepared
 // copy of one matrix, nvfp4_prepared_bytes(m, fused, N) bytes at `out` (W13: fused, N = I; W2:
 // N = H), on `stream`; shapes wgmma_nvfp4_supports rejects throw UsageError.

@@ -1,0 +1,93 @@
+// Engine and tile choice of runner "cuda" (policy.h).
+#include "run/cuda/policy.h"
+
+#include <algorithm>
+#include <cstdint>
+#include <string>
+#include <utility>
+
+#include "run/cuda/engine.h"
+#include "run/cuda/engine_cutlass.h"
+#include "run/cuda/widen.h"
+
+namespace epmoe::cuda::policy {
+
+double expected_rows(const MoeConfig& cfg, const DispatchOutput& in) {
+  const int experts = std::max({cfg.num_experts, in.num_local_experts, 1});
+  return double(in.slots()) * in.top_k / experts;
+}
+
+int block_m(double expected_rows, int forced) {
+  if (forced) return forced;
+  return expected_rows <= kDecodeMaxRows ? kWgmmaBlockM : 128;
+}
+
+bool use_cutlass(RunnerEngine engine, WeightFormat wf, double expected_rows) {
+  if (engine == RunnerEngine::mma || !cutlass_engine::available()) return false;
+  if (engine == RunnerEngine::cutlass) return true;
+  const int min_rows = wf == WeightFormat::nvfp4 ? kCutlassMinRowsNvfp4 : kCutlassMinRows;
+  return expected_rows >= double(min_rows);
+}
+
+DecodeEngines decode_engines(bool wgmma_decode, int bm, WeightFormat wf, ActFormat act, IntermediateQuant iq,
+                             int hidden, int intermediate) {
+  const bool decode = wgmma_decode && bm == kWgmmaBlockM;
+  const int H = hidden, I = intermediate;
+  DecodeEngines d;
+  d.bf16 = decode && wf == WeightFormat::bf16;
+  d.fp8_1 = decode && wf == WeightFormat::fp8 && act == ActFormat::fp8;
+  d.fp8_2 = decode && wf == WeightFormat::fp8 && iq == IntermediateQuant::fp8;
+  d.nvfp4_1 = decode && wf == WeightFormat::nvfp4 && wgmma_nvfp4_supports(H, I, true);
+  d.nvfp4_2 = decode && wf == WeightFormat::nvfp4 && wgmma_nvfp4_supports(I, H, false);
+  return d;
+}
+
+const char* path_name(CutlassPath p, WeightFormat wf) {
+  if (p == CutlassPath::fp8) return "cutlass-fp8";
+  if (p == CutlassPath::bf16) return "cutlass-bf16";
+  return wf == WeightFormat::nvfp4 ? "cutlass-bf16(widened nvfp4)" : "cutlass-bf16(widened fp8)";
+}
+
+size_t CutlassPlan::scratch_bytes() const {
+  return std::max(gemm1 == CutlassPath::widened ? size_t(chunk1) * expert_bytes1 : 0,
+                  gemm2 == CutlassPath::widened ? size_t(chunk2) * expert_bytes2 : 0);
+}
+
+CutlassPlan cutlass_plan(const DispatchOutput& in, const ExpertWeights& w, IntermediateQuant iq, bool fused_swiglu,
+                         size_t widen_scratch_bytes) {
+  const int E = in.num_local_experts, H = in.hidden, I = w.intermediate;
+  const WeightFormat wf = w.w13.format;
+  const bool iq8 = iq == IntermediateQuant::fp8;
+  const bool fp8w = wf == WeightFormat::fp8;
+  const bool whole_tiles = H % 128 == 0 && I % 128 == 0;
+  // fp8 GEMM1: the dispatched e4m3 rows are the A operand as they are (16-byte row copies).
+  const bool fp8_1 = fp8w && in.format == ActFormat::fp8 && whole_tiles &&
+                     reinterpret_cast<uintptr_t>(in.payload) % 16 == 0 && w.w13.scales;
+  const bool fp8_2 = fp8w && iq8 && whole_tiles && w.w2.scales;
+  CutlassPlan p;
+  p.gemm1 = wf == WeightFormat::bf16 ? CutlassPath::bf16 : fp8_1 ? CutlassPath::fp8 : CutlassPath::widened;
+  p.gemm2 = wf == WeightFormat::bf16 ? CutlassPath::bf16 : fp8_2 ? CutlassPath::fp8 : CutlassPath::widened;
+  p.fused_swiglu = fused_swiglu && p.gemm1 != CutlassPath::fp8 && !iq8;
+  p.expert_bytes1 = widen::expert_bytes(w.w13);
+  p.expert_bytes2 = widen::expert_bytes(w.w2);
+  p.chunk1 = std::min(widen::chunk_experts(widen_scratch_bytes, p.expert_bytes1, E), 65535);
+  p.chunk2 = std::min(widen::chunk_experts(widen_scratch_bytes, p.expert_bytes2, E), 65535);
+  return p;
+}
+
+void check_config(const MoeConfig& cfg, std::vector<ConfigIssue>& issues) {
+  using Dim = std::pair<const char*, int>;
+  for (const auto& [field, v] : {Dim{"hidden", cfg.hidden}, Dim{"intermediate", cfg.intermediate}}) {
+    if (v >= 1 && v % 64 != 0)
+      issues.push_back({field, std::to_string(v),
+                        std::string(field) + "=" + std::to_string(v) +
+                            " is not a multiple of 64, which runner cuda's GEMM tiles require; use a multiple of 64 "
+                            "or runner reference"});
+  }
+  if (cfg.tuning.engine == RunnerEngine::cutlass && !cutlass_engine::available())
+    issues.push_back({"tuning.engine", engine_name(cfg.tuning.engine),
+                      "tuning.engine=cutlass, but this build has no CUTLASS (run scripts/setup.sh and re-run cmake), "
+                      "or use engine auto/mma"});
+}
+
+}  // namespace epmoe::cuda::policy

@@ -1,0 +1,92 @@
+// Engine and tile choice of runner "cuda": which engine each of a call's two GEMMs runs on, with
+// which m-tile, and how the CUTLASS engine's widened weights are chunked; plus the configuration
+// limits of the engines (check_config, the runner's RunnerInfo::check). Host-side rules from the
+// configuration, the tuning options and the call's shapes only, never device data, so that a
+// captured CUDA graph replays the choice it was captured with. The measured thresholds live here.
+#pragma once
+#include <cstddef>
+#include <vector>
+
+#include "epmoe/config.h"
+#include "epmoe/dispatch.h"
+#include "epmoe/runner.h"
+
+namespace epmoe::cuda::policy {
+
+// ---- m-tile -------------------------------------------------------------------------------------
+// Up to this many expected rows per expert, the GEMMs use 32-row m-tiles (the decode engines);
+// above, 128-row ones.
+constexpr double kDecodeMaxRows = 48.0;
+// Rows per local expert with full slots and balanced routing: the S*K (slot, k) pairs spread over
+// all cfg.num_experts experts, so S*K / E_total per local expert (with several ranks, most of a
+// slot's K ids name other ranks' experts: R*C*K / E_loc would overstate it R times).
+double expected_rows(const MoeConfig& cfg, const DispatchOutput& in);
+// 32 or 128 from expected_rows; `forced` (!= 0) wins (tests and benchmarks).
+int block_m(double expected_rows, int forced);
+
+// ---- CUTLASS or the decode engines ---------------------------------------------------------------
+// 33 = more than one 32-row decode m-tile: measured on an H200 (DeepSeek-V3 experts, 128 local),
+// 32 rows per expert: decode wgmma 3.3 ms vs CUTLASS 3.9 ms (bf16); 64 rows: CUTLASS 4.0 ms vs
+// 6.6 ms for the mma.sync kernel (bench/results/2026-11-29-run7-10-2xh200.md). Up to 32 rows an
+// expert fits one m-tile of the decode kernels, which stream each weight once; beyond, they would
+// stream it twice and CUTLASS's 128-row tiles win.
+constexpr int kCutlassMinRows = 33;
+// nvfp4 weights are widened to bf16 first (~6 ms for 128 DeepSeek-V3 experts), which the GEMMs
+// only repay at larger M: 64 rows per expert measured 10.3 ms widened vs 8.6 ms on mma.sync,
+// 256 rows 10.9 ms vs 17.6 ms.
+constexpr int kCutlassMinRowsNvfp4 = 128;
+// Whether a call runs on the CUTLASS engine. automatic: from kCutlassMinRows (nvfp4:
+// kCutlassMinRowsNvfp4) expected rows per expert on; cutlass: always; mma: never. Never in a build
+// without CUTLASS (validate() rejects engine cutlass there). Every weight format qualifies: what
+// CUTLASS has no kernel for is widened to bf16 (widen.h).
+bool use_cutlass(RunnerEngine engine, WeightFormat wf, double expected_rows);
+
+// ---- decode engines (m-tile 32) ------------------------------------------------------------------
+// Per GEMM (1: W13, 2: W2), whether it runs on a wgmma engine; a GEMM with none set runs on the
+// mma.sync engine (widened weights in its B fragments). bf16 weights: wgmma bf16; fp8 weights:
+// fp8 x fp8 wgmma where the operand arrives as fp8 (an fp8 dispatch for GEMM1,
+// intermediate_quant = fp8 for GEMM2); nvfp4 weights: wgmma with the weights decoded in registers
+// where K % 128 == 0 (wgmma_nvfp4_supports). Nothing is set unless `wgmma_decode` and bm == 32.
+struct DecodeEngines {
+  bool bf16 = false;
+  bool fp8_1 = false, fp8_2 = false;
+  bool nvfp4_1 = false, nvfp4_2 = false;
+};
+DecodeEngines decode_engines(bool wgmma_decode, int bm, WeightFormat wf, ActFormat act, IntermediateQuant iq,
+                             int hidden, int intermediate);
+
+// ---- CUTLASS engine (large M) --------------------------------------------------------------------
+// Operand path of one GEMM on the CUTLASS engine: bf16 weights on the bf16 GEMM; fp8 weights on
+// the fp8 x fp8 GEMM where the other operand is e4m3 already (GEMM1: fp8 dispatch with H, I % 128
+// == 0, a 16-byte aligned payload and weight scales; GEMM2: intermediate_quant = fp8), so that a
+// bf16 operand keeps its numerics (never requantized to e4m3); otherwise (fp8 with a bf16 operand,
+// nvfp4 always) widened to bf16 in a scratch buffer and run on the bf16 GEMM.
+enum class CutlassPath { bf16, fp8, widened };
+// "cutlass-bf16", "cutlass-fp8", "cutlass-bf16(widened fp8)", "cutlass-bf16(widened nvfp4)".
+const char* path_name(CutlassPath p, WeightFormat wf);
+
+struct CutlassPlan {
+  CutlassPath gemm1 = CutlassPath::bf16, gemm2 = CutlassPath::bf16;
+  // GEMM1 as its gate half and its up half with SwiGLU in the epilogue: asked for
+  // (tuning.fused_swiglu) and possible (GEMM1 on the bf16 GEMM, the intermediate stays bf16).
+  bool fused_swiglu = false;
+  // Widened weights: bytes of one expert of W13 / W2 in bf16, and experts per widen-and-GEMM chunk,
+  // as many whole experts as fit in the scratch bound (at least one, at most 65535), from the
+  // configuration alone so that graph replays see the same chunks.
+  size_t expert_bytes1 = 0, expert_bytes2 = 0;
+  int chunk1 = 0, chunk2 = 0;
+  // The scratch buffer both GEMMs' chunks share (0 when nothing is widened).
+  size_t scratch_bytes() const;
+};
+CutlassPlan cutlass_plan(const DispatchOutput& in, const ExpertWeights& w, IntermediateQuant iq, bool fused_swiglu,
+                         size_t widen_scratch_bytes);
+
+// ---- configuration limits --------------------------------------------------------------------------
+// The engines' limits on a configuration (RunnerInfo::check of runner "cuda", called by
+// validate()): hidden and intermediate multiples of 64 (the tiles), engine cutlass only in a build
+// with CUTLASS. top_k <= 32 and intermediate % 128 with intermediate_quant = fp8 are limits of the
+// runner too, but validate() already enforces them (top_k <= 16, the fp8 intermediate's blocks) for
+// every runner, so they are not reported twice.
+void check_config(const MoeConfig& cfg, std::vector<ConfigIssue>& issues);
+
+}  // namespace epmoe::cuda::policy

@@ -1,0 +1,23 @@
+// Weight preparation of runner "cuda", done once when a layer is built (CudaRunner::prepare, the
+// Runner::prepare step): nvfp4 weights on the decode engine run fastest from a prepared copy
+// (engine_wgmma_nvfp4_prepared.cu: each weight tile's stages contiguous, in the order the threads
+// load them, the code bits permuted for a cheaper decode; the same bytes as data + scales, the same
+// results bit for bit).
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cstddef>
+
+#include "core/cuda/check.h"
+#include "epmoe/runner.h"
+
+namespace epmoe::cuda {
+
+// Writes the copies of w's nvfp4 matrices into w13 / w2 (grown as needed) and points
+// w.w13.prepared / w.w2.prepared at them, for each matrix the engine takes (K % 128 == 0, W13 with
+// I % 64 == 0); returns the bytes prepared (0 for other formats or shapes: nothing changes). The
+// copies must be redone if the weights change; data and scales stay in use (large-M GEMMs widen
+// from them). Enqueued on `stream` on the current device.
+size_t prepare_nvfp4_weights(ExpertWeights& w, DeviceBuffer& w13, DeviceBuffer& w2, cudaStream_t stream);
+
+}  // namespace epmoe::cuda

@@ -1,0 +1,201 @@
+// Runner "cuda", the CUTLASS engine's path (large M; policy::use_cutlass chooses it): per GEMM
+// the operand path of policy::cutlass_plan, widened weights in chunks through one scratch buffer.
+#include <algorithm>
+#include <string>
+
+#include "run/cuda/engine.h"
+#include "run/cuda/engine_cutlass.h"
+#include "run/cuda/policy.h"
+#include "run/cuda/rows.h"
+#include "run/cuda/runner.h"
+#include "run/cuda/widen.h"
+
+namespace epmoe::cuda {
+
+namespace {
+
+// GEMM1 `g` (N = 2I, W = W13 of g.experts experts, out = the intermediate [rows][I]) as its gate
+// half into `gate` [rows][I] and its up half with SwiGLU in the epilogue, reading `gate`.
+void gemm1_swiglu(const cutlass_engine::Grouped& g, bf16_raw* gate, cudaStream_t st) {
+  const int I = g.N / 2;
+  cutlass_engine::Grouped half = g;
+  half.N = I;
+  half.w_expert_stride = int64_t(2) * I * g.K;
+  half.out = gate;
+  cutlass_engine::grouped_gemm_bf16(half, st);
+  half.W = static_cast<const bf16_raw*>(g.W) + int64_t(I) * g.K;
+  half.src = gate;
+  half.out = g.out;
+  cutlass_engine::grouped_gemm_bf16_swiglu(half, st);
+}
+
+}  // namespace
+
+// Runs grouped GEMM `g` (bf16 A) with the weights of `m` widened to bf16, a chunk of `chunk`
+// consecutive experts at a time through `scratch`. A chunk is the same grouped GEMM restricted to
+// experts [e0, e0 + n): rows + e0 and offsets + e0 still address the full A and out matrices (the
+// offsets are absolute), only W points at the chunk's widened copy. Chunks reuse one scratch
+// buffer: the next widen is stream-ordered after the previous GEMM, which is what bounds memory.
+// Returns the number of chunks (a host bound, independent of the device counts).
+int CudaRunner::run_widened(const cutlass_engine::Grouped& g, const MatrixView& m, const float* alpha, int chunk,
+                            cudaStream_t st, bf16_raw* swiglu_gate) {
+  int chunks = 0;
+  for (int e0 = 0; e0 < g.experts; e0 += chunk, ++chunks) {
+    const int n = std::min(chunk, g.experts - e0);
+    widen::to_bf16(m, e0, n, g.rows, scratch_.get<bf16_raw>(), st);  // rows indexed by absolute expert
+    cutlass_engine::Grouped c = g;
+    c.experts = n;
+    c.rows = g.rows + e0;
+    c.offsets = g.offsets + e0;
+    c.W = scratch_.get();
+    c.sfa = nullptr;
+    c.sfw = nullptr;
+    c.alpha = alpha ? alpha + e0 : nullptr;
+    if (swiglu_gate)
+      gemm1_swiglu(c, swiglu_gate, st);
+    else
+      cutlass_engine::grouped_gemm_bf16(c, st);
+  }
+  return chunks;
+}
+
+// count -> offsets -> permute (bf16 rows, or the e4m3 rows + scales as dispatched) -> GEMM1
+// [rows][2I] (gate | up) -> SwiGLU (bf16; fp8 round trip or e4m3 + scales per intermediate_quant)
+// -> GEMM2 -> weighted sum. Where GEMM1 runs on the bf16 GEMM and the intermediate stays bf16,
+// GEMM1 and the SwiGLU pass are instead its gate half [rows][I] and its up half with SwiGLU in the
+// epilogue (gemm1_swiglu, engine_cutlass_swiglu.cu). Per GEMM the operand path is (policy.h):
+//   bf16 weights: CUTLASS bf16;
+//   fp8 weights: CUTLASS fp8 where the other operand is e4m3 already (GEMM1: fp8 dispatch, GEMM2:
+//     intermediate_quant = fp8), else widened to bf16(e4m3 * tile scale) + CUTLASS bf16, so that a
+//     bf16 operand keeps its numerics (never requantized to e4m3);
+//   nvfp4 weights: widened to bf16(e2m1 * block scale) + CUTLASS bf16 with alpha = 1/gs per expert.
+// Where 1/gs goes: into the bf16 GEMM's epilogue as a per-group alpha (a runtime argument of the
+// existing instantiation), so it multiplies the fp32 accumulator before the one bf16 rounding,
+// exactly as the mma.sync and wgmma engines do; applying it later (in the SwiGLU pass, or in the
+// weighted sum, which would need each row's expert) would scale an already rounded value.
+// Widened GEMMs run as all GEMM1 chunks, the SwiGLU pass once over all rows, then all GEMM2 chunks:
+// the SwiGLU pass and the intermediate's fp8 quantization stay one launch each, and both GEMMs
+// share one scratch buffer (W13 chunks, then W2 chunks).
+void CudaRunner::run_cutlass(const DispatchOutput& in, const ExpertWeights& w, bf16_raw* y, cudaStream_t st) {
+  using policy::CutlassPath;
+  const int64_t S = in.slots();
+  const int C = in.capacity, K = in.top_k, E = in.num_local_experts, H = in.hidden, I = w.intermediate;
+  const int64_t max_rows = S * K;
+  const WeightFormat wf = w.w13.format;
+  const bool iq8 = cfg_.intermediate_quant == IntermediateQuant::fp8;
+  const policy::CutlassPlan plan = policy::cutlass_plan(in, w, cfg_.intermediate_quant, fused_swiglu_, widen_scratch_);
+  const CutlassPath p1 = plan.gemm1, p2 = plan.gemm2;
+  const bool fp8_1 = p1 == CutlassPath::fp8, fp8_2 = p2 == CutlassPath::fp8;
+  const bool nvfp4 = wf == WeightFormat::nvfp4;
+  const bool fuse = plan.fused_swiglu;
+  last_swiglu_fused_ = fuse;
+  const int bm = 128;  // the offsets kernel also writes an m-tile table; CUTLASS does not read it
+  const int64_t max_tiles = (max_rows + bm - 1) / bm + E;
+  last_bm_ = bm;
+  engines_ = std::string(policy::path_name(p1, wf)) + "/" + policy::path_name(p2, wf);
+  last_engines_ = engines_.c_str();
+
+  if (sms_ == 0) EPMOE_CUDA_CHECK(cudaDeviceGetAttribute(&sms_, cudaDevAttrMultiProcessorCount, device_));
+  // GEMMs run one after the other on the stream, so they share one workspace (sized for a full
+  // group count; a chunk has fewer groups).
+  const bool any_fp8 = p1 == CutlassPath::fp8 || p2 == CutlassPath::fp8;
+  const bool any_bf16 = p1 != CutlassPath::fp8 || p2 != CutlassPath::fp8;
+  cws_.reserve(std::max({any_fp8 ? cutlass_engine::fp8_workspace_bytes(E, sms_) : 0,
+                         any_bf16 ? cutlass_engine::bf16_workspace_bytes(E, sms_) : 0,
+                         fuse ? cutlass_engine::swiglu_workspace_bytes(E, sms_) : 0}));
+  const int chunk1 = plan.chunk1, chunk2 = plan.chunk2;
+  scratch_.reserve(plan.scratch_bytes());
+  reserve_routing(E, max_tiles, max_rows);
+  gu_.reserve(size_t(max_rows) * 2 * I * 2);
+  o_.reserve(size_t(max_rows) * H * 2);
+  if (fp8_1) {
+    a8_.reserve(size_t(max_rows) * H);
+    as_.reserve(size_t(max_rows) * (H / 128) * 4);
+  } else {
+    a_.reserve(size_t(max_rows) * H * 2);
+  }
+  if (fp8_2) {
+    h8_.reserve(size_t(max_rows) * I);
+    hs_.reserve(size_t(max_rows) * (I / 128) * 4);
+  } else {
+    h_.reserve(size_t(max_rows) * I * 2);
+  }
+  if (nvfp4) {
+    inv_gs_.reserve(size_t(E) * 2 * sizeof(float));
+    widen::inverse_scales(w.w13.global_scale, E, inv_gs_.get<float>(), st);
+    widen::inverse_scales(w.w2.global_scale, E, inv_gs_.get<float>() + E, st);
+  }
+
+  launch_count(in, bm, cnt_.get<int32_t>(), offsets_.get<int32_t>(), fill_.get<int32_t>(), tiles_.get<MTile>(),
+               num_tiles_.get<int32_t>(), st);
+  if (fp8_1) {
+    cutlass_engine::permute_fp8(in.payload, reinterpret_cast<const float*>(in.scales), in.local_ids, in.counts, S, C, K,
+                                E, H, offsets_.get<int32_t>(), fill_.get<int32_t>(), pair_pos_.get<int32_t>(),
+                                a8_.get<uint8_t>(), as_.get<float>(), st);
+  } else {
+    launch_permute_bf16(in, offsets_.get<int32_t>(), fill_.get<int32_t>(), pair_pos_.get<int32_t>(),
+                        a_.get<bf16_raw>(), st);
+  }
+
+  last_widen_chunks_ = 0;
+  cutlass_engine::Grouped g1;
+  g1.experts = E;
+  g1.N = 2 * I;
+  g1.K = H;
+  g1.rows = cnt_.get<int32_t>();
+  g1.offsets = offsets_.get<int32_t>();
+  g1.W = w.w13.data;
+  g1.out = gu_.get<bf16_raw>();
+  g1.workspace = cws_.get();
+  g1.sms = sms_;
+  if (p1 == CutlassPath::fp8) {
+    g1.A = a8_.get<uint8_t>();
+    g1.sfa = as_.get<float>();
+    g1.sfw = static_cast<const float*>(w.w13.scales);
+    cutlass_engine::grouped_gemm_fp8(g1, st);
+  } else if (fuse) {
+    // gu_ holds the gate half [rows][I]; the up half's epilogue writes the intermediate into h_.
+    g1.A = a_.get<bf16_raw>();
+    g1.out = h_.get<bf16_raw>();
+    if (p1 == CutlassPath::bf16)
+      gemm1_swiglu(g1, gu_.get<bf16_raw>(), st);
+    else
+      last_widen_chunks_ +=
+          run_widened(g1, w.w13, nvfp4 ? inv_gs_.get<float>() : nullptr, chunk1, st, gu_.get<bf16_raw>());
+  } else {
+    g1.A = a_.get<bf16_raw>();
+    if (p1 == CutlassPath::bf16)
+      cutlass_engine::grouped_gemm_bf16(g1, st);
+    else
+      last_widen_chunks_ += run_widened(g1, w.w13, nvfp4 ? inv_gs_.get<float>() : nullptr, chunk1, st);
+  }
+
+  if (!fuse)
+    cutlass_engine::swiglu(gu_.get<bf16_raw>(), offsets_.get<int32_t>(), cnt_.get<int32_t>(), E, I, max_rows,
+                           iq8 && !fp8_2, in.quant.ue8m0, fp8_2 ? nullptr : h_.get<bf16_raw>(),
+                           fp8_2 ? h8_.get<uint8_t>() : nullptr, fp8_2 ? hs_.get<float>() : nullptr, st);
+
+  cutlass_engine::Grouped g2 = g1;
+  g2.N = H;
+  g2.K = I;
+  g2.W = w.w2.data;
+  g2.out = o_.get<bf16_raw>();
+  if (p2 == CutlassPath::fp8) {
+    g2.A = h8_.get<uint8_t>();
+    g2.sfa = hs_.get<float>();
+    g2.sfw = static_cast<const float*>(w.w2.scales);
+    cutlass_engine::grouped_gemm_fp8(g2, st);
+  } else {
+    g2.A = h_.get<bf16_raw>();
+    g2.sfa = nullptr;
+    g2.sfw = nullptr;
+    if (p2 == CutlassPath::bf16)
+      cutlass_engine::grouped_gemm_bf16(g2, st);
+    else
+      last_widen_chunks_ += run_widened(g2, w.w2, nvfp4 ? inv_gs_.get<float>() + E : nullptr, chunk2, st);
+  }
+
+  launch_reduce(in, pair_pos_.get<int32_t>(), o_.get<bf16_raw>(), y, st);
+}
+
+}  // namespace epmoe::cuda
