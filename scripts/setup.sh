@@ -53,6 +53,24 @@ if command -v nvcc >/dev/null 2>&1 && [ ! -f .deps/cutlass/include/cutlass/cutla
   rm -rf .deps/cutlass.tmp
 fi
 
+# The Python package's build and test requirements (nanobind, scikit-build-core, numpy, pytest),
+# from PyPI when missing; without them the Python package is not built (said, not hidden).
+py_args=()
+if ! python3 -c "import nanobind, scikit_build_core, numpy, pytest" >/dev/null 2>&1; then
+  echo "setup: installing the Python build requirements (nanobind, scikit-build-core, numpy, pytest)"
+  python3 -m pip install -q nanobind scikit-build-core numpy pytest >/dev/null 2>&1 ||
+    echo "setup: could not install them; the Python package is skipped" >&2
+fi
+if python3 -c "import nanobind, scikit_build_core, numpy, pytest" >/dev/null 2>&1; then
+  py_args+=(-DEPMOE_BUILD_PYTHON=ON "-DPython_EXECUTABLE=$(command -v python3)")
+  # Where PyTorch is installed with its own NCCL (device-API headers included), build against that
+  # copy: one process loads one NCCL, and torch must keep the one it was built for.
+  if [ -z "${EPMOE_NCCL_ROOT:-}" ]; then
+    torch_nccl=$(python3 -c "import importlib.util as u, os; s = u.find_spec('nvidia.nccl'); print(list(s.submodule_search_locations)[0] if s and u.find_spec('torch') else '')" 2>/dev/null || true)
+    [ -n "$torch_nccl" ] && [ -f "$torch_nccl/include/nccl_device.h" ] && py_args+=("-DEPMOE_NCCL_ROOT=$torch_nccl")
+  fi
+fi
+
 jobs=${EPMOE_JOBS:-$(nproc)}
-cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release ${EPMOE_CMAKE_ARGS:-} >/dev/null
+cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release "${py_args[@]}" ${EPMOE_CMAKE_ARGS:-} >/dev/null
 cmake --build build -j "$jobs"

@@ -72,7 +72,10 @@ class Registry {
   // "dispatcher+runner (dispatch formats; weight formats)" for every legal pair.
   std::vector<std::string> describe_pairs() const;
 
+  // The first dispatcher of that name (a name may have a CPU and a CUDA implementation).
   const DispatcherInfo* find_dispatcher(const std::string& name) const;
+  // The implementation of `name` whose buffers live on `device`, or null.
+  const DispatcherInfo* find_dispatcher(const std::string& name, DeviceKind device) const;
   const RunnerInfo* find_runner(const std::string& name) const;
 
  private:

@@ -11,6 +11,30 @@ from typing import Callable, Optional, Sequence
 
 import numpy as _np
 
+def _load_build_nccl() -> None:
+    """Makes the NCCL the extension was built against the one this process loads, where that can
+    be arranged: NCCL is loaded once per process (by its soname), by whoever comes first."""
+    try:
+        from ._build import nccl_library
+    except ImportError:
+        return
+    import importlib.util
+    import os
+    import sys
+
+    if not nccl_library or "torch" in sys.modules:
+        return  # torch already loaded its NCCL: the version check below decides
+    if importlib.util.find_spec("torch") is not None:
+        if f"{os.sep}nvidia{os.sep}nccl{os.sep}" in nccl_library:
+            import torch  # noqa: F401  (built against PyTorch's NCCL: torch loads that copy)
+        return  # otherwise loading ours first would hand torch an NCCL it was not built for
+    if os.path.exists(nccl_library):
+        import ctypes
+
+        ctypes.CDLL(nccl_library, mode=ctypes.RTLD_GLOBAL)
+
+
+_load_build_nccl()
 try:
     from . import _C
 except ImportError as _e:  # e.g. libnccl.so.2 / libcudart not found by the dynamic loader

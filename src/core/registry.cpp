@@ -87,6 +87,12 @@ void Registry::add_pair(const std::string& dispatcher, const std::string& runner
   pairs_.push_back(PairEntry{dispatcher, runner, std::move(step)});
 }
 
+const DispatcherInfo* Registry::find_dispatcher(const std::string& name, DeviceKind device) const {
+  for (const auto& d : dispatchers_)
+    if (d.name == name && d.device == device) return &d;
+  return nullptr;
+}
+
 const DispatcherInfo* Registry::find_dispatcher(const std::string& name) const {
   for (const auto& d : dispatchers_)
     if (d.name == name) return &d;

@@ -155,3 +155,25 @@ TEST(Registry, GlobalHasReferencePairsAndValidateReportsIllegalPairs) {
 
 }  // namespace
 }  // namespace epmoe
+
+namespace epmoe {
+namespace {
+
+// A name may have a CPU and a CUDA implementation ("local"): the lookup by device finds the right one.
+TEST(Registry, FindsADispatcherByNameAndDevice) {
+  const Registry& reg = Registry::global();
+  const DispatcherInfo* cpu = reg.find_dispatcher("local", DeviceKind::cpu);
+  ASSERT_NE(cpu, nullptr);
+  EXPECT_EQ(cpu->device, DeviceKind::cpu);
+  EXPECT_EQ(reg.find_dispatcher("nope", DeviceKind::cpu), nullptr);
+#if defined(EPMOE_WITH_CUDA)
+  const DispatcherInfo* gpu = reg.find_dispatcher("local", DeviceKind::cuda);
+  ASSERT_NE(gpu, nullptr);
+  EXPECT_EQ(gpu->device, DeviceKind::cuda);
+#else
+  EXPECT_EQ(reg.find_dispatcher("local", DeviceKind::cuda), nullptr);
+#endif
+}
+
+}  // namespace
+}  // namespace epmoe

@@ -185,7 +185,8 @@ SetupCheck check_setup(const RunSetup& s) {
                                                        " GPUs but this machine shows " + std::to_string(s.gpus) +
                                                        "; use --ranks " + std::to_string(s.gpus) + " or fewer"});
   const Registry& reg = Registry::global();
-  if (const DispatcherInfo* d = reg.find_dispatcher(c.dispatcher)) {
+  const DispatcherInfo* on_device = reg.find_dispatcher(c.dispatcher, s.device);
+  if (const DispatcherInfo* d = on_device ? on_device : reg.find_dispatcher(c.dispatcher)) {
     const std::string kind = comm_kind(s);
     if (d->device != s.device) {
       k.whole.push_back({"dispatcher", c.dispatcher,
