@@ -1,4 +1,4 @@
-// Dispatch and combine (design.md 3.3, 3.5): the dispatcher interface and the layout the runner
+// Dispatch and combine (DESIGN.md §3, §5): the dispatcher interface and the layout the runner
 // receives.
 #pragma once
 #include <cstdint>

@@ -1,4 +1,4 @@
-// Activation and weight formats (design.md 3.2 and 3.4) and their per-token sizes.
+// Activation and weight formats (DESIGN.md §2 and §4.2) and their per-token sizes.
 #pragma once
 #include <cstddef>
 #include <cstdint>

@@ -1,4 +1,4 @@
-// Activation and weight quantization (design.md 3.2, 3.4), CPU reference. The operation order is
+// Activation and weight quantization (DESIGN.md §2, §4.2), CPU reference. The operation order is
 // part of the format: the CUDA quantizers follow it exactly and match bitwise.
 #pragma once
 #include <cstddef>

@@ -1,4 +1,4 @@
-// Routing: top-k over router logits (design.md 3.1). CPU reference here; the CUDA router
+// Routing: top-k over router logits (DESIGN.md §1). CPU reference here; the CUDA router
 // (src/route/cuda/) computes the same ids and bitwise-equal weights.
 #pragma once
 #include <cstdint>

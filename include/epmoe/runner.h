@@ -1,4 +1,4 @@
-// The routed runner (design.md 3.4): experts applied to already-dispatched tokens.
+// The routed runner (DESIGN.md §4): experts applied to already-dispatched tokens.
 #pragma once
 #include <cstddef>
 

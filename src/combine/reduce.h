@@ -1,4 +1,4 @@
-// The combine sum (design.md 3.5), CPU reference shared by every dispatcher as its oracle.
+// The combine sum (DESIGN.md §5), CPU reference shared by every dispatcher as its oracle.
 //
 // Each y row travels home in the combine format: bf16 as is, or fp8 quantized per block of 128 with
 // the fp8 rule of quant.h (quantize_rows, same QuantParams as dispatch, so ue8m0 applies here too)

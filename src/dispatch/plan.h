@@ -1,4 +1,4 @@
-// The dispatch plan of one source rank (design.md 3.3): which ranks each token goes to, its slot
+// The dispatch plan of one source rank (DESIGN.md §3): which ranks each token goes to, its slot
 // there, and its routing row translated per destination. Every dispatcher (cpu, nccl, nvlink) either
 // computes it on the host or reproduces it on the device; this CPU version is their oracle.
 //

@@ -1,4 +1,4 @@
-// CPU reference quantizers (design.md 3.2, 3.4; docs/FORMATS.md). The operation order below is part
+// CPU reference quantizers (DESIGN.md §2, §4.2; docs/FORMATS.md). The operation order below is part
 // of the format: the CUDA quantizers repeat it step by step so that both produce identical bytes.
 #include <algorithm>
 #include <cmath>

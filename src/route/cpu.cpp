@@ -1,4 +1,4 @@
-// CPU reference router (design.md 3.1). The CUDA router reproduces it bitwise, so the arithmetic
+// CPU reference router (DESIGN.md §1). The CUDA router reproduces it bitwise, so the arithmetic
 // below is written in one fixed order, and that order is part of the contract:
 //
 // Inputs: x_e = logit widened to fp32 (bf16 -> fp32 is exact). No fused multiply-add anywhere

@@ -1,4 +1,4 @@
-// The plain single-process computation of a whole MoE layer (design.md 3.4 without any
+// The plain single-process computation of a whole MoE layer (DESIGN.md §4 without any
 // parallelism): every token of every rank at once, float64 throughout. Tests and `epmoe run`
 // compare the distributed, quantized path against it.
 #pragma once

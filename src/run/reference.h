@@ -1,4 +1,4 @@
-// The CPU reference runner (design.md 3.4) and the per-row arithmetic it is built from. The
+// The CPU reference runner (DESIGN.md §4) and the per-row arithmetic it is built from. The
 // arithmetic is exposed so that tests (and GPU engineers) can reproduce one slot's result exactly.
 //
 // Exact arithmetic of the reference runner, per valid slot and per k with local id e >= 0:

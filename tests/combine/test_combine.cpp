@@ -1,5 +1,5 @@
 // Combine: every y goes back to its home rank and is summed in fp32 in ascending rank order
-// (design.md 3.5), bf16 or fp8 on the way back; checked bitwise against the single-process oracle
+// (DESIGN.md §5), bf16 or fp8 on the way back; checked bitwise against the single-process oracle
 // of tests/dispatch/dispatch_harness.h, and the reduction order directly on combine_sum.
 #include <gtest/gtest.h>
 

@@ -1,5 +1,5 @@
 // Test harness for dispatchers: random per-rank inputs with fixed seeds, and a plain single-process
-// oracle of what every rank must receive (design.md 3.3) and what combine must return (3.5). The
+// oracle of what every rank must receive (DESIGN.md §3) and what combine must return (§5). The
 // oracle is written independently of src/dispatch/plan.cpp: it walks tokens per (source,
 // destination) pair the slow, obvious way and applies the placement rule of placement.h itself.
 #pragma once

@@ -37,7 +37,7 @@ std::string version_string(int code) {
 }  // namespace
 
 void nccl_preflight() {
-  // Must precede every NCCL initialisation in the process: NVLink multicast stays off (design.md 5).
+  // Must precede every NCCL initialisation of the process: no NVLink multicast (docs/COMM.md).
   setenv("NCCL_NVLS_ENABLE", "0", 1);
   int v = 0;
   EPMOE_NCCL_CHECK(ncclGetVersion(&v));

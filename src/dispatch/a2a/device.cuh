@@ -36,7 +36,7 @@ __device__ __forceinline__ void choose_copy(const DevPlacement& p, int e, int sr
 
 // f(k, ids[t*K + k]) for k = 0 .. K-1, the ids loaded eight at a time: eight independent loads in
 // flight cost one memory round trip, where a loop that uses each id before loading the next costs
-// K (run 35: the count phase at 128 tokens 2.7 -> 2.3-2.4 us; the rest of it is not the loads).
+// K (measured: count phase at 128 tokens 2.7 -> 2.3-2.4 us; bench/results/history-comm.md).
 template <class Fn>
 __device__ __forceinline__ void for_each_id(const int32_t* ids, int K, int64_t t, Fn&& f) {
   const int32_t* row = ids + t * K;

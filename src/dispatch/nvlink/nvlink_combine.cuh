@@ -78,8 +78,8 @@ __device__ __forceinline__ uint64_t* push_row(const Args& a, int64_t i, int R, i
 // Combine push (warps [0, a.push_warps) of every CTA): one warp per valid slot row; the row goes to
 // its home rank's region [me] at the same slot, then the warp releases the row's flag with the
 // combine epoch. bf16: rows of this rank's own tokens stay where they are (the sum reads y).
-// (One system-scope fence per 4 rows instead of a release per row was measured slower, run 12:
-// bf16 combine at 4096 tokens 314 -> 343 us, and removed.)
+// (One system-scope fence per 4 rows instead of a release per row was measured slower: bf16
+// combine at 4096 tokens 314 -> 343 us, bench/results/history-comm.md; removed.)
 template <ActFormat CF>
 __device__ void combine_push(const Args& a, uint64_t e) {
   const int R = a.R, me = a.me, lane = threadIdx.x & 31;
@@ -211,8 +211,8 @@ __device__ inline void combine_sum_r2_bf16(const Args& a, uint64_t e) {
   const size_t ps = payload_bytes(ActFormat::bf16, a.H);
   const uint8_t* mine = a.peer_base[me];
   const int P = a2a::units_per_row(a.H), nch = a.H >> 3;
-  // parts = 2^lp assignments per token; shifts instead of 64-bit divisions by it (run 16: per-step
-  // index arithmetic is a visible share of these kernels' instructions).
+  // parts = 2^lp assignments per token; shifts instead of 64-bit divisions by it (per-step index
+  // arithmetic was a visible share of the instructions: bench/results/history-comm.md).
   int parts = 1, lp = 0;
   while (parts * 2 <= P && a.T * parts * 2 <= nw) parts *= 2, ++lp;
   const int64_t nassign = a.T * parts;

@@ -188,10 +188,10 @@ __global__ void __launch_bounds__(kThreads, 1) dispatch_kernel(Args a) {
   extern __shared__ uint4 dyn[];
   uint4* ring = dyn + size_t(warp) * kStages * 128;
   int32_t* meta = reinterpret_cast<int32_t*>(dyn + size_t(nwarps) * kStages * 128) + size_t(warp) * kStages * 96;
-  // Unit v of this CTA's chunk is (token t0 + v / P, piece v % P). A warp visits units warp,
-  // warp + nwarps, ...; both of its walks (loads issued kStages-1 ahead, units consumed) keep
-  // (token, piece) as a cursor advanced by nwarps = dq * P + dr units, so no step divides (run 16:
-  // the two 64-bit divisions per unit were ~60 of its ~550 instructions).
+  // Unit v of this CTA's chunk is (token t0 + v / P, piece v % P). A warp visits units warp, warp +
+  // nwarps, ...; both of its walks (loads issued kStages-1 ahead, units consumed) keep (token,
+  // piece) as a cursor advanced by nwarps = dq * P + dr units, so no step divides (ncu: the two
+  // 64-bit divisions per unit were ~60 of its ~550 instructions; bench/results/history-comm.md).
   struct UnitCursor {
     int64_t t;
     int piece;

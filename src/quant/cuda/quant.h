@@ -1,4 +1,4 @@
-// CUDA activation quantization (design.md 3.2), bitwise equal to quant.h's CPU quantize_rows /
+// CUDA activation quantization (DESIGN.md §2), bitwise equal to quant.h's CPU quantize_rows /
 // dequantize_rows. All pointers are device pointers; the calls are asynchronous on `stream` and
 // never synchronize the host (CUDA-graph capturable).
 #pragma once

@@ -1,4 +1,4 @@
-// Device-side activation quantizers (design.md 3.2), one fixed operation order shared with the
+// Device-side activation quantizers (DESIGN.md §2), one fixed operation order shared with the
 // CPU reference (src/quant/): every product and quotient is written with an explicit _rn
 // intrinsic so that nvcc cannot contract it into an fma, and the codecs are numeric.h's.
 // Used by the standalone quantize kernels, the local dispatcher and the fp8 combine payload.

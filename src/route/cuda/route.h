@@ -1,4 +1,4 @@
-// CUDA router (design.md 3.1): the same ids and bitwise-equal weights as route_cpu (router.h).
+// CUDA router (DESIGN.md §1): the same ids and bitwise-equal weights as route_cpu (router.h).
 // One warp per token; see route.cu for the operation order, which mirrors src/route/cpu.cpp.
 #pragma once
 #include <cuda_runtime.h>

@@ -128,8 +128,8 @@ __global__ void swiglu_kernel(const bf16_raw* __restrict__ h, const int32_t* __r
 // Vector form (I % 8 == 0, 16-byte aligned h and a): a lane takes 8 consecutive columns (gate and
 // up as one 16-byte load each), so a warp covers 256 columns = two fp8 blocks of 16 lanes; the
 // grid strides over (row, 256-column group) with a 32-bit index. Same arithmetic as swiglu_kernel
-// (run 19, M 32768: the scalar kernel took 191 us for bf16 and 271 us with the fp8 codes, 2.1 and
-// 1.2 TB/s, with 2-byte accesses).
+// (measured at M 32768: the scalar kernel took 191 us for bf16 and 271 us with the fp8 codes, 2.1
+// and 1.2 TB/s, with 2-byte accesses; bench/results/history-runner.md).
 __global__ void swiglu_vec_kernel(const bf16_raw* __restrict__ h, const int32_t* __restrict__ offsets,
                                   const int32_t* __restrict__ cnt, int E, int I, bool round_trip, bool ue8m0,
                                   bf16_raw* __restrict__ a, uint8_t* __restrict__ a8, float* __restrict__ sfa8) {

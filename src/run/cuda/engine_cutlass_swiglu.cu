@@ -1,13 +1,13 @@
 // CUTLASS engine, GEMM1's up half with SwiGLU fused into its epilogue (see engine_cutlass.h).
 //
-// Why two GEMMs and a source: CUTLASS's epilogue works on one output tile, and in W13 the gate
-// and up rows of an intermediate column are I rows apart, so a tile of the whole GEMM1 never holds
+// Why two GEMMs and a source: CUTLASS's epilogue works on one output tile, and in W13 the gate and
+// up rows of an intermediate column are I rows apart, so a tile of the whole GEMM1 never holds
 // both. Run as its gate half (the plain bf16 GEMM, N = I) and then its up half, whose epilogue
 // loads the gate as its source tensor C (per-group pointers, TMA, like D) and writes
 // bf16(silu(gate) * alpha * acc). Against GEMM1 [rows][2I] + a SwiGLU pass, that moves 6I instead
-// of 10I bytes per row through HBM and drops the pass (run 21: 123 us at M 32768, DeepSeek-V3),
-// but two N = I GEMMs and the source load cost more than that: 4.74 ms against 4.71 unfused (run
-// 28a, bf16 M 32768), so the runner uses this only when asked (EPMOE_CUTLASS_SWIGLU=1).
+// of 10I bytes per row through HBM and drops the pass (123 us at M 32768, DeepSeek-V3), but two
+// N = I GEMMs and the source load cost more (4.74 ms against 4.71 unfused, bf16 M 32768;
+// bench/results/history-runner.md), so the runner uses it only when asked (tuning.fused_swiglu).
 // Numerics: the gate is rounded to bf16 as before; the up half is not rounded before the product
 // (the unfused pass read it as bf16), as in the decode engines' fused epilogues.
 #define EPMOE_CUTLASS_GROUPED_IMPL 1

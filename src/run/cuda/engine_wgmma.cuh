@@ -240,8 +240,8 @@ __global__ void __launch_bounds__(kThreads) wgmma_gemm_kernel(GemmArgs p) {
   //
   // Why a cursor and not "step s -> (tile, k)" per load: that mapping costs two integer divisions,
   // a dependent global load of the tile table and ~25 instructions of address arithmetic per 16-byte
-  // copy, about 2200 warp instructions per 16 KB stage (Nsight Compute, run 13: the fp8 kernel
-  // issued every 2.1 cycles per scheduler at 2 warps each, DRAM at 50% under locked clocks). Here a
+  // copy, about 2200 warp instructions per 16 KB stage (Nsight Compute: the fp8 kernel issued every
+  // 2.1 cycles per scheduler at 2 warps, DRAM 50%; bench/results/history-runner.md). Here a
   // tile's pointers and masks are computed once when the load cursor enters it, the table entry of
   // the tile after it is read a whole tile ahead, and a stage's copy is a pointer add.
   const int rq = tid >> 3, ch = tid & 7;

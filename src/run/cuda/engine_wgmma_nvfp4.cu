@@ -5,8 +5,8 @@
 // (e2m1 * e4m3 block scale, exact in bf16: <= 6 significant bits). Widening in registers straight
 // into wgmma's A fragment skips a shared-memory round trip of the widened tile. The widening is
 // shifts and masks that put a code's bits straight into a (2^-126-scaled) bf16, then one bf16x2
-// multiply by the block scale (e2m1x8_to_bf16 in nvfp4_layout.h; before run 28, PRMT table
-// lookups).
+// multiply by the block scale (e2m1x8_to_bf16 in nvfp4_layout.h; it replaced PRMT table lookups,
+// see below).
 //
 // K order. The nvfp4 scale changes every 16 K. In wgmma's A fragment a thread holds, per k16
 // instruction and row, only 4 of the 16 K values, so in natural order it would need one scale
@@ -19,7 +19,7 @@
 // tokens are permuted, and they arrive that way already (kperm_nvfp4_tokens below rewrites GEMM1's
 // rows in place, and GEMM1's epilogue writes the intermediate that way when GEMM2 runs here too),
 // so a stage's token bytes are plain 16-byte copies into the SW128 layout instead of sixteen
-// 4-byte copies per thread (run 22, ncu: the 4-byte copies and their address arithmetic were ~5%
+// 4-byte copies per thread (ncu: the 4-byte copies and their address arithmetic were ~5%
 // of the instructions, and 4 of every 32 bytes moved from L2 were used per request).
 //
 // Numerics equal the mma.sync nvfp4 path: bf16(e2m1) * bf16(e4m3 scale) exactly (here times 2^-8,
@@ -29,28 +29,28 @@
 // Pipeline: one warpgroup per CTA, 128 weight rows (two m64 halves; fused GEMM1: gate rows 0-63,
 // up rows 64-127 of the same 64 intermediate columns), stage = 128 K (64 bytes of each weight row:
 // two whole 32-byte sectors; 8 scale bytes; two SW128 token atoms), 3 ring slots loaded 1 stage
-// ahead (run 28: 1.50 / 1.66 ms at M 128 / 2048 against 1.59 / 1.75 with 4 slots 2 ahead; with
+// ahead (measured: 1.50 / 1.66 ms at M 128 / 2048 against 1.59 / 1.75 with 4 slots 2 ahead; with
 // the L2 hints below the copies mostly hit L2), persistent grid over one flat stream of (tile,
 // k-stage) steps like engine_wgmma.cuh.
 // A stage is two batches of 8 wgmmas (one per 64-K sub-block), each from its own set of A
 // registers, and a batch is waited for only when its registers are about to be refilled: the
 // decode of one sub-block runs while the tensor cores work on the previous one (before: decode,
-// issue, wait for all 16, decode...; ncu run 22: 49% of issue slots used, 2.6 warps per scheduler).
+// issue, wait for all 16, decode...; ncu: 49% of issue slots used, 2.6 warps per scheduler).
 // The stage loaded at step s (for step s + kAhead) goes into the slot of step s - 2, whose batches
 // every warp has waited for before the step's barrier (kStages = kAhead + 2).
 //
 // L2: a stage reads 64 bytes of each of 128 weight rows (half a line). The weight copies carry the
 // L2::256B hint, so the first copy of an aligned 256-byte block of a row brings this stage's and
-// the next three stages' bytes into L2 and DRAM sees whole lines (cp_async16_l2_256). Until run 29
-// an explicit prefetch instruction per row every second stage, 3 stages ahead, did that (runs
-// 24-25: 2.02 -> 1.90 ms at M 128), but it adds L2 requests of its own (ncu run 28: L2 72% busy at 48%
-// DRAM); the hint measured 1.49 / 1.61 ms at M 128 / 2048 against 1.52 / 1.66, and dropping the
-// last prefetch (a tile's scale rows, a tile ahead) 1.445 / 1.576 (run 30). Neither reaches the
-// copy rate: the loads alone (no decode; run 28, variant 4 of exp/nvfp4-occupancy) take 1.19 ms
-// at M 128, and the issue slots are ~60% used (ncu run 28: 4.3 cycles per issued instruction with
-// 2.7 warps per scheduler; ~2.9 instructions per weight in the stage loop are the decode).
-// Tried and not kept (run 28): 256-K stages (a whole line per row and stage, 34 KB stages, 2 CTAs
-// per SM): 1.48-1.50 ms at M 128 (same), 1.88 at M 2048 (worse, from 1.66).
+// the next three stages' bytes into L2 and DRAM sees whole lines (cp_async16_l2_256). Before, an
+// explicit prefetch instruction per row every second stage, 3 stages ahead, did that (2.02 -> 1.90
+// ms at M 128), but it adds L2 requests of its own (ncu: L2 72% busy at 48% DRAM); the hint
+// measured 1.49 / 1.61 ms at M 128 / 2048 against 1.52 / 1.66, and dropping the last prefetch (a
+// tile's scale rows, a tile ahead) 1.445 / 1.576. Neither reaches the copy rate: the loads alone
+// (no decode, a timing variant) take 1.19 ms at M 128, and the issue slots are ~60% used (ncu: 4.3
+// cycles per issued instruction with 2.7 warps per scheduler; ~2.9 instructions per weight in the
+// stage loop are the decode). Figures of this comment: bench/results/history-runner.md.
+// Tried and not kept: 256-K stages (a whole line per row and stage, 34 KB stages, 2 CTAs per SM):
+// 1.48-1.50 ms at M 128 (same), 1.88 at M 2048 (worse, from 1.66).
 //
 #include "run/cuda/engine_wgmma_nvfp4.cuh"
 
@@ -89,10 +89,10 @@ __device__ __forceinline__ void cp_async8(uint32_t dst, const void* src, bool va
 __device__ __forceinline__ void cp_async16_l2_256(uint32_t dst, const void* src, bool valid) {
   asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0));
 }
-// e2m1x8_to_bf16 (nvfp4_layout.h): shifts and masks instead of PRMT lookups. Run 28
-// (exp/nvfp4-occupancy variant 6) timed this decode 13% faster than the lookup one (1.56 vs 1.80 ms
-// at M 128); the shifts issue on the FMA pipe (IMAD.SHL) next to the ALU pipe's LOP3s, where the
-// PRMTs all went to the ALU pipe (51% busy, ncu run 22).
+// e2m1x8_to_bf16 (nvfp4_layout.h): shifts and masks instead of PRMT lookups. A timing variant
+// measured this decode 13% faster than the lookup one (1.56 vs 1.80 ms at M 128; history-runner.md
+// in bench/results); the shifts issue on the FMA pipe (IMAD.SHL) next to the ALU pipe's LOP3s,
+// where the PRMTs all went to the ALU pipe (51% busy, ncu).
 
 // In place, one thread per 64-K block of a row (it holds all 128 bytes): position p gets natural
 // column kperm_src(p); every index is a compile-time constant after unrolling, so each output word

@@ -4,11 +4,11 @@
 // block ordered by the thread that decodes it, so they go from global memory straight into
 // registers: no shared-memory ring, no per-row scale requests.
 //
-// Why (run 32, exp/nvfp4-diag2): the natural-layout kernel's loads alone, with no decode and no
-// MMA, take 0.74x of the fp8 runner's time at M 128, with L2 85% busy at 66% DRAM. Per stage a
-// CTA there asks L2 for 128 rows x two 32-byte sectors of codes and 128 single sectors for 8
-// bytes of scales each, a third of its requests for a ninth of the bytes. Here a stage is 4 x 512
-// contiguous bytes per warp of codes and 256 of scales: whole lines, nothing else.
+// Why (measured; bench/results/history-runner.md): the natural-layout kernel's loads alone, with no
+// decode and no MMA, take 0.74x of the fp8 runner's time at M 128, with L2 85% busy at 66% DRAM.
+// Per stage a CTA there asks L2 for 128 rows x two 32-byte sectors of codes and 128 single sectors
+// for 8 bytes of scales each, a third of its requests for a ninth of the bytes. Here a stage is 4 x
+// 512 contiguous bytes per warp of codes and 256 of scales: whole lines, nothing else.
 //
 // Block layout (9216 bytes; thread tid = 32 w + lane, g = lane / 4, t = lane % 4; the rows of
 // thread tid are r(h, q) = 64 h + 16 w + g + 8 q of the tile, as in the A fragments):
@@ -20,7 +20,7 @@
 // model of this layout, used by the prepare kernel and the CPU tests alike.
 //
 // Words are stored in the prepared bit order (nvfp4_layout::prepare_word): the decode of 8 codes is
-// 4 rotations + 6 masks instead of ~20 compiled operations (run 46: 1.335 vs 1.465 ms at M 128,
+// 4 rotations + 6 masks instead of ~20 compiled operations (1.335 vs 1.465 ms at M 128,
 // two A sets, 2 CTAs/SM).
 //
 // Pipeline: the token stages keep the cp.async ring of the natural kernel (1 ahead, 3 slots); the
@@ -28,14 +28,14 @@
 // sets (the step loop is unrolled over the ring so every index is a constant). ONE set of A
 // registers: a sub-block's wgmmas are waited for before the next sub-block is decoded into the same
 // registers. That serializes decode and MMA inside a CTA, but it takes the kernel from ~220 to 168
-// registers and so from 2 to 3 CTAs per SM, which wins (runs 44-48, ms at M 128 / 2048, one H200):
+// registers, 2 -> 3 CTAs per SM, and wins (ms at M 128 / 2048, one H200; history-runner.md):
 //   two A sets, 2 ahead, 2 CTAs/SM   1.335 / 1.477     loads only (no decode, no MMA)  0.732 / 0.903
 //   two A sets, 1 ahead, 3 CTAs/SM   1.217 / 1.336     no decode (raw bits to MMAs)    1.072 / 1.222
 //   one A set,  1 ahead, 4 CTAs/SM   1.180 / 1.277     mma.sync m16n8k16 instead of wgmma,
 //   one A set,  2 ahead, 3 CTAs/SM   1.158 / 1.264       2 CTAs/SM (254 registers)     1.583 / 1.755
 // The loads alone reach the HBM copy rate at M 128; without any decode the kernel takes 1.072 /
-// 1.222 ms. Neither deeper loads nor cheaper MMAs moved it (runs 50-51): the weight stages in a
-// shared-memory ring filled by TMA bulk copies, 4 ahead (161 registers, 3 CTAs/SM) 1.237 / 1.330;
+// 1.222 ms. Neither deeper loads nor cheaper MMAs moved it (timing variants): the weight stages in
+// a shared-memory ring filled by TMA bulk copies, 4 ahead (161 registers, 3 CTAs/SM) 1.237 / 1.330;
 // the same with mma.sync m16n8k16 on the n8 groups that hold tokens (134 registers) 1.186 / 1.375.
 #include "run/cuda/engine_wgmma_nvfp4.cuh"
 

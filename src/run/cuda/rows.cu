@@ -1,6 +1,6 @@
-// Row passes and routing tables of the CUDA runner (rows.h). Measured before the vector forms (run 19, ncu, one H200,
-// DeepSeek-V3, M = 32768 bf16): permute 380 us and weighted sum 343 us, i.e. 2.5 and 1.5 TB/s,
-// because every thread moved 2 elements (2- and 4-byte accesses) per step.
+// Row passes and routing tables of the CUDA runner (rows.h). Measured before the vector forms (ncu,
+// H200, DeepSeek-V3, M = 32768 bf16): permute 380 us, weighted sum 343 us (2.5, 1.5 TB/s), as every
+// thread moved 2 elements (2-, 4-byte accesses) per step (bench/results/history-runner.md).
 #include "run/cuda/rows.h"
 
 #include <cuda_bf16.h>
@@ -117,10 +117,10 @@ __global__ void reduce_kernel(const bf16_raw* __restrict__ o, const int32_t* __r
   }
 }
 
-// Vector weighted sum (H % 8 == 0, 16-byte aligned o and y): a thread takes kChunks 16-byte
-// chunks (8 elements each) per step and loads them for kBatch experts at a time before adding in
-// ascending k, so 8 loads are in flight even with one expert per slot (run 20: one chunk per
-// thread step reached 2.9 TB/s with top_k 1). Same operations and order as reduce_kernel.
+// Vector weighted sum (H % 8 == 0, 16-byte aligned o and y): a thread takes kChunks 16-byte chunks
+// (8 elements each) per step and loads them for kBatch experts at a time before adding in ascending
+// k, so 8 loads are in flight even with one expert per slot (one chunk per thread step: 2.9 TB/s
+// with top_k 1; bench/results/history-runner.md). Same operations and order as reduce_kernel.
 constexpr int kChunks = 4, kBatch = 2;
 __global__ void reduce_vec_kernel(const bf16_raw* __restrict__ o, const int32_t* __restrict__ pair_pos,
                                   const float* __restrict__ w, const int32_t* __restrict__ counts, int C, int K, int H,

@@ -1,4 +1,4 @@
-// The "cuda" routed runner (design.md 3.4) on one GPU. Steps, all on the device and without host
+// The "cuda" routed runner (DESIGN.md §4) on one GPU. Steps, all on the device and without host
 // synchronization (CUDA-graph capturable once its workspace has grown to the step's size):
 //   1. count (slot, k) pairs per local expert; offsets and the m-tile table by a one-CTA scan;
 //   2. permute: each valid pair gets a row in the expert-sorted matrix A, filled with the slot's

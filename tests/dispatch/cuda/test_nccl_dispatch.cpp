@@ -57,9 +57,9 @@ struct DevRank {
   }
 };
 
-// The copy is complete when this returns: a pageable cudaMemcpy may return while its last DMA is
-// still in flight, and the dispatchers' streams are non-blocking (no implicit order with it). Run 20
-// saw a combine of WideAndOddRowsMatchCpuFabric race such an upload once in 44 tests.
+// The copy is complete when this returns: a pageable cudaMemcpy may return while its last DMA is in
+// flight, and the dispatchers' streams are non-blocking (no implicit order with it); a combine of
+// WideAndOddRowsMatchCpuFabric once raced such an upload (bench/results/history-comm.md).
 template <class T>
 void* upload(const std::vector<T>& v) {
   void* p = nullptr;

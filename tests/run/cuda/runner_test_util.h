@@ -1,6 +1,6 @@
 // Set-up shared by the tests of runner "cuda" (test_runner.cpp, test_runner_cutlass.cu): device
 // copies of host weights and of a host DispatchOutput, the configuration of a one-rank problem,
-// random weights, a received batch built by the real dispatch plan, and the bound of design.md 3.6
+// random weights, a received batch built by the real dispatch plan, and the bound of DESIGN.md §6
 // that both files state (max|a-b|/max|ref| <= 3e-2, 1-cos <= 1e-3).
 #pragma once
 #include <gtest/gtest.h>
@@ -23,8 +23,8 @@ constexpr double kMaxRel = 3e-2, kMaxOneMinusCos = 1e-3;
 // With intermediate_quant = fp8 the two sides round slightly different bf16 intermediates to e4m3,
 // and where one lands next to a rounding boundary the codes differ by a step (up to 1/8 of the
 // value). A few such flips in an output dominated by few terms moved max|a-b|/max|ref| to 3.5e-2
-// (run 24, CutlassEngine, seed 3823769623; earlier passing runs reached 2.3e-2), so the max bound
-// is doubled there; 1-cos, which any systematic error moves, keeps its 1e-3.
+// (CutlassEngine, seed 3823769623, bench/results/history-runner.md; passing runs reached 2.3e-2),
+// so the max bound is doubled there; 1-cos, which any systematic error moves, keeps its 1e-3.
 constexpr double kMaxRelFp8Intermediate = 6e-2;
 
 // A weight matrix on the device, with a view that points at the device copies (absent scales and

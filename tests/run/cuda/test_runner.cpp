@@ -1,4 +1,4 @@
-// Runner "cuda" vs the CPU reference runner on the same DispatchOutput (design.md 3.6): fresh random
+// Runner "cuda" vs the CPU reference runner on the same DispatchOutput (DESIGN.md §6): fresh random
 // data of DeepSeek-V3, Qwen3 and Mixtral expert shapes, every weight format, both m-tile sizes,
 // skewed loads (everything on one expert, experts without tokens), T = 0 and T = 1, and the fp8
 // intermediate. The bound is stated here: max|a-b|/max|ref| <= 3e-2 and 1-cos <= 1e-3, which
