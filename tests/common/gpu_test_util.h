@@ -1,5 +1,5 @@
 // Helpers shared by the GPU tests: skip without a device, typed device buffers, poisoning, random
-// data and the comparison metrics of design.md 3.6.
+// data and the comparison metrics of DESIGN.md §6.
 #pragma once
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
