@@ -6,7 +6,8 @@
 // intermediate, where one e4m3 step of a block can follow from a small runner difference: with
 // 3600 rows of an fp8 intermediate, 2xH200 measured 3.98e-2 at 1-cos 1.2e-4
 // (bench/results/2026-11-29-run12-15-2xh200.md), a rounding flip, not a wrong row, which would be
-// near 1). One rank has T = 0 in most cases. Runs with a thread per GPU, or one process per GPU under mpirun (common/gpu_ranks.h), where each process checks its own rank.
+// near 1). One rank has T = 0 in most cases. Runs with a thread per GPU, or one process per GPU
+// under mpirun (common/gpu_ranks.h), where each process checks its own rank.
 #include <gtest/gtest.h>
 
 #include <algorithm>
