@@ -1,5 +1,5 @@
-// Counter-hash weights (see synthetic.h). The hash is splitmix64: cheap, and every element is an
-// independent function of its coordinates, so generation parallelizes over anything.
+// Counter-hash weights (see synthetic.h; the hash is harness/counter_hash.h, shared with the
+// device generator harness/cuda/synthetic.h).
 #include "harness/synthetic.h"
 
 #include <algorithm>
@@ -7,29 +7,20 @@
 #include <random>
 
 #include "core/parallel.h"
+#include "harness/counter_hash.h"
 #include "epmoe/numeric.h"
 
 namespace epmoe::harness {
 
 namespace {
 
-uint64_t mix64(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
-
-enum Which : uint64_t { kW13 = 0, kW2 = 1, kRouter = 2, kBias = 3 };
+using hash::Which;
 
 // Element i (= row * cols + col) of matrix `which` of expert `e` in layer `l`.
 void gen_matrix(uint64_t seed, int l, int e, Which which, double stddev, float* out, size_t n) {
-  const uint64_t base = mix64(mix64(mix64(seed) ^ uint64_t(l)) ^ (uint64_t(e) << 2 | which));
-  const float a = float(std::sqrt(3.0) * stddev) * 0x1p-23f;
-  for (size_t i = 0; i < n; ++i) {
-    const int64_t u = int64_t(mix64(base + i) >> 40) - (int64_t(1) << 23);  // [-2^23, 2^23)
-    out[i] = a * float(u);
-  }
+  const uint64_t base = hash::matrix_base(seed, l, e, which);
+  const float a = hash::stddev_step(stddev);
+  for (size_t i = 0; i < n; ++i) out[i] = hash::element(base, a, i);
 }
 
 }  // namespace
@@ -39,17 +30,17 @@ ExpertMasters expert_masters(const MoeConfig& c, uint64_t seed, int l, int e) {
   ExpertMasters m;
   m.w13.resize(size_t(2) * I * H);
   m.w2.resize(size_t(H) * I);
-  gen_matrix(seed, l, e, kW13, 1.0 / std::sqrt(double(H)), m.w13.data(), m.w13.size());
-  gen_matrix(seed, l, e, kW2, 1.0 / std::sqrt(double(I)), m.w2.data(), m.w2.size());
+  gen_matrix(seed, l, e, hash::kW13, hash::row_stddev(H), m.w13.data(), m.w13.size());
+  gen_matrix(seed, l, e, hash::kW2, hash::row_stddev(I), m.w2.data(), m.w2.size());
   return m;
 }
 
 RouterWeights router_weights(const MoeConfig& c, uint64_t seed, int l) {
   RouterWeights r;
   r.w.resize(size_t(c.num_experts) * c.hidden);
-  gen_matrix(seed, l, 0, kRouter, 1.0 / std::sqrt(double(c.hidden)), r.w.data(), r.w.size());
+  gen_matrix(seed, l, 0, hash::kRouter, hash::row_stddev(c.hidden), r.w.data(), r.w.size());
   r.bias.assign(c.num_experts, 0.f);
-  if (c.router.kind == RouterKind::sigmoid_grouped_topk) gen_matrix(seed, l, 0, kBias, 0.05, r.bias.data(), r.bias.size());
+  if (c.router.kind == RouterKind::sigmoid_grouped_topk) gen_matrix(seed, l, 0, hash::kBias, 0.05, r.bias.data(), r.bias.size());
   return r;
 }
 
@@ -114,6 +105,14 @@ std::vector<bf16_raw> random_hidden(int64_t T, int H, uint64_t seed) {
   std::normal_distribution<float> d(0.f, 1.f);
   std::vector<bf16_raw> out(size_t(T) * H);
   for (bf16_raw& v : out) v = num::f32_to_bf16(d(rng));
+  return out;
+}
+
+std::vector<bf16_raw> uniform_bf16(size_t n, float amplitude, uint64_t seed) {
+  const uint64_t base = hash::mix64(seed);
+  const float a = hash::amplitude_step(amplitude);
+  std::vector<bf16_raw> out(n);
+  for (size_t i = 0; i < n; ++i) out[i] = num::f32_to_bf16(hash::element(base, a, i));
   return out;
 }
 

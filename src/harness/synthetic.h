@@ -43,6 +43,10 @@ RankWeights rank_weights(const MoeConfig& cfg, uint64_t seed, int layer, int ran
 // bf16 [T][H], entries ~ N(0, 1), from `seed`.
 std::vector<bf16_raw> random_hidden(int64_t T, int H, uint64_t seed);
 
+// bf16 values uniform in [-amplitude, amplitude) (then rounded to bf16), element i from the counter
+// hash of (seed, i): the benches' activations, which harness/cuda/synthetic.h draws on the device.
+std::vector<bf16_raw> uniform_bf16(size_t n, float amplitude, uint64_t seed);
+
 // Elements of one matrix of the model (the unit the generator works in), for size estimates.
 inline double expert_elements(const MoeConfig& c) { return 3.0 * c.hidden * double(c.intermediate); }
 

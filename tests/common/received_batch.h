@@ -1,7 +1,6 @@
 // Random host inputs for the CPU runner tests (tests/run/test_reference*.cpp): a received batch as
-// a dispatcher hands it to the runner, and expert weights.
+// a dispatcher hands it to the runner, and expert weights from the harness generator.
 #pragma once
-#include <cmath>
 #include <cstdint>
 #include <random>
 #include <vector>
@@ -9,6 +8,7 @@
 #include "epmoe/dispatch.h"
 #include "epmoe/numeric.h"
 #include "epmoe/quant.h"
+#include "harness/synthetic.h"
 
 namespace epmoe::test {
 
@@ -55,14 +55,22 @@ struct ReceivedBatch {
   }
 };
 
-// W13 [El][2I][H], then W2 [El][H][I], each ~ N(0, 1/sqrt(fan_in)).
-inline void random_expert_weights(std::mt19937_64& rng, int El, int H, int I, std::vector<float>& w13,
+// W13 [El][2I][H], then W2 [El][H][I]: experts 0..El-1 of layer 0 of the harness's synthetic
+// model (harness/synthetic.h; uniform, standard deviation 1/sqrt(fan_in)).
+inline void random_expert_weights(uint64_t seed, int El, int H, int I, std::vector<float>& w13,
                                   std::vector<float>& w2) {
-  std::normal_distribution<float> nd(0.f, 1.f);
-  w13.resize(size_t(El) * 2 * I * H);
-  w2.resize(size_t(El) * H * I);
-  for (auto& v : w13) v = nd(rng) / std::sqrt(float(H));
-  for (auto& v : w2) v = nd(rng) / std::sqrt(float(I));
+  MoeConfig c;
+  c.hidden = H;
+  c.intermediate = I;
+  w13.clear();
+  w2.clear();
+  w13.reserve(size_t(El) * 2 * I * H);
+  w2.reserve(size_t(El) * H * I);
+  for (int e = 0; e < El; ++e) {
+    const harness::ExpertMasters m = harness::expert_masters(c, seed, 0, e);
+    w13.insert(w13.end(), m.w13.begin(), m.w13.end());
+    w2.insert(w2.end(), m.w2.begin(), m.w2.end());
+  }
 }
 
 }  // namespace epmoe::test

@@ -32,8 +32,7 @@ struct Weights {
   std::vector<float> w13, w2;
   HostMatrix q13, q2;
   Weights(int El, int H, int I, WeightFormat f, uint64_t seed) {
-    std::mt19937_64 rng(seed);
-    test::random_expert_weights(rng, El, H, I, w13, w2);
+    test::random_expert_weights(seed, El, H, I, w13, w2);
     q13 = quantize_matrix(w13.data(), El, 2 * I, H, f);
     q2 = quantize_matrix(w2.data(), El, H, I, f);
   }

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "args.h"
+#include "bench_timer.h"
 #include "bench_util.h"
 #include "comm/launch.h"
 #include "comm/nccl/nccl_comm_impl.h"
@@ -48,32 +49,14 @@ struct Opts {
 struct RankData {
   DeviceBuffer hidden, ids, w, y, out, a2a_send, a2a_recv, peer_buf;
   cudaStream_t st = nullptr;
-  cudaEvent_t ev[2] = {};
-  RankData() {
-    EPMOE_CUDA_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
-    for (auto& e : ev) EPMOE_CUDA_CHECK(cudaEventCreate(&e));
-  }
-  ~RankData() {
-    for (auto& e : ev) cudaEventDestroy(e);
-    cudaStreamDestroy(st);
-  }
+  RankData() { EPMOE_CUDA_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking)); }
+  ~RankData() { cudaStreamDestroy(st); }
 };
 
-// Times op on d's stream `reps` + 3 times, each between d.ev[0] and d.ev[1] and synchronized;
-// returns the last `reps` times in us (the first 3 warm up).
+// Times op on d's stream `reps` times after 3 warm-up calls, each call synchronized; us.
 template <class F>
 std::vector<double> time_each_us(RankData& d, int reps, F&& op) {
-  std::vector<double> t;
-  for (int i = 0; i < reps + 3; ++i) {
-    EPMOE_CUDA_CHECK(cudaEventRecord(d.ev[0], d.st));
-    op();
-    EPMOE_CUDA_CHECK(cudaEventRecord(d.ev[1], d.st));
-    EPMOE_CUDA_CHECK(cudaEventSynchronize(d.ev[1]));
-    float a = 0;
-    EPMOE_CUDA_CHECK(cudaEventElapsedTime(&a, d.ev[0], d.ev[1]));
-    if (i >= 3) t.push_back(a * 1e3);
-  }
-  return t;
+  return cli::time_each_us(d.st, TimeSpec{3, reps, false, true}, op);
 }
 
 // Rank 1's `buf` as a device pointer rank 0 can copy into with the copy engine (collective; only

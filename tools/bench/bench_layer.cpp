@@ -9,6 +9,7 @@
 //     is the error of activation quantization, the runner's arithmetic and the bf16 outputs.
 // Times are medians of CUDA-event-timed repetitions queued back to back, each a CUDA graph replay
 // when the dispatcher is capturable ("nvlink", "local"), else eager calls ("nccl").
+// Weights: the harness's synthetic model (harness/cuda/synthetic.h), built on the device.
 // --decode: L stacked layers (one weight set shared by all layers: at these shapes each layer's
 // weights exceed L2 many times over, so sharing does not change the bytes read) with N sequences per
 // rank; one step = L forwards, captured as one graph; prints the step latency and output tokens/s
@@ -30,13 +31,14 @@
 #include <vector>
 
 #include "args.h"
+#include "bench_timer.h"
 #include "bench_util.h"
 #include "comm/launch.h"
 #include "setup.h"
 #include "core/cuda/check.h"
 #include "epmoe/epmoe.h"
+#include "harness/cuda/synthetic.h"
 #include "route/cuda/route.h"
-#include "run/cuda/fill.h"
 #include "run/oracle.h"
 #if defined(EPMOE_WITH_NCCL)
 #include "dispatch/a2a/host.h"
@@ -68,53 +70,9 @@ struct Opts {
 bool capturable(const std::string& dispatcher) { return dispatcher == "nvlink" || dispatcher == "local"; }
 
 // ---- weights ------------------------------------------------------------------------------------
-// Random weights generated on the device in their storage format, with a standard deviation of
-// about 1/sqrt(cols) per matrix (so activations keep their scale through the FFN).
-struct DeviceWeights {
-  DeviceBuffer d13, s13, g13, d2, s2, g2;
-  ExpertWeights w;
-};
-
-MatrixView make_matrix(DeviceBuffer& d, DeviceBuffer& s, DeviceBuffer& g, WeightFormat f, int E, int rows, int cols,
-                       uint64_t seed, cudaStream_t st) {
-  MatrixView v;
-  v.format = f;
-  v.experts = E;
-  v.rows = rows;
-  v.cols = cols;
-  v.device = DeviceKind::cuda;
-  d.reserve(std::max<size_t>(v.data_bytes(), 1));
-  const float inv = float(1.0 / std::sqrt(double(cols)));
-  if (f == WeightFormat::bf16) {
-    cuda::fill_random_bf16(d.get<bf16_raw>(), size_t(E) * rows * cols, std::sqrt(3.f) * inv, seed, st);
-  } else if (f == WeightFormat::fp8) {
-    // e4m3 codes of magnitude 2^-2..2^2 (rms about 2.9), one scale per 128x128 tile.
-    cuda::fill_random_e4m3(d.get<uint8_t>(), v.data_bytes(), 5, 9, seed, st);
-    s.reserve(std::max<size_t>(v.scale_bytes(), 4));
-    cuda::fill_f32(s.get<float>(), v.scale_bytes() / 4, inv / 2.9f, st);
-    v.scales = s.get();
-  } else {
-    // e2m1 pairs (rms 2.93) times e4m3 block scales of 2^-1..2^1 (rms about 1.9), over gs.
-    cuda::fill_random_u8(d.get<uint8_t>(), v.data_bytes(), seed, st);
-    s.reserve(std::max<size_t>(v.scale_bytes(), 1));
-    cuda::fill_random_e4m3(s.get<uint8_t>(), v.scale_bytes(), 6, 8, seed + 1, st);
-    g.reserve(size_t(E) * 4 + 4);
-    cuda::fill_f32(g.get<float>(), E, 5.5f / inv, st);
-    v.scales = s.get();
-    v.global_scale = g.get<float>();
-  }
-  v.data = d.get();
-  return v;
-}
-
-void make_weights(DeviceWeights& dw, WeightFormat f, int E, int H, int I, uint64_t seed, cudaStream_t st) {
-  dw.w.num_local_experts = E;
-  dw.w.hidden = H;
-  dw.w.intermediate = I;
-  dw.w.w13 = make_matrix(dw.d13, dw.s13, dw.g13, f, E, 2 * I, H, seed, st);
-  dw.w.w2 = make_matrix(dw.d2, dw.s2, dw.g2, f, E, H, I, seed + 7, st);
-  EPMOE_CUDA_CHECK(cudaStreamSynchronize(st));
-}
+// The harness's synthetic model (harness/synthetic.h), this rank's experts of layer 0, generated
+// and quantized on the device.
+using DeviceWeights = harness::cuda::DeviceRankWeights;
 
 // Expert e of a device matrix, copied to the host (experts = 1).
 HostMatrix download_expert(const MatrixView& m, int e) {
@@ -217,38 +175,11 @@ void report_bad_tokens(const std::vector<double>& g, const std::vector<double>& 
 }
 
 // ---- timing -------------------------------------------------------------------------------------
-// Median microseconds of `reps` calls of fn on `st`, queued back to back, each between its own
-// events: replays of one captured graph when `graph`, else eager calls. fn must already have run
-// eagerly (workspaces grown) before a capture.
+// Median microseconds of `reps` calls of fn on `st`, queued back to back: replays of one captured
+// graph when `graph`, else eager calls. fn must already have run eagerly (workspaces grown) before
+// a capture.
 double time_us(cudaStream_t st, bool graph, int reps, const std::function<void()>& fn) {
-  cudaGraph_t g = nullptr;
-  cudaGraphExec_t exec = nullptr;
-  if (graph) {
-    EPMOE_CUDA_CHECK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
-    fn();
-    EPMOE_CUDA_CHECK(cudaStreamEndCapture(st, &g));
-    EPMOE_CUDA_CHECK(cudaGraphInstantiate(&exec, g, 0));
-    for (int i = 0; i < 2; ++i) EPMOE_CUDA_CHECK(cudaGraphLaunch(exec, st));
-  }
-  std::vector<cudaEvent_t> ev(size_t(2) * reps);
-  for (auto& e : ev) EPMOE_CUDA_CHECK(cudaEventCreate(&e));
-  for (int i = 0; i < reps; ++i) {
-    EPMOE_CUDA_CHECK(cudaEventRecord(ev[2 * i], st));
-    if (graph) EPMOE_CUDA_CHECK(cudaGraphLaunch(exec, st));
-    else fn();
-    EPMOE_CUDA_CHECK(cudaEventRecord(ev[2 * i + 1], st));
-  }
-  EPMOE_CUDA_CHECK(cudaStreamSynchronize(st));
-  std::vector<double> t(reps);
-  for (int i = 0; i < reps; ++i) {
-    float ms = 0;
-    EPMOE_CUDA_CHECK(cudaEventElapsedTime(&ms, ev[2 * i], ev[2 * i + 1]));
-    t[i] = ms * 1e3;
-  }
-  for (auto& e : ev) cudaEventDestroy(e);
-  if (exec) cudaGraphExecDestroy(exec);
-  if (g) cudaGraphDestroy(g);
-  return median(t);
+  return median_us(st, TimeSpec{0, reps, graph, false}, fn);
 }
 
 // Waits for this rank's last dispatcher call and raises what its kernels recorded.
@@ -280,7 +211,7 @@ MoeConfig format_config(const Opts& o, ActFormat f, int64_t capacity) {
 void layer_rank(Communicator& comm, const Opts& o) {
   const int R = comm.size(), r = comm.rank(), dev = comm.device_index();
   const MoeConfig& b = o.base;
-  const int H = b.hidden, I = b.intermediate, E = b.num_experts, K = b.top_k, El = b.experts_per_rank();
+  const int H = b.hidden, E = b.num_experts, K = b.top_k;
   const int64_t maxT = *std::max_element(o.tokens.begin(), o.tokens.end());
   const int64_t minT = *std::min_element(o.tokens.begin(), o.tokens.end());
   const int64_t S = std::min<int64_t>(o.check, minT);
@@ -294,8 +225,8 @@ void layer_rank(Communicator& comm, const Opts& o) {
   // every T and its reference is computed once per format.
   DeviceBuffer hidden(size_t(maxT) * H * 2 + 2), logits(size_t(maxT) * E * 2 + 2), out(size_t(maxT) * H * 2 + 2);
   DeviceBuffer ids(size_t(maxT) * K * 4 + 4), wts(size_t(maxT) * K * 4 + 4), y(size_t(R) * maxT * H * 2 + 2);
-  cuda::fill_random_bf16(hidden.get<bf16_raw>(), size_t(maxT) * H, kActAmax, o.seed * 1000 + r, st);
-  cuda::fill_random_bf16(logits.get<bf16_raw>(), size_t(maxT) * E, 4.f, o.seed * 1000 + 500 + r, st);
+  harness::cuda::uniform_bf16(hidden.get<bf16_raw>(), size_t(maxT) * H, kActAmax, o.seed * 1000 + r, st);
+  harness::cuda::uniform_bf16(logits.get<bf16_raw>(), size_t(maxT) * E, 4.f, o.seed * 1000 + 500 + r, st);
   EPMOE_CUDA_CHECK(cudaStreamSynchronize(st));
 
   std::vector<double> xs, lg;  // every rank's subset, widened
@@ -309,7 +240,7 @@ void layer_rank(Communicator& comm, const Opts& o) {
 
   for (ActFormat f : o.formats) {
     DeviceWeights dw;
-    make_weights(dw, weight_family(f), El, H, I, o.seed * 7919 + uint64_t(r) * 64 + uint64_t(f) * 8, st);
+    harness::cuda::rank_weights(format_config(o, f, maxT), o.seed, 0, r, dw, st);
     std::vector<double> ref;
     if (S > 0) {
       if (talk) std::fprintf(stderr, "[bench layer] %s: float64 reference of %lld tokens\n", format_name(f),
@@ -396,7 +327,7 @@ void layer_rank(Communicator& comm, const Opts& o) {
 void decode_rank(Communicator& comm, const Opts& o) {
   const int R = comm.size(), r = comm.rank(), dev = comm.device_index();
   const MoeConfig& b = o.base;
-  const int H = b.hidden, I = b.intermediate, E = b.num_experts, El = b.experts_per_rank();
+  const int H = b.hidden, E = b.num_experts;
   const int64_t N = o.seqs;
   const int L = o.layers;
   const bool talk = r == 0 && rank0_process();
@@ -404,12 +335,12 @@ void decode_rank(Communicator& comm, const Opts& o) {
   OwnedStream stream;
   cudaStream_t st = stream.st;
   DeviceBuffer h0(size_t(N) * H * 2 + 2), h1(size_t(N) * H * 2 + 2), logits(size_t(L) * N * E * 2 + 2);
-  cuda::fill_random_bf16(h0.get<bf16_raw>(), size_t(N) * H, kActAmax, o.seed * 1000 + r, st);
-  cuda::fill_random_bf16(logits.get<bf16_raw>(), size_t(L) * N * E, 4.f, o.seed * 1000 + 500 + r, st);
+  harness::cuda::uniform_bf16(h0.get<bf16_raw>(), size_t(N) * H, kActAmax, o.seed * 1000 + r, st);
+  harness::cuda::uniform_bf16(logits.get<bf16_raw>(), size_t(L) * N * E, 4.f, o.seed * 1000 + 500 + r, st);
   for (ActFormat f : o.formats) {
-    DeviceWeights dw;
-    make_weights(dw, weight_family(f), El, H, I, o.seed * 7919 + uint64_t(r) * 64 + uint64_t(f) * 8, st);
     const MoeConfig cfg = format_config(o, f, N);
+    DeviceWeights dw;
+    harness::cuda::rank_weights(cfg, o.seed, 0, r, dw, st);
     std::vector<std::unique_ptr<MoeLayer>> layers;
     for (int l = 0; l < L; ++l) layers.push_back(std::make_unique<MoeLayer>(cfg, comm, dw.w, nullptr));
     // Layer l reads one buffer and writes the other; routing comes from per-layer logits.

@@ -15,10 +15,12 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <functional>
 #include <string>
 #include <vector>
 
 #include "args.h"
+#include "bench_timer.h"
 #include "bench_util.h"
 #include "setup.h"
 #include "core/cuda/check.h"
@@ -26,7 +28,7 @@
 #include "epmoe/error.h"
 #include "epmoe/presets.h"
 #include "epmoe/quant.h"
-#include "run/cuda/fill.h"
+#include "harness/cuda/synthetic.h"
 #include "run/cuda/runner.h"
 
 namespace epmoe::cli {
@@ -34,76 +36,26 @@ namespace {
 
 using cuda::DeviceBuffer;
 
-struct Timer {
-  cudaEvent_t a, b;
-  Timer() {
-    EPMOE_CUDA_CHECK(cudaEventCreate(&a));
-    EPMOE_CUDA_CHECK(cudaEventCreate(&b));
-  }
-  ~Timer() {
-    cudaEventDestroy(a);
-    cudaEventDestroy(b);
-  }
-  // Median over `reps` timed calls after `warm` untimed ones, in ms.
-  template <class F>
-  double median_ms(F&& f, int warm, int reps) {
-    for (int i = 0; i < warm; ++i) f();
-    std::vector<float> t(reps);
-    for (int i = 0; i < reps; ++i) {
-      EPMOE_CUDA_CHECK(cudaEventRecord(a));
-      f();
-      EPMOE_CUDA_CHECK(cudaEventRecord(b));
-      EPMOE_CUDA_CHECK(cudaEventSynchronize(b));
-      EPMOE_CUDA_CHECK(cudaEventElapsedTime(&t[i], a, b));
-    }
-    std::sort(t.begin(), t.end());
-    return t[reps / 2];
-  }
-};
+// Median ms of `reps` calls after `warm` untimed ones, each call waited for (the default stream).
+double median_ms(const std::function<void()>& fn, int warm, int reps) {
+  return median_us(nullptr, TimeSpec{warm, reps, false, true}, fn) / 1e3;
+}
 
 void check_cublas(cublasStatus_t s, const char* what) {
   if (s != CUBLAS_STATUS_SUCCESS) throw BackendError(std::string("cuBLAS ") + what + " failed with status " + std::to_string(int(s)));
 }
 
+// The harness's synthetic model (harness/cuda/synthetic.h) for cfg's local experts, built on the
+// device, plus the nvfp4 weights prepared for the decode engine when asked.
 struct DeviceWeights {
-  DeviceBuffer d13, s13, g13, d2, s2, g2, p13, p2;
+  harness::cuda::DeviceRankWeights gen;
+  DeviceBuffer p13, p2;
   ExpertWeights w;
 };
 
-// Random weights of format f, generated on the device.
-void make_weights(DeviceWeights& dw, WeightFormat f, int E, int H, int I, uint64_t seed) {
-  auto mat = [&](DeviceBuffer& d, DeviceBuffer& s, DeviceBuffer& g, int rows, int cols) {
-    MatrixView v;
-    v.format = f;
-    v.experts = E;
-    v.rows = rows;
-    v.cols = cols;
-    v.device = DeviceKind::cuda;
-    d.reserve(v.data_bytes());
-    if (f == WeightFormat::bf16) {
-      cuda::fill_random_bf16(d.get<bf16_raw>(), size_t(E) * rows * cols, 1.f / 64, seed++, nullptr);
-    } else if (f == WeightFormat::fp8) {
-      cuda::fill_random_e4m3(d.get<uint8_t>(), v.data_bytes(), 1, 14, seed++, nullptr);
-      s.reserve(v.scale_bytes());
-      cuda::fill_f32(s.get<float>(), v.scale_bytes() / 4, 1.f / 4096, nullptr);
-      v.scales = s.get();
-    } else {
-      cuda::fill_random_u8(d.get<uint8_t>(), v.data_bytes(), seed++, nullptr);
-      s.reserve(v.scale_bytes());
-      cuda::fill_random_e4m3(s.get<uint8_t>(), v.scale_bytes(), 5, 9, seed++, nullptr);
-      g.reserve(size_t(E) * 4);
-      cuda::fill_f32(g.get<float>(), E, 448.f * 6.f / 0.05f, nullptr);
-      v.global_scale = g.get<float>();
-      v.scales = s.get();
-    }
-    v.data = d.get();
-    return v;
-  };
-  dw.w.num_local_experts = E;
-  dw.w.hidden = H;
-  dw.w.intermediate = I;
-  dw.w.w13 = mat(dw.d13, dw.s13, dw.g13, 2 * I, H);
-  dw.w.w2 = mat(dw.d2, dw.s2, dw.g2, H, I);
+void make_weights(DeviceWeights& dw, const MoeConfig& cfg, uint64_t seed) {
+  harness::cuda::rank_weights(cfg, seed, 0, 0, dw.gen, nullptr);
+  dw.w = dw.gen.w;
 }
 
 struct Opts {
@@ -123,7 +75,7 @@ struct Opts {
 };
 
 // One preset: the runner for every weight format and M, the cuBLAS loop, the table.
-void bench_preset(const Opts& o, const ModelPreset& given, double hbm_gbs, Timer& timer, const char* gpu) {
+void bench_preset(const Opts& o, const ModelPreset& given, double hbm_gbs, const char* gpu) {
   ModelPreset pre = given;
   apply_config_flags(*o.flags_given, pre.config);  // --hidden, --intermediate, --ue8m0, tuning
   const int H = pre.config.hidden, I = pre.config.intermediate;
@@ -136,16 +88,17 @@ void bench_preset(const Opts& o, const ModelPreset& given, double hbm_gbs, Timer
   std::fflush(stdout);
 
   // Inputs: C = maxM slots, K = 1, slot j -> expert j % E, weight 1. One payload buffer serves every
-  // format: random bf16 bits, read as bf16 rows or as e4m3 codes with the fill's scales.
+  // format: random bf16 bits, read as bf16 rows or as e4m3 codes with scales of 1/64.
   DeviceBuffer payload(size_t(maxM) * H * 2), scales(size_t(maxM) * (H / 16) * 4 + 16), ids(size_t(maxM) * 4),
       wts(size_t(maxM) * 4), counts(4), y(size_t(maxM) * H * 2);
   {
     std::vector<int32_t> hid(maxM);
     for (long long j = 0; j < maxM; ++j) hid[j] = int32_t(j % E);
     EPMOE_CUDA_CHECK(cudaMemcpy(ids.get(), hid.data(), hid.size() * 4, cudaMemcpyHostToDevice));
-    cuda::fill_f32(wts.get<float>(), maxM, 1.f, nullptr);
-    cuda::fill_random_bf16(payload.get<bf16_raw>(), size_t(maxM) * H, 2.f, 99, nullptr);
-    cuda::fill_f32(scales.get<float>(), scales.size() / 4, 1.f / 64, nullptr);
+    const std::vector<float> ones(maxM, 1.f), sc(scales.size() / 4, 1.f / 64);
+    EPMOE_CUDA_CHECK(cudaMemcpy(wts.get(), ones.data(), ones.size() * 4, cudaMemcpyHostToDevice));
+    EPMOE_CUDA_CHECK(cudaMemcpy(scales.get(), sc.data(), sc.size() * 4, cudaMemcpyHostToDevice));
+    harness::cuda::uniform_bf16(payload.get<bf16_raw>(), size_t(maxM) * H, 2.f, 99, nullptr);
   }
 
   struct Row {
@@ -189,7 +142,7 @@ void bench_preset(const Opts& o, const ModelPreset& given, double hbm_gbs, Timer
       continue;
     }
     DeviceWeights dw;
-    make_weights(dw, f, E, H, I, 1234 + int(f));
+    make_weights(dw, cfg, 1234);
     if (pass.prepared) cuda::prepare_nvfp4_weights(dw.w, dw.p13, dw.p2, nullptr);
     EPMOE_CUDA_CHECK(cudaDeviceSynchronize());
     cuda::CudaRunner runner(cfg, 0);
@@ -213,7 +166,7 @@ void bench_preset(const Opts& o, const ModelPreset& given, double hbm_gbs, Timer
       in.weights = wts.get<float>();
       in.counts = counts.get<int32_t>();
       const int r = M >= 32768 ? std::max(3, reps / 2) : reps;
-      const double ms = timer.median_ms([&] { runner.run(in, dw.w, y.get<bf16_raw>(), nullptr); }, 2, r);
+      const double ms = median_ms([&] { runner.run(in, dw.w, y.get<bf16_raw>(), nullptr); }, 2, r);
       rows.push_back({M, f, ms, runner.last_engines()});
       std::fprintf(stderr, "  %s %s M=%lld: %.3f ms (bm %d, %s)\n", pre.name.c_str(), format_name(f), M, ms,
                    runner.last_block_m(), runner.last_engines());
@@ -222,11 +175,16 @@ void bench_preset(const Opts& o, const ModelPreset& given, double hbm_gbs, Timer
 
   // Baseline: cuBLAS bf16, one GEMM pair per expert (same FLOPs, no SwiGLU, no permute).
   if (o.cublas) {
+    MoeConfig cfg = pre.config;
+    cfg.num_experts = E;
+    cfg.num_ranks = 1;
+    cfg.placement.reset();
+    cfg.weight_format = WeightFormat::bf16;
     DeviceWeights dw;
-    make_weights(dw, WeightFormat::bf16, E, H, I, 777);
+    make_weights(dw, cfg, 1234);
     DeviceBuffer a(size_t(maxM) * H * 2), h(size_t(maxM) * 2 * I * 2), out(size_t(maxM) * H * 2);
-    cuda::fill_random_bf16(a.get<bf16_raw>(), size_t(maxM) * H, 1.f, 5, nullptr);
-    cuda::fill_random_bf16(h.get<bf16_raw>(), size_t(maxM) * 2 * I, 1.f, 6, nullptr);
+    harness::cuda::uniform_bf16(a.get<bf16_raw>(), size_t(maxM) * H, 1.f, 5, nullptr);
+    harness::cuda::uniform_bf16(h.get<bf16_raw>(), size_t(maxM) * 2 * I, 1.f, 6, nullptr);
     cublasHandle_t handle;
     check_cublas(cublasCreate(&handle), "create");
     const float one = 1.f, zero = 0.f;
@@ -253,7 +211,7 @@ void bench_preset(const Opts& o, const ModelPreset& given, double hbm_gbs, Timer
           row += me;
         }
       };
-      cublas_ms[mi] = timer.median_ms(run, 1, M >= 32768 ? 3 : std::max(3, reps / 2));
+      cublas_ms[mi] = median_ms(run, 1, M >= 32768 ? 3 : std::max(3, reps / 2));
     }
     cublasDestroy(handle);
   }
@@ -361,21 +319,20 @@ int bench_runner(const std::vector<std::string>& args) {
   }
   cudaDeviceProp prop{};
   EPMOE_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
-  Timer timer;
   // HBM ceiling: D2D copy of 2 GiB, once for every preset of the run.
   double hbm_gbs = 0;
   {
     const size_t copy_bytes = size_t(2) << 30;
     DeviceBuffer c0(copy_bytes), c1(copy_bytes);
     EPMOE_CUDA_CHECK(cudaMemset(c0.get(), 1, copy_bytes));
-    const double copy_ms = timer.median_ms(
+    const double copy_ms = median_ms(
         [&] { EPMOE_CUDA_CHECK(cudaMemcpyAsync(c1.get(), c0.get(), copy_bytes, cudaMemcpyDeviceToDevice)); }, 2, 5);
     hbm_gbs = 2.0 * copy_bytes / (copy_ms * 1e6);
   }
   std::printf("# HBM copy (D2D, read+write): %.0f GB/s\n", hbm_gbs);
   for (size_t i = 0; i < o.presets.size(); ++i) {
     std::fprintf(stderr, "[bench runner] preset %zu/%zu: %s\n", i + 1, o.presets.size(), o.presets[i]->name.c_str());
-    bench_preset(o, *o.presets[i], hbm_gbs, timer, prop.name);
+    bench_preset(o, *o.presets[i], hbm_gbs, prop.name);
   }
   return 0;
 }

@@ -67,6 +67,9 @@ struct RowResult {
   double total_ms = 0;  // sum over layers of the slowest rank's forward
 };
 
+// Runs estimated to take longer than this print a progress line per layer.
+constexpr double kProgressSeconds = 5.0;
+
 double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
@@ -118,8 +121,10 @@ void run_row_rank(Communicator& comm, RankIO& io, Exchange& ex, const RunSetup& 
     // Ranks check different token counts: meet here, under the host-side timeout, so that no rank
     // waits for a slower one's float64 inside the next forward (under --timeout-ms).
     ex.allgather(comm, {0.0});  // one value: NCCL treats an empty allgather as no collective
-    if (talk && (gpu || plan.seconds > 10))
-      std::fprintf(stderr, "[epmoe run] %s: layer %d/%d done (%.1f s)\n", tag.c_str(), l + 1, s.layers, seconds_since(t0));
+    // Progress only for long runs: the setup's estimate (cpu), or this row's pace so far.
+    const double elapsed = seconds_since(t0), row_estimate = elapsed / (l + 1) * s.layers;
+    if (talk && (plan.seconds > kProgressSeconds || row_estimate > kProgressSeconds))
+      std::fprintf(stderr, "[epmoe run] %s: layer %d/%d done (%.1f s)\n", tag.c_str(), l + 1, s.layers, elapsed);
   }
 
   // Results to the printing rank: [S, got S x H padded to Smax x H, ref likewise], layer times.

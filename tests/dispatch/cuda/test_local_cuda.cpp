@@ -12,7 +12,7 @@
 #include "dispatch/plan.h"
 #include "epmoe/error.h"
 #include "epmoe/quant.h"
-#include "quant/cuda/gpu_test_util.h"
+#include "common/gpu_test_util.h"
 
 namespace epmoe::test {
 namespace {

@@ -15,7 +15,7 @@
 #include "epmoe/dispatch.h"
 #include "epmoe/quant.h"
 #include "epmoe/runner.h"
-#include "quant/cuda/gpu_test_util.h"
+#include "common/gpu_test_util.h"
 
 namespace epmoe::test {
 

@@ -15,7 +15,7 @@
 
 #include "epmoe/numeric.h"
 #include "epmoe/quant.h"
-#include "quant/cuda/gpu_test_util.h"
+#include "common/gpu_test_util.h"
 #include "run/cuda/engine.h"
 #include "run/cuda/runner.h"
 

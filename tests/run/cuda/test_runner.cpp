@@ -14,7 +14,7 @@
 
 #include "epmoe/error.h"
 #include "epmoe/quant.h"
-#include "quant/cuda/gpu_test_util.h"
+#include "common/gpu_test_util.h"
 #include "run/cuda/engine.h"
 #include "run/cuda/runner.h"
 #include "run/cuda/runner_test_util.h"
