@@ -256,8 +256,9 @@ def communicator(group=None, device: Optional[int] = None, timeout_ms: int = 600
     With ``comm_ptr`` (the address of an ncclComm_t the group already owns, where the framework
     exposes it, e.g. torchcomms' ``get_nccl_comm_ptr()``), that communicator is adopted: epmoe uses
     it and never destroys it. Otherwise a new one is made: rank and size from the group, an NCCL id
-    made on the group's rank 0 and broadcast through the group (PyTorch's ProcessGroupNCCL has no
-    public accessor for its own). The GPU is ``device`` or the current CUDA device."""
+    made on the group's rank 0 and broadcast through the group (some PyTorch versions expose the
+    group's own communicator as ``ProcessGroupNCCL.comm_ptr``: pass that as ``comm_ptr`` to adopt
+    it). The GPU is ``device`` or the current CUDA device."""
     if comm_ptr is not None:
         from . import adopt_nccl_comm
         return adopt_nccl_comm(comm_ptr, timeout_ms)
