@@ -18,7 +18,7 @@
 #include "epmoe/router.h"
 #include "harness/check.h"
 #include "harness/synthetic.h"
-#include "layer/model.h"
+#include "layer/stack_model.h"
 #include "run/oracle.h"
 #include "run/reference.h"
 

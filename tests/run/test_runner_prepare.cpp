@@ -12,7 +12,7 @@
 #include "epmoe/layer.h"
 #include "epmoe/numeric.h"
 #include "epmoe/registry.h"
-#include "layer/model.h"
+#include "layer/stack_model.h"
 #include "run/reference.h"
 
 namespace epmoe {

@@ -1,5 +1,5 @@
 // The whole synthetic model in host memory (harness/synthetic.h) and the stacked-layer driver (see model.h for the comparison rule).
-#include "layer/model.h"
+#include "layer/stack_model.h"
 
 #include <algorithm>
 #include <chrono>

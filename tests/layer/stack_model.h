@@ -1,4 +1,6 @@
-// A random model and the stacked-layer driver behind `epmoe run` and the end-to-end tests.
+// A random model and a stacked-layer loop for the end-to-end tests of tests/layer (the tool's one
+// driver of `epmoe run` lives in tools/cli/run_driver.*; this loop is the tests' own, kept apart so
+// that it checks the layer independently of the driver).
 //
 // Every layer has fp32 master weights, a router projection [E, H] so that logits depend on the
 // input, and per-rank quantized expert weights laid out by the config's placement, all from the
