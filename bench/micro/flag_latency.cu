@@ -23,14 +23,8 @@
 #include <cstdio>
 #include <cstdlib>
 
-#define CK(x)                                                                              \
-  do {                                                                                     \
-    cudaError_t e_ = (x);                                                                  \
-    if (e_ != cudaSuccess) {                                                               \
-      std::printf("CUDA error %s at %s:%d\n", cudaGetErrorString(e_), __FILE__, __LINE__); \
-      std::exit(1);                                                                        \
-    }                                                                                      \
-  } while (0)
+#include "core/cuda/check.h"  // the library's CUDA check: errors as exceptions naming the call
+
 
 constexpr uint64_t kSpinLimitNs = 2000000000ull;  // a spin that takes 2 s reports a failure
 
@@ -166,8 +160,8 @@ int main(int argc, char** argv) {
     return 77;
   }
   int can01 = 0, can10 = 0;
-  CK(cudaDeviceCanAccessPeer(&can01, 0, 1));
-  CK(cudaDeviceCanAccessPeer(&can10, 1, 0));
+  EPMOE_CUDA_CHECK(cudaDeviceCanAccessPeer(&can01, 0, 1));
+  EPMOE_CUDA_CHECK(cudaDeviceCanAccessPeer(&can10, 1, 0));
   if (!can01 || !can10) {
     std::printf("flag_latency: GPUs 0 and 1 have no P2P access\n");
     return 77;
@@ -177,37 +171,37 @@ int main(int argc, char** argv) {
   uint4* buf[2];
   uint64_t* out[2];
   for (int d = 0; d < 2; ++d) {
-    CK(cudaSetDevice(d));
-    CK(cudaDeviceEnablePeerAccess(1 - d, 0));
-    CK(cudaMalloc(&flag[d], 64));
-    CK(cudaMemset(flag[d], 0, 64));
-    CK(cudaMalloc(&buf[d], kBuf));
-    CK(cudaMalloc(&out[d], 64));
-    CK(cudaMemset(out[d], 0, 64));
+    EPMOE_CUDA_CHECK(cudaSetDevice(d));
+    EPMOE_CUDA_CHECK(cudaDeviceEnablePeerAccess(1 - d, 0));
+    EPMOE_CUDA_CHECK(cudaMalloc(&flag[d], 64));
+    EPMOE_CUDA_CHECK(cudaMemset(flag[d], 0, 64));
+    EPMOE_CUDA_CHECK(cudaMalloc(&buf[d], kBuf));
+    EPMOE_CUDA_CHECK(cudaMalloc(&out[d], 64));
+    EPMOE_CUDA_CHECK(cudaMemset(out[d], 0, 64));
   }
   cudaDeviceProp prop;
-  CK(cudaGetDeviceProperties(&prop, 0));
+  EPMOE_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
   std::printf("# flag_latency: 2 x %s, %d iterations per figure (the first round trip not timed)\n", prop.name, iters);
 
   uint64_t base = 0;  // flags only grow, so every run continues from the last value
   auto run_pingpong = [&](bool acquire, size_t burst, int threads) {
     for (int d = 1; d >= 0; --d) {  // responder first, so that it spins before the first signal
-      CK(cudaSetDevice(d));
+      EPMOE_CUDA_CHECK(cudaSetDevice(d));
       const bool init = d == 0;
       if (acquire)
         pingpong<true><<<1, threads>>>(init, flag[d], flag[1 - d], buf[1 - d], burst, iters, base, out[d]);
       else
         pingpong<false><<<1, threads>>>(init, flag[d], flag[1 - d], buf[1 - d], burst, iters, base, out[d]);
-      CK(cudaGetLastError());
+      EPMOE_CUDA_CHECK(cudaGetLastError());
     }
     for (int d = 0; d < 2; ++d) {
-      CK(cudaSetDevice(d));
-      CK(cudaDeviceSynchronize());
+      EPMOE_CUDA_CHECK(cudaSetDevice(d));
+      EPMOE_CUDA_CHECK(cudaDeviceSynchronize());
     }
     base += uint64_t(iters);
     uint64_t h[2];
-    CK(cudaSetDevice(0));
-    CK(cudaMemcpy(h, out[0], sizeof h, cudaMemcpyDeviceToHost));
+    EPMOE_CUDA_CHECK(cudaSetDevice(0));
+    EPMOE_CUDA_CHECK(cudaMemcpy(h, out[0], sizeof h, cudaMemcpyDeviceToHost));
     std::printf("A/B  %-8s burst %8zu B, %4d threads: %7.2f us per round trip%s\n", acquire ? "acq/rel" : "volatile",
                 burst, threads, double(h[0]) / 1e3, h[1] ? "  (A SPIN TIMED OUT)" : "");
   };
@@ -215,37 +209,37 @@ int main(int argc, char** argv) {
   run_pingpong(true, 0, 32);
   for (size_t b : {size_t(2048), size_t(16384), size_t(131072), size_t(1) << 20}) run_pingpong(true, b, 512);
 
-  CK(cudaSetDevice(0));
+  EPMOE_CUDA_CHECK(cudaSetDevice(0));
   for (int G : {1, 8, 24, 64}) {
-    CK(cudaMemset(flag[0], 0, 64));
+    EPMOE_CUDA_CHECK(cudaMemset(flag[0], 0, 64));
     grid_barrier<<<G, 512>>>(flag[0], iters, out[0]);
-    CK(cudaGetLastError());
-    CK(cudaDeviceSynchronize());
+    EPMOE_CUDA_CHECK(cudaGetLastError());
+    EPMOE_CUDA_CHECK(cudaDeviceSynchronize());
     uint64_t h;
-    CK(cudaMemcpy(&h, out[0], sizeof h, cudaMemcpyDeviceToHost));
+    EPMOE_CUDA_CHECK(cudaMemcpy(&h, out[0], sizeof h, cudaMemcpyDeviceToHost));
     std::printf("C    grid barrier, %2d CTAs of 512 threads: %7.2f us per barrier\n", G, double(h) / 1e3);
   }
   for (size_t b : {size_t(0), size_t(16384), size_t(131072), size_t(1) << 20}) {
     fence_cost<<<1, 512>>>(buf[1], b, iters / 10 + 1, out[0]);
-    CK(cudaGetLastError());
-    CK(cudaDeviceSynchronize());
+    EPMOE_CUDA_CHECK(cudaGetLastError());
+    EPMOE_CUDA_CHECK(cudaDeviceSynchronize());
     uint64_t h;
-    CK(cudaMemcpy(&h, out[0], sizeof h, cudaMemcpyDeviceToHost));
+    EPMOE_CUDA_CHECK(cudaMemcpy(&h, out[0], sizeof h, cudaMemcpyDeviceToHost));
     std::printf("D    __threadfence_system after %8zu B of peer stores: %7.2f us\n", b, double(h) / 1e3);
   }
 
   // E. 64 MiB read per call (the fp8 dispatch at 4096 DeepSeek-V3 tokens reads 58.7 MB).
   constexpr size_t kMove = 64u << 20;
   uint4 *src, *dst, *peer_dst;
-  CK(cudaSetDevice(1));
-  CK(cudaMalloc(&peer_dst, kMove / 2));
-  CK(cudaSetDevice(0));
-  CK(cudaMalloc(&src, kMove));
-  CK(cudaMalloc(&dst, kMove));
-  CK(cudaMemset(src, 1, kMove));
+  EPMOE_CUDA_CHECK(cudaSetDevice(1));
+  EPMOE_CUDA_CHECK(cudaMalloc(&peer_dst, kMove / 2));
+  EPMOE_CUDA_CHECK(cudaSetDevice(0));
+  EPMOE_CUDA_CHECK(cudaMalloc(&src, kMove));
+  EPMOE_CUDA_CHECK(cudaMalloc(&dst, kMove));
+  EPMOE_CUDA_CHECK(cudaMemset(src, 1, kMove));
   cudaEvent_t e0, e1;
-  CK(cudaEventCreate(&e0));
-  CK(cudaEventCreate(&e1));
+  EPMOE_CUDA_CHECK(cudaEventCreate(&e0));
+  EPMOE_CUDA_CHECK(cudaEventCreate(&e1));
   struct Mode {
     const char* name;
     bool half, peer;
@@ -255,12 +249,12 @@ int main(int argc, char** argv) {
     for (int G : {16, 24, 32, 48, 64, 132}) {
       float best = 1e30f;
       for (int r = 0; r < 6; ++r) {
-        CK(cudaEventRecord(e0));
+        EPMOE_CUDA_CHECK(cudaEventRecord(e0));
         move_pattern<<<G, 512>>>(src, kMove / 16, dst, m.peer ? peer_dst : nullptr, m.half);
-        CK(cudaEventRecord(e1));
-        CK(cudaEventSynchronize(e1));
+        EPMOE_CUDA_CHECK(cudaEventRecord(e1));
+        EPMOE_CUDA_CHECK(cudaEventSynchronize(e1));
         float ms = 0;
-        CK(cudaEventElapsedTime(&ms, e0, e1));
+        EPMOE_CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
         if (r > 0 && ms < best) best = ms;
       }
       const double stored = m.half ? (m.peer ? 1.0 : 0.5) * kMove : double(kMove);

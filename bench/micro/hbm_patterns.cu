@@ -13,14 +13,8 @@
 #include <cstdio>
 #include <vector>
 
-#define CK(x)                                                                          \
-  do {                                                                                 \
-    cudaError_t e = (x);                                                               \
-    if (e != cudaSuccess) {                                                            \
-      std::printf("CUDA error %s at %s:%d\n", cudaGetErrorString(e), __FILE__, __LINE__); \
-      std::exit(1);                                                                    \
-    }                                                                                  \
-  } while (0)
+#include "core/cuda/check.h"  // the library's CUDA check: errors as exceptions naming the call
+
 
 constexpr int kStages = 4, kThreads = 128;
 
@@ -81,17 +75,17 @@ __global__ void contiguous_kernel(const uint4* p, int64_t n, unsigned* sink) {
 template <class F>
 float time_ms(F f, int reps = 5) {
   cudaEvent_t a, b;
-  CK(cudaEventCreate(&a));
-  CK(cudaEventCreate(&b));
+  EPMOE_CUDA_CHECK(cudaEventCreate(&a));
+  EPMOE_CUDA_CHECK(cudaEventCreate(&b));
   f();
   std::vector<float> t;
   for (int i = 0; i < reps; ++i) {
-    CK(cudaEventRecord(a));
+    EPMOE_CUDA_CHECK(cudaEventRecord(a));
     f();
-    CK(cudaEventRecord(b));
-    CK(cudaEventSynchronize(b));
+    EPMOE_CUDA_CHECK(cudaEventRecord(b));
+    EPMOE_CUDA_CHECK(cudaEventSynchronize(b));
     float ms;
-    CK(cudaEventElapsedTime(&ms, a, b));
+    EPMOE_CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
     t.push_back(ms);
   }
   std::sort(t.begin(), t.end());
@@ -100,19 +94,19 @@ float time_ms(F f, int reps = 5) {
 
 int main() {
   int sms;
-  CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  EPMOE_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
   // GEMM1 of DeepSeek-V3 bf16: 128 experts x 4096 rows x 14336 bytes = 7.5 GB.
   const int experts = 128, rows = 4096, row_bytes = 14336;
   const size_t bytes = size_t(experts) * rows * row_bytes;
   uint8_t* W;
   unsigned* sink;
-  CK(cudaMalloc(&W, bytes + (1 << 20)));
-  CK(cudaMalloc(&sink, 64));
-  CK(cudaMemset(W, 1, bytes));
+  EPMOE_CUDA_CHECK(cudaMalloc(&W, bytes + (1 << 20)));
+  EPMOE_CUDA_CHECK(cudaMalloc(&sink, 64));
+  EPMOE_CUDA_CHECK(cudaMemset(W, 1, bytes));
   uint8_t* dst;
   const size_t cbytes = size_t(2) << 30;
-  CK(cudaMalloc(&dst, cbytes));
-  const float copy_ms = time_ms([&] { CK(cudaMemcpyAsync(dst, W, cbytes, cudaMemcpyDeviceToDevice)); });
+  EPMOE_CUDA_CHECK(cudaMalloc(&dst, cbytes));
+  const float copy_ms = time_ms([&] { EPMOE_CUDA_CHECK(cudaMemcpyAsync(dst, W, cbytes, cudaMemcpyDeviceToDevice)); });
   std::printf("D2D copy 2 GiB: %.0f GB/s (read+write)\n", 2.0 * cbytes / copy_ms / 1e6);
   const float c_ms = time_ms([&] {
     contiguous_kernel<<<sms * 8, 512>>>(reinterpret_cast<const uint4*>(W), int64_t(bytes / 16), sink);
@@ -125,14 +119,14 @@ int main() {
                   {128, 128, 1}, {64, 512, 1}, {256, 64, 2}};
   for (const P& p : ps) {
     const int smem = kStages * p.R * p.S;
-    CK(cudaFuncSetAttribute(pattern_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    EPMOE_CUDA_CHECK(cudaFuncSetAttribute(pattern_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
     const float ms = time_ms([&] {
       pattern_kernel<<<sms * p.ctas, kThreads, smem>>>(W, experts, rows, row_bytes, p.R, p.S, sink);
     });
-    CK(cudaGetLastError());
+    EPMOE_CUDA_CHECK(cudaGetLastError());
     std::printf("pattern R=%3d rows x S=%4d B per stage (%2d KB), %d CTA/SM: %.0f GB/s\n", p.R, p.S,
                 p.R * p.S / 1024, p.ctas, bytes / ms / 1e6);
   }
-  CK(cudaDeviceSynchronize());
+  EPMOE_CUDA_CHECK(cudaDeviceSynchronize());
   return 0;
 }
