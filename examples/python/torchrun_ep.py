@@ -194,13 +194,8 @@ def main(argv=None) -> int:
     inputs = [rank_inputs(args, r, counts[r]) for r in range(R)]  # every rank's, for the shared scale
     all_hidden = torch.cat([h for h, _ in inputs])
 
-    if args.comm_ptr:
-        backend = dist.group.WORLD._get_backend(device)
-        ptr = getattr(type(backend), "comm_ptr", None)
-        ptr = backend.comm_ptr if isinstance(ptr, property) else backend._comm_ptr()
-        comm = et.communicator(comm_ptr=int(ptr), timeout_ms=args.timeout_ms)
-    else:
-        comm = et.communicator(device=local, timeout_ms=args.timeout_ms)
+    # --comm-ptr: adopt the communicator torch's ProcessGroupNCCL already owns.
+    comm = et.communicator(device=local, timeout_ms=args.timeout_ms, adopt=args.comm_ptr)
     say(f"{comm!r} on cuda:{local}; tokens per rank {counts}, capacity {capacity}")
 
     w13, w2 = full_weights(args)

@@ -25,6 +25,9 @@ _lock = threading.Lock()
 _lib = torch.library.Library("epmoe", "FRAGMENT")
 _lib.define("forward(Tensor hidden, Tensor router_logits, int layer) -> Tensor")
 _lib.define("forward_routed(Tensor hidden, Tensor topk_ids, Tensor topk_weights, int layer) -> Tensor")
+# Into a caller's buffer (e.g. a framework's symmetric-memory output): out is written, nothing returned.
+_lib.define("forward_out(Tensor hidden, Tensor router_logits, int layer, Tensor(a!) out) -> ()")
+_lib.define("forward_routed_out(Tensor hidden, Tensor topk_ids, Tensor topk_weights, int layer, Tensor(a!) out) -> ()")
 
 
 def _layer(handle: int) -> _Layer:
@@ -57,9 +60,20 @@ def _forward_routed_impl(hidden: torch.Tensor, topk_ids: torch.Tensor, topk_weig
     return out
 
 
+def _forward_out_impl(hidden: torch.Tensor, router_logits: torch.Tensor, layer: int, out: torch.Tensor) -> None:
+    _layer(layer)._forward(_dl(hidden), _dl(router_logits), _dl(out), _stream_of(hidden))
+
+
+def _forward_routed_out_impl(hidden: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, layer: int,
+                             out: torch.Tensor) -> None:
+    _layer(layer)._forward_routed(_dl(hidden), _dl(topk_ids), _dl(topk_weights), _dl(out), _stream_of(hidden))
+
+
 for _key in ("CPU", "CUDA"):
     _lib.impl("forward", _forward_impl, _key)
     _lib.impl("forward_routed", _forward_routed_impl, _key)
+    _lib.impl("forward_out", _forward_out_impl, _key)
+    _lib.impl("forward_routed_out", _forward_routed_out_impl, _key)
 
 
 @torch.library.register_fake("epmoe::forward")
@@ -70,6 +84,16 @@ def _forward_fake(hidden, router_logits, layer):
 @torch.library.register_fake("epmoe::forward_routed")
 def _forward_routed_fake(hidden, topk_ids, topk_weights, layer):
     return hidden.new_empty((hidden.shape[0], hidden.shape[1]), dtype=torch.bfloat16)
+
+
+@torch.library.register_fake("epmoe::forward_out")
+def _forward_out_fake(hidden, router_logits, layer, out):
+    return None
+
+
+@torch.library.register_fake("epmoe::forward_routed_out")
+def _forward_routed_out_fake(hidden, topk_ids, topk_weights, layer, out):
+    return None
 
 
 def _register(layer: _Layer) -> int:
@@ -109,12 +133,20 @@ class EpMoE(torch.nn.Module):
     def config(self) -> MoeConfig:
         return self._layer.config
 
-    def forward(self, hidden: torch.Tensor, router_logits: torch.Tensor) -> torch.Tensor:
-        return torch.ops.epmoe.forward(hidden, router_logits, self._handle)
+    def forward(self, hidden: torch.Tensor, router_logits: torch.Tensor,
+                out: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """[T, H] bf16 out; into ``out`` (bf16 [T, H], contiguous, on hidden's device) when given."""
+        if out is None:
+            return torch.ops.epmoe.forward(hidden, router_logits, self._handle)
+        torch.ops.epmoe.forward_out(hidden, router_logits, self._handle, out)
+        return out
 
-    def forward_routed(self, hidden: torch.Tensor, topk_ids: torch.Tensor,
-                       topk_weights: torch.Tensor) -> torch.Tensor:
-        return torch.ops.epmoe.forward_routed(hidden, topk_ids, topk_weights, self._handle)
+    def forward_routed(self, hidden: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
+                       out: Optional[torch.Tensor] = None) -> torch.Tensor:
+        if out is None:
+            return torch.ops.epmoe.forward_routed(hidden, topk_ids, topk_weights, self._handle)
+        torch.ops.epmoe.forward_routed_out(hidden, topk_ids, topk_weights, self._handle, out)
+        return out
 
     def __del__(self):
         handle = getattr(self, "_handle", None)
@@ -250,15 +282,26 @@ class EpMoEQuantized(EpMoE):
         self._handle = _register(self._layer)
 
 
-def communicator(group=None, device: Optional[int] = None, timeout_ms: int = 60000, comm_ptr: Optional[int] = None):
+def communicator(group=None, device: Optional[int] = None, timeout_ms: int = 60000, comm_ptr: Optional[int] = None,
+                 adopt: bool = False):
     """An epmoe NCCL communicator for a torch.distributed process group (default: the world).
 
-    With ``comm_ptr`` (the address of an ncclComm_t the group already owns, where the framework
-    exposes it, e.g. torchcomms' ``get_nccl_comm_ptr()``), that communicator is adopted: epmoe uses
-    it and never destroys it. Otherwise a new one is made: rank and size from the group, an NCCL id
-    made on the group's rank 0 and broadcast through the group (some PyTorch versions expose the
-    group's own communicator as ``ProcessGroupNCCL.comm_ptr``: pass that as ``comm_ptr`` to adopt
-    it). The GPU is ``device`` or the current CUDA device."""
+    ``adopt=True`` uses the NCCL communicator the group already owns (ProcessGroupNCCL's
+    ``comm_ptr``, where this PyTorch has it, after one collective has made it): epmoe never destroys
+    it, and the caller must keep the group's own collectives and epmoe's calls in the same order on
+    every rank (they share one communicator). ``comm_ptr`` adopts a given ``ncclComm_t`` address
+    instead (e.g. torchcomms' ``get_nccl_comm_ptr()``). Otherwise (the default) a new communicator
+    is made: rank and size from the group, an NCCL id made on the group's rank 0 and broadcast
+    through the group. The GPU is ``device`` or the current CUDA device."""
+    from . import with_nccl
+
+    if not with_nccl:
+        raise UsageError("epmoe.torch.communicator: this epmoe was built without NCCL (no nvcc/NCCL at build time); "
+                         "rebuild on a machine with the CUDA toolkit and NCCL")
+    if not torch.cuda.is_available():
+        raise UsageError("epmoe.torch.communicator: no CUDA device is visible to this process")
+    if comm_ptr is None and adopt:
+        comm_ptr = _group_comm_ptr(group, device)
     if comm_ptr is not None:
         from . import adopt_nccl_comm
         return adopt_nccl_comm(comm_ptr, timeout_ms)
@@ -272,3 +315,37 @@ def communicator(group=None, device: Optional[int] = None, timeout_ms: int = 600
     dist.broadcast_object_list(obj, src=dist.get_global_rank(group, 0) if group is not None else 0, group=group)
     dev = torch.cuda.current_device() if device is None else device
     return nccl_comm(obj[0], rank, world, dev, timeout_ms)
+
+
+def _group_comm_ptr(group, device: Optional[int]) -> int:
+    """The ncclComm_t of a ProcessGroupNCCL, made by one collective if it does not exist yet."""
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        raise UsageError("epmoe.torch.communicator(adopt=True): torch.distributed is not initialized")
+    pg = group if group is not None else dist.group.WORLD
+    dev = torch.device("cuda", torch.cuda.current_device() if device is None else device)
+    try:
+        backend = pg._get_backend(dev)
+    except Exception as e:  # noqa: BLE001  (no NCCL backend on this group)
+        raise UsageError(f"epmoe.torch.communicator(adopt=True): the group has no NCCL backend ({e}); "
+                         "use adopt=False (a new communicator made through the group)") from e
+    getter = getattr(backend, "comm_ptr", None)
+    if getter is None:
+        getter = getattr(backend, "_comm_ptr", None)
+    if getter is None:
+        raise UsageError("epmoe.torch.communicator(adopt=True): this PyTorch's ProcessGroupNCCL does not expose "
+                         "its communicator (comm_ptr); use adopt=False")
+
+    def read() -> int:
+        return int(getter() if callable(getter) else getter)
+
+    ptr = read()
+    if ptr == 0:  # NCCL communicators are made lazily, at the group's first collective on the device
+        dist.all_reduce(torch.zeros(1, device=dev), group=pg)
+        torch.cuda.synchronize(dev)
+        ptr = read()
+    if ptr == 0:
+        raise UsageError("epmoe.torch.communicator(adopt=True): the group's NCCL communicator does not exist "
+                         "after a collective; use adopt=False")
+    return ptr

@@ -163,3 +163,51 @@ def test_checkpoint_tensors_of_the_wrong_layout_are_refused(weights):
         epmoe.ExpertWeights.nvfp4(**dict(n, w2_global_scale=n["w2_global_scale"].astype(np.float64)))
     with pytest.raises(epmoe.UsageError, match=r"w2 is u8\[8, 256, 64\] on cpu; expected \[8, 512, 64\]"):
         epmoe.ExpertWeights.nvfp4(**dict(n, w13=ck["w13"]))  # fp8 codes: H read off w13 disagrees with w2
+
+
+def test_more_bad_inputs_are_usage_errors(weights):
+    """Issue 16's list: ids out of range or of the wrong dtype, weights of the wrong format for the
+    configuration, wrong shapes; every one a UsageError before any work, the layer usable after."""
+    w13, w2 = weights
+    layer = epmoe.MoeLayer(cfg(), epmoe.local_comm(), epmoe.ExpertWeights.quantize(w13, w2, "bf16"))
+    x, g = inputs(3)
+    ids = np.array([[0, 1], [2, 3], [4, 5]], dtype=np.int32)
+    w = np.full((3, K), 0.5, dtype=np.float32)
+    with pytest.raises(epmoe.UsageError, match=r"topk_ids\[.*outside"):
+        layer.forward_routed(x, np.array([[0, 1], [2, E], [4, 5]], dtype=np.int32), w)
+    with pytest.raises(epmoe.UsageError, match="topk_ids"):
+        layer.forward_routed(x, ids.astype(np.int64), w)
+    with pytest.raises(epmoe.UsageError, match="topk_weights"):
+        layer.forward_routed(x, ids, w.astype(np.float64))
+    with pytest.raises(epmoe.UsageError, match="out"):
+        layer.forward(x, g, np.empty((3, H + 1), dtype=np.uint16))
+    with pytest.raises(epmoe.UsageError, match="weight_format"):  # fp8 configured, bf16 weights given
+        epmoe.MoeLayer(cfg(weight_format="fp8"), epmoe.local_comm(), epmoe.ExpertWeights.quantize(w13, w2, "bf16"))
+    ok = layer.forward_routed(x, ids, w)  # nothing was lost
+    assert np.isfinite(epmoe.bf16_to_float(ok)).all()
+
+
+def test_the_layer_keeps_its_communicator_alive(weights):
+    w13, w2 = weights
+    comms = epmoe.cpu_group(1)
+    layer = epmoe.MoeLayer(cfg(dispatcher="cpu"), comms[0], epmoe.ExpertWeights.quantize(w13, w2, "bf16"))
+    del comms  # the layer holds a reference: no dangling communicator
+    import gc
+
+    gc.collect()
+    x, g = inputs(2)
+    assert layer.forward(x, g).shape == (2, H)
+
+
+def test_finite_logits_of_any_magnitude_give_finite_outputs(weights):
+    w13, w2 = weights
+    c = cfg(num_experts=E)
+    c.router.kind = "sigmoid_grouped_topk"
+    c.router.n_group = 2
+    c.router.topk_group = 1
+    layer = epmoe.MoeLayer(c, epmoe.local_comm(), epmoe.ExpertWeights.quantize(w13, w2, "bf16"))
+    x, _ = inputs(4)
+    for scale in (-1e30, -300.0, -90.0, 1e30):
+        g = np.full((4, E), scale, dtype=np.float32) + np.arange(E, dtype=np.float32)
+        out = epmoe.bf16_to_float(layer.forward(x, g))
+        assert np.isfinite(out).all(), scale

@@ -57,3 +57,39 @@ def test_bad_weights_and_stale_handles_are_usage_errors():
         et.EpMoE(c, epmoe.local_comm(), w13.float(), w2)
     with pytest.raises(epmoe.UsageError, match="handle 987654"):
         torch.ops.epmoe.forward(x, logits, 987654)
+
+
+def test_communicator_without_a_gpu_or_nccl_is_a_usage_error():
+    import torch.distributed as dist
+
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA device is visible: the multi-GPU issue's torchrun run covers communicator()")
+    with pytest.raises(epmoe.UsageError, match="NCCL|CUDA device"):
+        et.communicator()
+    if not dist.is_available():
+        return
+    with pytest.raises(epmoe.UsageError, match="NCCL|CUDA device"):
+        et.communicator(adopt=True)
+
+
+def test_out_variants_write_the_callers_buffer_eager_and_compiled():
+    c, w13, w2, x, logits = make(2)
+    m = et.EpMoE(c, epmoe.local_comm(), w13, w2)
+    ref = m(x, logits)
+    out = torch.full_like(ref, 7.0)
+    assert m(x, logits, out=out) is out
+    assert torch.equal(out, ref)
+
+    def f(x, logits, out):
+        m(x, logits, out=out)
+        return out * 1
+
+    out2 = torch.zeros_like(ref)
+    got = torch.compile(f, fullgraph=True)(x, logits, out2)
+    assert torch.equal(got, ref) and torch.equal(out2, ref)
+    ids = torch.tensor([[0, 1]] * 5, dtype=torch.int32)
+    wts = torch.full((5, 2), 0.5)
+    out3 = torch.empty_like(ref)
+    assert torch.equal(m.forward_routed(x, ids, wts, out=out3), m.forward_routed(x, ids, wts))
+    with pytest.raises(epmoe.UsageError, match="out"):
+        m(x, logits, out=torch.empty(5, H + 1, dtype=torch.bfloat16))
