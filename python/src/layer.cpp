@@ -6,6 +6,7 @@
 #include <nanobind/stl/pair.h>
 #include <nanobind/stl/vector.h>
 
+#include <chrono>
 #include <cstring>
 #include <memory>
 #include <vector>
@@ -18,6 +19,11 @@
 #include "convert.h"
 #include "tensors.h"
 
+#if defined(EPMOE_WITH_CUDA)
+#include <cuda_runtime.h>
+
+#include "core/cuda/check.h"
+#endif
 #if defined(EPMOE_WITH_NCCL)
 #include "epmoe/nccl_comm.h"
 #endif
@@ -331,6 +337,50 @@ void bind_layer(nb::module_& m) {
              l.forward(h, g, o, reinterpret_cast<Stream>(stream));
            },
            nb::arg("hidden"), nb::arg("router_logits"), nb::arg("out"), nb::arg("stream") = 0)
+      .def("_bench_forward",
+           [](MoeLayer& l, const Array& hidden, const Array& logits, const Array& out, uintptr_t stream, int iters) {
+             // The same forward called from C++ in a loop: the baseline of the Python overhead
+             // benchmark (epmoe.bench). host_us: enqueue time per call; device_us: CUDA-event time
+             // per call on the stream (the host time on the CPU backend).
+             if (iters < 1) throw UsageError("_bench_forward(iters=" + std::to_string(iters) + "): give 1 or more");
+             const TensorView h = view_of(hidden, "hidden"), g = view_of(logits, "router_logits"),
+                              o = view_of(out, "out");
+             double host_us = 0, device_us = 0;
+             {
+               nb::gil_scoped_release unlocked;
+               const Stream st = reinterpret_cast<Stream>(stream);
+#if defined(EPMOE_WITH_CUDA)
+               const bool gpu = h.device == DeviceKind::cuda;
+               cudaEvent_t a = nullptr, b = nullptr;
+               if (gpu) {
+                 EPMOE_CUDA_CHECK(cudaEventCreate(&a));
+                 EPMOE_CUDA_CHECK(cudaEventCreate(&b));
+                 EPMOE_CUDA_CHECK(cudaEventRecord(a, static_cast<cudaStream_t>(st)));
+               }
+#endif
+               const auto t0 = std::chrono::steady_clock::now();
+               for (int i = 0; i < iters; ++i) l.forward(h, g, o, st);
+               const auto t1 = std::chrono::steady_clock::now();
+               host_us = std::chrono::duration<double, std::micro>(t1 - t0).count() / iters;
+               device_us = host_us;
+#if defined(EPMOE_WITH_CUDA)
+               if (gpu) {
+                 EPMOE_CUDA_CHECK(cudaEventRecord(b, static_cast<cudaStream_t>(st)));
+                 EPMOE_CUDA_CHECK(cudaEventSynchronize(b));
+                 float ms = 0.f;
+                 EPMOE_CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
+                 device_us = 1e3 * ms / iters;
+                 cudaEventDestroy(a);
+                 cudaEventDestroy(b);
+               }
+#endif
+             }
+             nb::dict d;
+             d["host_us"] = host_us;
+             d["device_us"] = device_us;
+             return d;
+           },
+           nb::arg("hidden"), nb::arg("router_logits"), nb::arg("out"), nb::arg("stream") = 0, nb::arg("iters") = 100)
       .def("_forward_routed",
            [](MoeLayer& l, const Array& hidden, const Array& ids, const Array& weights, const Array& out,
               uintptr_t stream) {
