@@ -121,6 +121,10 @@ class EpMoE(torch.nn.Module):
         self.register_buffer("w13", w13.contiguous(), persistent=False)
         self.register_buffer("w2", w2.contiguous(), persistent=False)
         self._weights = ExpertWeights.bf16(_dl(self.w13), _dl(self.w2))
+        self._build(config, comm, router_bias)
+
+    def _build(self, config: MoeConfig, comm, router_bias: Optional[torch.Tensor]) -> None:
+        """The layer over self._weights (collective), with the router bias kept as a buffer."""
         self._comm = comm
         bias = None
         if router_bias is not None:
@@ -273,13 +277,7 @@ class EpMoEQuantized(EpMoE):
             self.register_buffer(k, t, persistent=False)
         make = getattr(ExpertWeights, fmt)
         self._weights = make(**{k: _dl(t) for k, t in tensors.items()})
-        self._comm = comm
-        bias = None
-        if router_bias is not None:
-            self.register_buffer("router_bias", router_bias.detach().float().contiguous(), persistent=False)
-            bias = _dl(self.router_bias)
-        self._layer = _Layer(config, comm, self._weights, bias)
-        self._handle = _register(self._layer)
+        self._build(config, comm, router_bias)
 
 
 def communicator(group=None, device: Optional[int] = None, timeout_ms: int = 60000, comm_ptr: Optional[int] = None,
