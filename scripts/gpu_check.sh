@@ -72,6 +72,16 @@ if [ $run_python -eq 1 ] && python3 -c "import nanobind, torch" 2>/dev/null; the
       > "$out/pytest.log" 2>&1
     echo "- Python tests: $(tail -1 "$out/pytest.log")" >> "$summary"
     grep -E '^(FAILED|ERROR)' "$out/pytest.log" | head -20 | sed 's/^/  - /' >> "$summary"
+    # One process per GPU from Python (issue 18): torchrun over every GPU, the communicator made
+    # through torch.distributed, then adopted from the process group.
+    ngpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | wc -l)
+    if [ "$ngpu" -ge 2 ] && command -v torchrun >/dev/null 2>&1; then
+      for extra in "" "--comm-ptr"; do
+        PYTHONPATH=build-py/python timeout 600 torchrun --standalone --nproc-per-node "$ngpu" \
+          examples/python/torchrun_ep.py $extra > "$out/torchrun${extra:+_adopt}.log" 2>&1
+        echo "- torchrun_ep.py $extra on $ngpu GPUs: exit $? ($(tail -1 "$out/torchrun${extra:+_adopt}.log"))" >> "$summary"
+      done
+    fi
   else
     tail -30 "$out/build_py.log"
   fi
