@@ -70,6 +70,7 @@ struct Opts {
   IntermediateQuant iq = IntermediateQuant::none;
   // nvfp4 weights in their natural layout and/or prepared for the decode engine.
   bool nvfp4_natural = false, nvfp4_prepared = true;
+  bool skew = false;  // half of the rows on a tenth of the experts (else rows spread evenly)
   MoeConfig flags_cfg;                // the shared configuration and tuning flags, applied
   const Flags* flags_given = nullptr;
 };
@@ -87,13 +88,19 @@ void bench_preset(const Opts& o, const ModelPreset& given, double hbm_gbs, const
               pre.name.c_str(), H, I, E, reps, o.engine_name.c_str(), o.iq_name.c_str());
   std::fflush(stdout);
 
-  // Inputs: C = maxM slots, K = 1, slot j -> expert j % E, weight 1. One payload buffer serves every
-  // format: random bf16 bits, read as bf16 rows or as e4m3 codes with scales of 1/64.
+  // Inputs: C = maxM slots, K = 1, weight 1; slot j -> expert j % E, or with --skew the first half
+  // of each M's slots on the first tenth of the experts. One payload buffer serves every format:
+  // random bf16 bits, read as bf16 rows or as e4m3 codes with scales of 1/64.
   DeviceBuffer payload(size_t(maxM) * H * 2), scales(size_t(maxM) * (H / 16) * 4 + 16), ids(size_t(maxM) * 4),
       wts(size_t(maxM) * 4), counts(4), y(size_t(maxM) * H * 2);
+  const int hot = std::max(1, E / 10);
+  // The expert of slot j when the call has M valid slots (the first M of the buffer).
+  auto expert_of = [&](long long j, long long M) {
+    return int32_t(o.skew && j < M / 2 ? j % hot : j % E);
+  };
+  std::vector<int32_t> hid(maxM);
   {
-    std::vector<int32_t> hid(maxM);
-    for (long long j = 0; j < maxM; ++j) hid[j] = int32_t(j % E);
+    for (long long j = 0; j < maxM; ++j) hid[j] = expert_of(j, maxM);
     EPMOE_CUDA_CHECK(cudaMemcpy(ids.get(), hid.data(), hid.size() * 4, cudaMemcpyHostToDevice));
     const std::vector<float> ones(maxM, 1.f), sc(scales.size() / 4, 1.f / 64);
     EPMOE_CUDA_CHECK(cudaMemcpy(wts.get(), ones.data(), ones.size() * 4, cudaMemcpyHostToDevice));
@@ -151,6 +158,10 @@ void bench_preset(const Opts& o, const ModelPreset& given, double hbm_gbs, const
       cfg.capacity = int(M);
       const int32_t m32 = int32_t(M);
       EPMOE_CUDA_CHECK(cudaMemcpy(counts.get(), &m32, 4, cudaMemcpyHostToDevice));
+      if (o.skew) {  // the hot half depends on M
+        for (long long j = 0; j < M; ++j) hid[j] = expert_of(j, M);
+        EPMOE_CUDA_CHECK(cudaMemcpy(ids.get(), hid.data(), size_t(M) * 4, cudaMemcpyHostToDevice));
+      }
       DispatchOutput in;
       in.num_ranks = 1;
       in.capacity = int(M);
@@ -221,8 +232,22 @@ void bench_preset(const Opts& o, const ModelPreset& given, double hbm_gbs, const
     const double el = 3.0 * H * I;
     return f == WeightFormat::bf16 ? el * 2 : f == WeightFormat::fp8 ? el + el / (128 * 128) * 4 : el / 2 + el / 16;
   };
-  std::printf("\n| M | format | engine | time ms | TFLOP/s | weight GB/s | weight GB/s / HBM copy | cuBLAS bf16 loop ms | "
-              "speedup vs cuBLAS | vs bf16 time | vs fp8 time |\n|---|---|---|---|---|---|---|---|---|---|---|\n");
+  // Experts that receive rows from the first M slots: only their weights are read.
+  auto touched_experts = [&](long long M) {
+    std::vector<char> hit(E, 0);
+    for (long long j = 0; j < M; ++j) hit[expert_of(j, M)] = 1;
+    return double(std::count(hit.begin(), hit.end(), 1));
+  };
+  // The floor of a row: max(weight bytes read / (0.9 x the HBM copy rate of this run), FLOPs / P), P
+  // 700 TFLOP/s for bf16 tensor-core work (bf16 and nvfp4 weights), 1100 for fp8.
+  auto floor_ms = [&](WeightFormat f, long long M) {
+    const double bytes = touched_experts(M) * wbytes(f), flops = 2.0 * double(M) * 3.0 * H * I;
+    const double peak = f == WeightFormat::fp8 ? 1100e12 : 700e12;
+    return std::max(bytes / (0.9 * hbm_gbs * 1e9), flops / peak) * 1e3;
+  };
+  std::printf("\n| M | format | engine | time ms | floor ms | floor / time | TFLOP/s | weight GB/s | weight GB/s / HBM copy | "
+              "cuBLAS bf16 loop ms | speedup vs cuBLAS | vs bf16 time | vs fp8 time |\n"
+              "|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
   for (size_t mi = 0; mi < Ms.size(); ++mi) {
     const long long M = Ms[mi];
     double t_bf16 = 0, t_fp8 = 0;
@@ -233,7 +258,7 @@ void bench_preset(const Opts& o, const ModelPreset& given, double hbm_gbs, const
     for (const Row& r : rows) {
       if (r.M != M) continue;
       const double flops = 2.0 * double(M) * 3.0 * H * I;
-      const double touched = double(std::min<long long>(M, E));
+      const double touched = touched_experts(M);
       const double gbs = touched * wbytes(r.f) / (r.ms * 1e6);
       char vs_bf16[32] = "-", vs_fp8[32] = "-", cub[32] = "-", spd[32] = "-";
       if (r.f != WeightFormat::bf16 && t_bf16 > 0) std::snprintf(vs_bf16, sizeof vs_bf16, "%.2fx", r.ms / t_bf16);
@@ -242,13 +267,17 @@ void bench_preset(const Opts& o, const ModelPreset& given, double hbm_gbs, const
         std::snprintf(cub, sizeof cub, "%.3f", cublas_ms[mi]);
         std::snprintf(spd, sizeof spd, "%.2fx", cublas_ms[mi] / r.ms);
       }
-      std::printf("| %lld | %s | %s | %.3f | %.0f | %.0f | %.2f | %s | %s | %s | %s |\n", M, format_name(r.f),
-                  r.engines.c_str(), r.ms, flops / (r.ms * 1e9), gbs, gbs / hbm_gbs, cub, spd, vs_bf16, vs_fp8);
+      const double fl = floor_ms(r.f, M);
+      std::printf("| %lld | %s | %s | %.3f | %.3f | %.2f | %.0f | %.0f | %.2f | %s | %s | %s | %s |\n", M,
+                  format_name(r.f), r.engines.c_str(), r.ms, fl, fl / r.ms, flops / (r.ms * 1e9), gbs, gbs / hbm_gbs, cub,
+                  spd, vs_bf16, vs_fp8);
     }
   }
   for (const std::string& sk : skipped) std::printf("\nskipped %s\n", sk.c_str());
-  std::printf("\nHBM copy %.0f GB/s. TFLOP/s counts 2*M*3*H*I; weight GB/s counts the weights (and scales) of "
-              "min(M, E) experts once.\n", hbm_gbs);
+  std::printf("\nHBM copy %.0f GB/s. TFLOP/s counts 2*M*3*H*I; weight GB/s counts the weights (and scales) of the "
+              "experts that received rows, once; floor = max(those bytes / (0.9 x HBM copy), FLOPs / P), P = 700 "
+              "TFLOP/s (bf16, nvfp4 weights) or 1100 (fp8); routing %s.\n",
+              hbm_gbs, o.skew ? "skewed (half of the rows on a tenth of the experts)" : "uniform");
   std::fflush(stdout);
 }
 
@@ -256,11 +285,12 @@ int bench_runner(const std::vector<std::string>& args) {
   Flags flags("bench runner");
   flags.add("preset", "LIST", "model shapes: a name, a comma list, or all (default deepseek-v3)");
   flags.add("local-experts", "N", "experts on this GPU (default: the preset's experts / 2, i.e. EP 2; 128 for deepseek-v3)");
-  flags.add("m", "LIST", "rows routed per rank (default 128,512,2048,8192,32768,131072)");
+  flags.add("m", "LIST", "rows routed per rank (default 128,512,2048,4096,8192,16384,32768,131072)");
   flags.add("formats", "LIST", "weight formats (default bf16,fp8,nvfp4)");
   flags.add("quick", "", "M = 128,2048,32768 and fewer repetitions");
   flags.add("reps", "N", "timed repetitions per point (median reported; default 7, quick 3)");
   flags.add("no-cublas", "", "skip the cuBLAS baseline");
+  flags.add("skew", "", "skewed routing: half of the rows on a tenth of the experts (default: rows spread evenly)");
   // The configuration fields a runner-only bench leaves free, and every tuning option (--engine:
   // auto, mma or cutlass, CUTLASS where the format allows; --intermediate-quant fp8: fp8 weights
   // then run GEMM2 on fp8 too).
@@ -284,9 +314,10 @@ int bench_runner(const std::vector<std::string>& args) {
   if (flags.has("local-experts") && o.local_experts <= 0)
     throw UsageError("--local-experts: " + std::to_string(o.local_experts) + " must be positive");
   const bool quick = flags.get_bool("quick", false);
+  o.skew = flags.get_bool("skew", false);
   o.reps = flags.get_int("reps", quick ? 3 : 7);
   if (o.reps <= 0) throw UsageError("--reps: " + std::to_string(o.reps) + " must be positive");
-  o.Ms = quick ? std::vector<long long>{128, 2048, 32768} : std::vector<long long>{128, 512, 2048, 8192, 32768, 131072};
+  o.Ms = quick ? std::vector<long long>{128, 2048, 32768} : std::vector<long long>{128, 512, 2048, 4096, 8192, 16384, 32768, 131072};
   if (flags.has("m")) o.Ms = parse_int_list(flags.get("m"), "--m");
   o.fmts = {WeightFormat::bf16, WeightFormat::fp8, WeightFormat::nvfp4};
   if (flags.has("formats")) {
