@@ -317,7 +317,8 @@ int bench_runner(const std::vector<std::string>& args) {
   o.skew = flags.get_bool("skew", false);
   o.reps = flags.get_int("reps", quick ? 3 : 7);
   if (o.reps <= 0) throw UsageError("--reps: " + std::to_string(o.reps) + " must be positive");
-  o.Ms = quick ? std::vector<long long>{128, 2048, 32768} : std::vector<long long>{128, 512, 2048, 4096, 8192, 16384, 32768, 131072};
+  o.Ms = quick ? std::vector<long long>{128, 2048, 32768}
+               : std::vector<long long>{128, 512, 2048, 4096, 8192, 16384, 32768, 131072};
   if (flags.has("m")) o.Ms = parse_int_list(flags.get("m"), "--m");
   o.fmts = {WeightFormat::bf16, WeightFormat::fp8, WeightFormat::nvfp4};
   if (flags.has("formats")) {
