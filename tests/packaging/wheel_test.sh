@@ -7,7 +7,10 @@ py=$1; src=$2
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 # No build isolation: the build requirements (scikit-build-core, nanobind) are installed by
 # scripts/setup.sh, and CI may not reach an index for an isolated environment.
-CMAKE_ARGS="-DEPMOE_ENABLE_CUDA=OFF" "$py" -m pip wheel --no-build-isolation --no-deps -q -w "$tmp/wheel" "$src" \
+# Its own build directory: the default one (build/python/<tag>) belongs to a user's `pip install .`,
+# which must not inherit this CPU-only configuration from CMake's cache.
+CMAKE_ARGS="-DEPMOE_ENABLE_CUDA=OFF" "$py" -m pip wheel --no-build-isolation --no-deps -q -w "$tmp/wheel" \
+  -C build-dir="$src/build/python-cpu-wheel" "$src" \
   > "$tmp/wheel.log" 2>&1 || { tail -40 "$tmp/wheel.log"; echo "FAIL: pip wheel"; exit 1; }
 whl=$(ls "$tmp"/wheel/epmoe-*.whl)
 echo "built $(basename "$whl")"
