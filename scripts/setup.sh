@@ -58,7 +58,9 @@ fi
 py_args=()
 if ! python3 -c "import nanobind, scikit_build_core, numpy, pytest" >/dev/null 2>&1; then
   echo "setup: installing the Python build requirements (nanobind, scikit-build-core, numpy, pytest)"
+  # A Debian-managed python3 refuses plain installs (PEP 668): then into the user's site.
   python3 -m pip install -q nanobind scikit-build-core numpy pytest >/dev/null 2>&1 ||
+    python3 -m pip install -q --user --break-system-packages nanobind scikit-build-core numpy pytest >/dev/null 2>&1 ||
     echo "setup: could not install them; the Python package is skipped" >&2
 fi
 if python3 -c "import nanobind, scikit_build_core, numpy, pytest" >/dev/null 2>&1; then
