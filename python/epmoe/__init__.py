@@ -86,12 +86,12 @@ if with_nccl:
 
 
 def bf16_bits(x: _np.ndarray) -> _np.ndarray:
-    """float32 -> bfloat16 bits (uint16), rounded to nearest even, as epmoe rounds."""
+    """float32 -> bfloat16 bits (uint16), rounded to nearest even: num::f32_to_bf16, bit for bit."""
     u = _np.ascontiguousarray(x, dtype=_np.float32).view(_np.uint32)
     rounded = u + 0x7FFF + ((u >> 16) & 1)
     out = (rounded >> 16).astype(_np.uint16)
-    nan = _np.isnan(_np.ascontiguousarray(x, dtype=_np.float32))
-    out[nan] = 0x7FC0
+    nan = (u & 0x7FFFFFFF) > 0x7F800000  # quiet NaN with the sign and top payload bits kept
+    out[nan] = ((u[nan] >> 16) | 0x40).astype(_np.uint16)
     return out
 
 

@@ -9,5 +9,6 @@ namespace nb = nanobind;
 void bind_errors(nb::module_& m);
 void bind_config(nb::module_& m);
 void bind_layer(nb::module_& m);
+void bind_harness(nb::module_& m);
 
 }  // namespace epmoe::py

@@ -18,6 +18,7 @@
 #include "epmoe/quant.h"
 #include "convert.h"
 #include "tensors.h"
+#include "weights.h"
 
 #if defined(EPMOE_WITH_CUDA)
 #include <cuda_runtime.h>
@@ -32,13 +33,6 @@ namespace epmoe::py {
 
 namespace {
 
-// Expert weights as the runner reads them, with what keeps their bytes alive: host matrices
-// quantized here, or the caller's arrays (held as Python objects).
-struct Weights {
-  ExpertWeights w;
-  HostMatrix w13_host, w2_host;
-  std::vector<nb::object> keep;
-};
 
 void expect_3d(const TensorView& t, const char* what, int64_t e, int64_t r, int64_t c) {
   if (t.ndim != 3 || t.shape[0] != e || t.shape[1] != r || t.shape[2] != c)
@@ -166,14 +160,6 @@ std::unique_ptr<Weights> quantized_views(WeightFormat f, nb::object w13, nb::obj
   w->w = ExpertWeights{int(E), int(H), int(I), m13, m2};
   w->keep = {w13, s13, w2, s2, gs13, gs2};
   return w;
-}
-
-// A host vector as a numpy array that owns it.
-template <class T>
-nb::object numpy_of(std::vector<T>&& v, std::initializer_list<size_t> shape) {
-  auto* heap = new std::vector<T>(std::move(v));
-  nb::capsule owner(heap, [](void* p) noexcept { delete static_cast<std::vector<T>*>(p); });
-  return nb::cast(nb::ndarray<nb::numpy, T>(heap->data(), shape, owner));
 }
 
 // fp32 weights -> the checkpoint tensors of `f` as numpy arrays (for users without a quantized

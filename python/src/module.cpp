@@ -20,4 +20,5 @@ NB_MODULE(_C, m) {
   epmoe::py::bind_errors(m);
   epmoe::py::bind_config(m);
   epmoe::py::bind_layer(m);
+  epmoe::py::bind_harness(m);
 }

@@ -127,6 +127,14 @@ void run_row_rank(Communicator& comm, RankIO& io, Exchange& ex, const RunSetup& 
       std::fprintf(stderr, "[epmoe run] %s: layer %d/%d done (%.1f s)\n", tag.c_str(), l + 1, s.layers, elapsed);
   }
 
+  if (!s.dump.empty()) {  // the bytes the Python front end's parity test compares with
+    const std::string path = s.dump + "." + format_name(c.dispatch_format) + "-" + format_name(c.weight_format) +
+                             ".rank" + std::to_string(r) + ".bin";
+    std::FILE* f = std::fopen(path.c_str(), "wb");
+    if (!f || std::fwrite(h.data(), 2, h.size(), f) != h.size() || std::fclose(f) != 0)
+      throw UsageError("--dump: cannot write " + path + "; give a writable path prefix");
+  }
+
   // Results to the printing rank: [S, got S x H padded to Smax x H, ref likewise], layer times.
   std::vector<double> mine(1 + 2 * size_t(Smax) * H, 0.0);
   mine[0] = double(S);

@@ -27,6 +27,7 @@ void add_run_flags(Flags& f) {
   f.add("seed", "N", "random seed of weights and inputs (default 1)");
   f.add("device", "cpu|cuda", "where to run (default: cuda when the GPU path is built and a GPU is visible)");
   f.add("check-tokens", "N|all", "tokens per rank compared with float64 (default 64; 0 = none)");
+  f.add("dump", "PREFIX", "write each rank's final hidden state (raw bf16 [T][H]) to PREFIX.<dispatch>-<weights>.rank<r>.bin");
   add_tuning_flags(f);
 }
 
@@ -55,6 +56,7 @@ RunSetup build_setup(const Flags& f) {
   const int default_layers = !real_shape ? p.num_layers : std::min(s.device == DeviceKind::cpu ? 1 : 3, p.num_layers);
   s.layers = f.get_int("layers", default_layers);
   s.seed = uint64_t(f.get_int("seed", 1));
+  if (f.has("dump")) s.dump = f.get("dump");
   if (f.has("check-tokens") && f.get("check-tokens") == "all") s.check_tokens = INT64_MAX;
   else s.check_tokens = f.get_int("check-tokens", 64);
 

@@ -42,11 +42,12 @@ struct RunSetup {
   bool calibrate_nvfp4 = true;  // nvfp4 global scale from each layer's input (no --nvfp4-global-scale)
   int64_t check_tokens = 64;  // tokens per rank compared with float64 (0: none)
   int gpus = 0;               // GPUs this process sees (0 without CUDA)
+  std::string dump;           // --dump PREFIX: each rank's final hidden state, raw bf16, per row
   std::vector<ConfigIssue> flag_issues;  // flags that do not apply, values out of range
 };
 
 // Declares add_config_flags + add_tuning_flags + the run flags (--preset, --tokens, --layers,
-// --seed, --device, --check-tokens).
+// --seed, --device, --check-tokens, --dump).
 void add_run_flags(Flags& flags);
 // Preset + defaults for the device + overrides from the flags. Throws UsageError only for values
 // that do not parse; everything else is check_setup's.
