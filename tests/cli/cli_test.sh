@@ -90,4 +90,6 @@ envs=""
 # The benches take the same flags (CPU builds: the subcommand is missing, still exit 2).
 expect 2 "--engine=fast is not an engine|unknown subcommand 'runner'" -- bench runner --engine fast
 expect 2 "--combine-mode=dma is not a combine mode|needs at least 2 GPUs|unknown subcommand 'a2a'" -- bench a2a --combine-mode dma
+# --dump: a prefix in a missing folder is refused before any work.
+expect 2 '--dump=/nonexistent-epmoe/x: the folder /nonexistent-epmoe does not exist' -- run --device cpu --dump /nonexistent-epmoe/x
 [ "$fails" -eq 0 ] && echo "all CLI checks passed" || { echo "$fails CLI check(s) failed"; exit 1; }

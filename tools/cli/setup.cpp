@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <climits>
 #include <cmath>
+#include <filesystem>
 #include <numeric>
 #include <cstdio>
 
@@ -56,7 +57,15 @@ RunSetup build_setup(const Flags& f) {
   const int default_layers = !real_shape ? p.num_layers : std::min(s.device == DeviceKind::cpu ? 1 : 3, p.num_layers);
   s.layers = f.get_int("layers", default_layers);
   s.seed = uint64_t(f.get_int("seed", 1));
-  if (f.has("dump")) s.dump = f.get("dump");
+  if (f.has("dump")) {
+    s.dump = f.get("dump");
+    // Refused before any work rather than after the run: the prefix's folder must exist.
+    const std::filesystem::path dir = std::filesystem::path(s.dump).parent_path();
+    std::error_code ec;
+    if (s.dump.empty() || (!dir.empty() && !std::filesystem::is_directory(dir, ec)))
+      s.flag_issues.push_back({"dump", s.dump, "--dump=" + s.dump + ": the folder " + dir.string() +
+                                                   " does not exist; give a prefix in an existing, writable folder"});
+  }
   if (f.has("check-tokens") && f.get("check-tokens") == "all") s.check_tokens = INT64_MAX;
   else s.check_tokens = f.get_int("check-tokens", 64);
 
