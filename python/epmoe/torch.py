@@ -47,19 +47,6 @@ def _dl(t: torch.Tensor):
     return _dlpack.to_dlpack(t)
 
 
-def _forward_impl(hidden: torch.Tensor, router_logits: torch.Tensor, layer: int) -> torch.Tensor:
-    out = torch.empty((hidden.shape[0], hidden.shape[1]), dtype=torch.bfloat16, device=hidden.device)
-    _layer(layer)._forward(_dl(hidden), _dl(router_logits), _dl(out), _stream_of(hidden))
-    return out
-
-
-def _forward_routed_impl(hidden: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
-                         layer: int) -> torch.Tensor:
-    out = torch.empty((hidden.shape[0], hidden.shape[1]), dtype=torch.bfloat16, device=hidden.device)
-    _layer(layer)._forward_routed(_dl(hidden), _dl(topk_ids), _dl(topk_weights), _dl(out), _stream_of(hidden))
-    return out
-
-
 def _forward_out_impl(hidden: torch.Tensor, router_logits: torch.Tensor, layer: int, out: torch.Tensor) -> None:
     _layer(layer)._forward(_dl(hidden), _dl(router_logits), _dl(out), _stream_of(hidden))
 
@@ -67,6 +54,23 @@ def _forward_out_impl(hidden: torch.Tensor, router_logits: torch.Tensor, layer: 
 def _forward_routed_out_impl(hidden: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, layer: int,
                              out: torch.Tensor) -> None:
     _layer(layer)._forward_routed(_dl(hidden), _dl(topk_ids), _dl(topk_weights), _dl(out), _stream_of(hidden))
+
+
+def _new_out(hidden: torch.Tensor) -> torch.Tensor:
+    return torch.empty((hidden.shape[0], hidden.shape[1]), dtype=torch.bfloat16, device=hidden.device)
+
+
+def _forward_impl(hidden: torch.Tensor, router_logits: torch.Tensor, layer: int) -> torch.Tensor:
+    out = _new_out(hidden)
+    _forward_out_impl(hidden, router_logits, layer, out)
+    return out
+
+
+def _forward_routed_impl(hidden: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
+                         layer: int) -> torch.Tensor:
+    out = _new_out(hidden)
+    _forward_routed_out_impl(hidden, topk_ids, topk_weights, layer, out)
+    return out
 
 
 for _key in ("CPU", "CUDA"):
@@ -78,12 +82,12 @@ for _key in ("CPU", "CUDA"):
 
 @torch.library.register_fake("epmoe::forward")
 def _forward_fake(hidden, router_logits, layer):
-    return hidden.new_empty((hidden.shape[0], hidden.shape[1]), dtype=torch.bfloat16)
+    return _new_out(hidden)
 
 
 @torch.library.register_fake("epmoe::forward_routed")
 def _forward_routed_fake(hidden, topk_ids, topk_weights, layer):
-    return hidden.new_empty((hidden.shape[0], hidden.shape[1]), dtype=torch.bfloat16)
+    return _new_out(hidden)
 
 
 @torch.library.register_fake("epmoe::forward_out")

@@ -60,14 +60,19 @@ void router_logits(const RouterWeights& rt, int H, int E, const bf16_raw* h, int
   });
 }
 
-RankWeights rank_weights(const MoeConfig& c, uint64_t seed, int l, int rank) {
-  const int H = c.hidden, I = c.intermediate;
+std::vector<int> slot_experts(const MoeConfig& c, int rank) {
   const ExpertPlacement pl = c.resolved_placement();
-  const int El = pl.slots_per_rank();
-  std::vector<int> slot_expert(El, -1);
+  std::vector<int> slot_expert(pl.slots_per_rank(), -1);
   for (int e = 0; e < pl.num_experts(); ++e)
     for (const ExpertCopy& cp : pl.copies(e))
       if (cp.rank == rank) slot_expert[cp.slot] = e;
+  return slot_expert;
+}
+
+RankWeights rank_weights(const MoeConfig& c, uint64_t seed, int l, int rank) {
+  const int H = c.hidden, I = c.intermediate;
+  const std::vector<int> slot_expert = slot_experts(c, rank);
+  const int El = int(slot_expert.size());
   std::vector<HostMatrix> q13(El), q2(El);
   detail::parallel_for(El, [&](int64_t s) {
     ExpertMasters m;

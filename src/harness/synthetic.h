@@ -38,6 +38,8 @@ void router_logits(const RouterWeights& rt, int H, int E, const bf16_raw* h, int
 struct RankWeights {
   HostMatrix w13, w2;
 };
+// Which logical expert each of rank `rank`'s slots holds under cfg's placement (-1: empty slot).
+std::vector<int> slot_experts(const MoeConfig& cfg, int rank);
 RankWeights rank_weights(const MoeConfig& cfg, uint64_t seed, int layer, int rank);
 
 // bf16 [T][H], entries ~ N(0, 1), from `seed`.

@@ -15,6 +15,7 @@
 #include "epmoe/error.h"
 #include "epmoe/quant.h"
 #include "harness/counter_hash.h"
+#include "harness/synthetic.h"
 #include "quant/cuda/quant_device.cuh"
 
 namespace epmoe::harness::cuda {
@@ -178,12 +179,8 @@ void rank_weights(const MoeConfig& c, uint64_t seed, int l, int rank, DeviceRank
   if (c.weight_format == WeightFormat::nvfp4 && (H % 16 != 0 || I % 16 != 0))
     throw UsageError("harness::cuda::rank_weights: hidden=" + std::to_string(H) + " intermediate=" + std::to_string(I) +
                      " are not both multiples of 16, which weight format nvfp4 requires; use bf16 or fp8 weights");
-  const ExpertPlacement pl = c.resolved_placement();
-  const int El = pl.slots_per_rank();
-  std::vector<int> slot_expert(El, -1);
-  for (int e = 0; e < pl.num_experts(); ++e)
-    for (const ExpertCopy& cp : pl.copies(e))
-      if (cp.rank == rank) slot_expert[cp.slot] = e;
+  const std::vector<int> slot_expert = harness::slot_experts(c, rank);
+  const int El = int(slot_expert.size());
   // The steps of synthetic.cpp: gate/up rows 1/sqrt(H), down rows 1/sqrt(I), uniform.
   const float a13 = hash::stddev_step(hash::row_stddev(H)), a2 = hash::stddev_step(hash::row_stddev(I));
   std::vector<SlotGen> g13(El), g2(El);

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "common/gpu_ranks.h"
+#include "dispatch/output.h"
 #include "dispatch/a2a/host.h"
 #include "dispatch/dispatch_harness.h"
 #include "epmoe/error.h"
@@ -105,21 +106,9 @@ Received download(const MoeConfig& cfg, const DispatchOutput& o) {
 
 // A host DispatchOutput over a Received copy (for fake_run).
 DispatchOutput host_view(const MoeConfig& cfg, const Received& r) {
-  DispatchOutput o;
-  o.num_ranks = cfg.num_ranks;
-  o.capacity = cfg.capacity;
-  o.hidden = cfg.hidden;
-  o.top_k = cfg.top_k;
-  o.num_local_experts = cfg.experts_per_rank();
-  o.format = cfg.dispatch_format;
-  o.quant = cfg.quant_params();
-  o.payload = r.payload.data();
-  o.scales = r.scales.empty() ? nullptr : r.scales.data();
-  o.local_ids = r.ids.data();
-  o.weights = r.weights.data();
-  o.counts = r.counts.data();
-  o.expert_counts = r.expert_counts.data();
-  return o;
+  return detail::make_dispatch_output(cfg, DeviceKind::cpu,
+                                      {r.payload.data(), r.scales.data(), r.ids.data(), r.weights.data(),
+                                       r.counts.data(), r.expert_counts.data()});
 }
 
 // One dispatch + fake run + combine on the cpu fabric: what each rank received and its output.
