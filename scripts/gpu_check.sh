@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # On a GPU machine: build, run every GPU test and the benchmarks, and write a short summary.
-#   scripts/gpu_check.sh [--tests REGEX] [--no-bench] [--bench "ARGS"]... [--no-sanitize] [--no-python]
+#   scripts/gpu_check.sh [--tests REGEX] [--no-tests] [--no-bench] [--bench "ARGS"]... [--no-sanitize]
+#                        [--no-python] [--pybench "ARGS"]...
 # Output: $OUT (or ./out) gets summary.md, ctest.log, bench logs. The GPU machine keeps nothing, so
 # copy the summary into bench/results/ and commit it.
 set -uo pipefail
@@ -8,11 +9,13 @@ cd "$(dirname "$0")/.."
 out=${OUT:-$(pwd)/out}
 mkdir -p "$out"
 export NCCL_NVLS_ENABLE=0 NVSHMEM_DISABLE_NVLS=1 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
-tests_regex=""; run_bench=1; benches=(); sanitize=1; run_python=1
+tests_regex=""; run_tests=1; run_bench=1; benches=(); pybenches=(); sanitize=1; run_python=1
 while [ $# -gt 0 ]; do
   case "$1" in
     --tests) tests_regex="$2"; shift 2 ;;
+    --no-tests) run_tests=0; sanitize=0; shift ;;
     --no-bench) run_bench=0; shift ;;
+    --pybench) pybenches+=("$2"); shift 2 ;;
     --no-sanitize) sanitize=0; shift ;;
     --no-python) run_python=0; shift ;;
     --bench) benches+=("$2"); shift 2 ;;
@@ -41,9 +44,11 @@ if [ $rc -ne 0 ]; then tail -40 "$out/build.log"; cat "$summary"; exit 1; fi
 
 # GPU tests run 4 at a time; their CPU references share the cores (EPMOE_CPU_THREADS per process).
 export EPMOE_CPU_THREADS=${EPMOE_CPU_THREADS:-$(( $(nproc) / ${EPMOE_TEST_JOBS:-4} > 0 ? $(nproc) / ${EPMOE_TEST_JOBS:-4} : 1 ))}
+if [ $run_tests -eq 1 ]; then
 (cd build-gpu && ctest -L gpu -j "${EPMOE_TEST_JOBS:-4}" --output-on-failure --timeout ${EPMOE_TEST_TIMEOUT:-300} ${tests_regex:+-R "$tests_regex"}) > "$out/ctest.log" 2>&1
 echo "- GPU tests: $(grep -E 'tests passed|tests failed' "$out/ctest.log" | tail -1)" >> "$summary"
 grep -E '^\s+[0-9]+ - .*\((Failed|Timeout|SEGFAULT|Subprocess)' "$out/ctest.log" | head -20 | sed 's/^/  - FAIL /' >> "$summary"
+fi
 
 # compute-sanitizer (memcheck) over the single-GPU tests that are quick under it: every kernel of
 # route, quantize, local dispatch/combine, the runner's engines on small problems, graph capture.
@@ -67,7 +72,7 @@ if [ $run_python -eq 1 ] && python3 -c "import nanobind, torch" 2>/dev/null; the
     cmake --build build-py -j "$(nproc)" --target epmoe_python >> "$out/build_py.log" 2>&1
   rc=$?
   echo "- Python extension build: $([ $rc -eq 0 ] && echo ok || echo FAILED) in $(( $(date +%s) - t0 )) s (NCCL: ${nccl_root:-system})" >> "$summary"
-  if [ $rc -eq 0 ]; then
+  if [ $rc -eq 0 ] && [ $run_tests -eq 1 ]; then
     PYTHONPATH=build-py/python timeout ${EPMOE_PYTEST_TIMEOUT:-900} python3 -m pytest -q -rs python/tests \
       > "$out/pytest.log" 2>&1
     echo "- Python tests: $(tail -1 "$out/pytest.log")" >> "$summary"
@@ -82,8 +87,17 @@ if [ $run_python -eq 1 ] && python3 -c "import nanobind, torch" 2>/dev/null; the
         echo "- torchrun_ep.py $extra on $ngpu GPUs: exit $? ($(tail -1 "$out/torchrun${extra:+_adopt}.log"))" >> "$summary"
       done
     fi
-  else
+  elif [ $rc -ne 0 ]; then
     tail -30 "$out/build_py.log"
+  fi
+  # The Python front end's overhead against the same forward from C++ (python -m epmoe.bench).
+  if [ $rc -eq 0 ]; then
+    for b in "${pybenches[@]}"; do
+      echo "## python -m epmoe.bench $b" >> "$summary"
+      PYTHONPATH=build-py/python timeout 300 python3 -m epmoe.bench $b > "$out/pybench.log" 2>&1
+      echo "(exit $?)" >> "$out/pybench.log"
+      sed 's/^/    /' "$out/pybench.log" | tail -30 >> "$summary"
+    done
   fi
 fi
 
