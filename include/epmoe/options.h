@@ -29,6 +29,16 @@ enum class CombineMode : uint8_t {
   ce,  // the copy engine (bf16 combine only; fp8 rows are encoded by the push warps on the way)
 };
 
+// What MoeLayer does about data faults only the device sees: NaN/inf in hidden, router logits or
+// routing weights, topk ids outside [-1, E) in a device tensor (DESIGN.md §7). Their outcome is the
+// same in every mode; the mode only decides whether they are counted and whether forward raises.
+enum class FaultCheck : uint8_t {
+  off,    // not counted (no scan of the inputs)
+  count,  // counted on the device (one read of the inputs per forward, no host synchronization);
+          //   MoeLayer::fault_counts() reads them
+  raise,  // counted, and forward waits for its stream and raises UsageError naming the faults
+};
+
 struct Tuning {
   // --- runner "cuda" -------------------------------------------------------------------------
   RunnerEngine engine = RunnerEngine::automatic;  // [local] EPMOE_RUNNER_ENGINE=auto|mma|cutlass
@@ -49,6 +59,9 @@ struct Tuning {
   CombineMode combine = CombineMode::sm;  // [agree] EPMOE_NVL_COMBINE=sm|ce
   int ce_rows = 512;            // [agree] EPMOE_NVL_CE_ROWS=1..1048576: rows per copy-engine copy
 
+  // --- MoeLayer ------------------------------------------------------------------------------
+  FaultCheck fault_check = FaultCheck::count;  // [local] EPMOE_FAULT_CHECK=off|count|raise
+
   // Built-in limits (validate() and the CLI use them).
   static constexpr int kMinPushWarps = 4, kMaxPushWarps = 12;
   static constexpr int kMaxCommSms = 1024;
@@ -67,9 +80,11 @@ std::vector<ConfigIssue> validate(const Tuning& t);
 
 const char* engine_name(RunnerEngine e);        // "auto", "mma", "cutlass"
 const char* combine_mode_name(CombineMode m);   // "sm", "ce"
+const char* fault_check_name(FaultCheck f);     // "off", "count", "raise"
 // Parsers shared by the environment reader and the CLI: false when `s` is not a valid name.
 bool parse_engine(const std::string& s, RunnerEngine& out);
 bool parse_combine_mode(const std::string& s, CombineMode& out);
+bool parse_fault_check(const std::string& s, FaultCheck& out);
 
 // One line per field: "name = value   [agree|local]  source" where source is "env EPMOE_X" or
 // "default" (what `epmoe validate` prints).

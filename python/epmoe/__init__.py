@@ -49,6 +49,7 @@ from ._C import (  # noqa: F401  (the public API)
     ConfigIssue,
     ExpertPlacement,
     ExpertWeights,
+    FaultCheck,
     IntermediateQuant,
     ModelPreset,
     MoeConfig,

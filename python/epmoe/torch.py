@@ -156,6 +156,19 @@ class EpMoE(torch.nn.Module):
         torch.ops.epmoe.forward_routed_out(hidden, topk_ids, topk_weights, self._handle, out)
         return out
 
+    def _stream(self) -> int:
+        if self._layer.device == "cuda":
+            return torch.cuda.current_stream(self._layer.device_index).cuda_stream
+        return 0
+
+    def fault_counts(self) -> dict:
+        """Data faults the forwards met (NaN/inf inputs, bad ids; docs/DESIGN.md section 7), counted
+        on the device at no host synchronization; reading them waits for the current stream."""
+        return self._layer.fault_counts(self._stream())
+
+    def reset_fault_counts(self) -> None:
+        self._layer.reset_fault_counts(self._stream())
+
     def __del__(self):
         handle = getattr(self, "_handle", None)
         if handle is not None:

@@ -68,6 +68,11 @@ struct EnumNames<CombineMode> {
   static constexpr const char* list = "sm, ce";
   static bool parse(const std::string& s, CombineMode& out) { return parse_combine_mode(s, out); }
 };
+template <>
+struct EnumNames<FaultCheck> {
+  static constexpr const char* list = "off, count, raise";
+  static bool parse(const std::string& s, FaultCheck& out) { return parse_fault_check(s, out); }
+};
 
 template <class T>
 T field_value(nb::handle v, const char* owner, const char* field) {

@@ -6,6 +6,7 @@
 #include <nanobind/stl/pair.h>
 #include <nanobind/stl/vector.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <memory>
@@ -315,6 +316,8 @@ void bind_layer(nb::module_& m) {
            nb::keep_alive<1, 3>(), nb::keep_alive<1, 4>(), nb::keep_alive<1, 5>())
       .def_prop_ro("rank", &MoeLayer::rank)
       .def_prop_ro("config", [](const MoeLayer& l) { return l.config(); })
+      .def_prop_ro("device", [](const MoeLayer& l) { return std::string(device_name(l.device())); })
+      .def_prop_ro("device_index", &MoeLayer::device_index)
       .def("_forward",
            [](MoeLayer& l, const Array& hidden, const Array& logits, const Array& out, uintptr_t stream) {
              const TensorView h = view_of(hidden, "hidden"), g = view_of(logits, "router_logits"),
@@ -324,49 +327,63 @@ void bind_layer(nb::module_& m) {
            },
            nb::arg("hidden"), nb::arg("router_logits"), nb::arg("out"), nb::arg("stream") = 0)
       .def("_bench_forward",
-           [](MoeLayer& l, const Array& hidden, const Array& logits, const Array& out, uintptr_t stream, int iters) {
+           [](MoeLayer& l, const Array& hidden, const Array& logits, const Array& out, uintptr_t stream, int iters,
+              int burst) {
              // The same forward called from C++ in a loop: the baseline of the Python overhead
-             // benchmark (epmoe.bench). host_us: enqueue time per call; device_us: CUDA-event time
-             // per call on the stream (the host time on the CPU backend).
+             // benchmark (epmoe.bench). device_us: CUDA-event time per call over `iters` calls back
+             // to back. host_us: the median, over rounds of `burst` calls each started on an idle
+             // stream, of the enqueue time per call; short rounds keep the launch queue from filling,
+             // which would make the host wait for the GPU and time the GPU instead. On the CPU backend
+             // both are the host time.
              if (iters < 1) throw UsageError("_bench_forward(iters=" + std::to_string(iters) + "): give 1 or more");
+             if (burst < 1) throw UsageError("_bench_forward(burst=" + std::to_string(burst) + "): give 1 or more");
              const TensorView h = view_of(hidden, "hidden"), g = view_of(logits, "router_logits"),
                               o = view_of(out, "out");
              double host_us = 0, device_us = 0;
              {
                nb::gil_scoped_release unlocked;
                const Stream st = reinterpret_cast<Stream>(stream);
+               using clock = std::chrono::steady_clock;
 #if defined(EPMOE_WITH_CUDA)
                const bool gpu = h.device == DeviceKind::cuda;
-               cudaEvent_t a = nullptr, b = nullptr;
+               auto cs = static_cast<cudaStream_t>(st);
                if (gpu) {
+                 std::vector<double> per_call;
+                 for (int done = 0; done < iters; done += burst) {
+                   EPMOE_CUDA_CHECK(cudaStreamSynchronize(cs));
+                   const auto t0 = clock::now();
+                   for (int i = 0; i < burst; ++i) l.forward(h, g, o, st);
+                   per_call.push_back(std::chrono::duration<double, std::micro>(clock::now() - t0).count() / burst);
+                 }
+                 std::sort(per_call.begin(), per_call.end());
+                 host_us = per_call[per_call.size() / 2];
+                 cudaEvent_t a = nullptr, b = nullptr;
                  EPMOE_CUDA_CHECK(cudaEventCreate(&a));
                  EPMOE_CUDA_CHECK(cudaEventCreate(&b));
-                 EPMOE_CUDA_CHECK(cudaEventRecord(a, static_cast<cudaStream_t>(st)));
-               }
-#endif
-               const auto t0 = std::chrono::steady_clock::now();
-               for (int i = 0; i < iters; ++i) l.forward(h, g, o, st);
-               const auto t1 = std::chrono::steady_clock::now();
-               host_us = std::chrono::duration<double, std::micro>(t1 - t0).count() / iters;
-               device_us = host_us;
-#if defined(EPMOE_WITH_CUDA)
-               if (gpu) {
-                 EPMOE_CUDA_CHECK(cudaEventRecord(b, static_cast<cudaStream_t>(st)));
+                 EPMOE_CUDA_CHECK(cudaEventRecord(a, cs));
+                 for (int i = 0; i < iters; ++i) l.forward(h, g, o, st);
+                 EPMOE_CUDA_CHECK(cudaEventRecord(b, cs));
                  EPMOE_CUDA_CHECK(cudaEventSynchronize(b));
                  float ms = 0.f;
                  EPMOE_CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
                  device_us = 1e3 * ms / iters;
                  cudaEventDestroy(a);
                  cudaEventDestroy(b);
-               }
+               } else
 #endif
+               {
+                 const auto t0 = clock::now();
+                 for (int i = 0; i < iters; ++i) l.forward(h, g, o, st);
+                 host_us = device_us = std::chrono::duration<double, std::micro>(clock::now() - t0).count() / iters;
+               }
              }
              nb::dict d;
              d["host_us"] = host_us;
              d["device_us"] = device_us;
              return d;
            },
-           nb::arg("hidden"), nb::arg("router_logits"), nb::arg("out"), nb::arg("stream") = 0, nb::arg("iters") = 100)
+           nb::arg("hidden"), nb::arg("router_logits"), nb::arg("out"), nb::arg("stream") = 0, nb::arg("iters") = 100,
+           nb::arg("burst") = 8)
       .def("_forward_routed",
            [](MoeLayer& l, const Array& hidden, const Array& ids, const Array& weights, const Array& out,
               uintptr_t stream) {
@@ -375,7 +392,29 @@ void bind_layer(nb::module_& m) {
              nb::gil_scoped_release unlocked;
              l.forward_routed(h, i, w, o, reinterpret_cast<Stream>(stream));
            },
-           nb::arg("hidden"), nb::arg("topk_ids"), nb::arg("topk_weights"), nb::arg("out"), nb::arg("stream") = 0);
+           nb::arg("hidden"), nb::arg("topk_ids"), nb::arg("topk_weights"), nb::arg("out"), nb::arg("stream") = 0)
+      .def(
+          "fault_counts",
+          [](const MoeLayer& l, uintptr_t stream) {
+            FaultCounts f;
+            {
+              nb::gil_scoped_release unlocked;
+              f = l.fault_counts(reinterpret_cast<Stream>(stream));
+            }
+            nb::dict d;
+            d["nonfinite_hidden"] = f.nonfinite_hidden;
+            d["nonfinite_logits"] = f.nonfinite_logits;
+            d["nonfinite_weights"] = f.nonfinite_weights;
+            d["bad_ids"] = f.bad_ids;
+            return d;
+          },
+          nb::arg("stream") = 0,
+          "The data faults counted so far (DESIGN.md section 7), as a dict: nonfinite_hidden, nonfinite_logits, "
+          "nonfinite_weights (tokens) and bad_ids (entries). Waits for `stream`, the forwards' stream.")
+      .def(
+          "reset_fault_counts",
+          [](MoeLayer& l, uintptr_t stream) { l.reset_fault_counts(reinterpret_cast<Stream>(stream)); },
+          nb::arg("stream") = 0, "Zeroes the fault counters, ordered on `stream`.");
 }
 
 }  // namespace epmoe::py

@@ -211,3 +211,29 @@ def test_finite_logits_of_any_magnitude_give_finite_outputs(weights):
         g = np.full((4, E), scale, dtype=np.float32) + np.arange(E, dtype=np.float32)
         out = epmoe.bf16_to_float(layer.forward(x, g))
         assert np.isfinite(out).all(), scale
+
+
+def test_fault_counts_only_faulty_tokens_and_raise_mode(weights):
+    """NaN/inf inputs (DESIGN.md section 7): counted, only those tokens' outputs affected; raise
+    mode raises naming them; off counts nothing."""
+    w13, w2 = weights
+    ew = epmoe.ExpertWeights.quantize(w13, w2, "bf16")
+    x, g = inputs(4)
+    clean = epmoe.MoeLayer(cfg(), epmoe.local_comm(), ew).forward(x, g)
+    x[1, 3] = 0x7FC0  # a bf16 NaN
+    g[2, 0] = np.inf  # softmax: NaN weights for token 2
+    layer = epmoe.MoeLayer(cfg(), epmoe.local_comm(), ew)
+    out = layer.forward(x, g)
+    assert layer.fault_counts() == {"nonfinite_hidden": 1, "nonfinite_logits": 1, "nonfinite_weights": 1,
+                                    "bad_ids": 0}
+    assert np.array_equal(out[[0, 3]], clean[[0, 3]])
+    layer.reset_fault_counts()
+    assert sum(layer.fault_counts().values()) == 0
+    strict = epmoe.MoeLayer(cfg(tuning=epmoe.Tuning(fault_check="raise")), epmoe.local_comm(), ew)
+    with pytest.raises(epmoe.UsageError, match="1 token with NaN/inf in hidden"):
+        strict.forward(x, g)
+    off = epmoe.MoeLayer(cfg(tuning=epmoe.Tuning(fault_check="off")), epmoe.local_comm(), ew)
+    off.forward(x, g)
+    assert sum(off.fault_counts().values()) == 0
+    with pytest.raises(epmoe.UsageError, match="fault_check"):
+        epmoe.Tuning(fault_check="loud")

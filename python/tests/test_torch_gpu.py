@@ -150,3 +150,31 @@ def test_bad_device_inputs_are_usage_errors():
     with pytest.raises(epmoe.UsageError, match="capacity"):
         m2, _ = module("bf16", capacity=8)
         m2(*inputs(9))
+
+
+def test_fault_counts_without_sync_inside_a_cuda_graph_and_raise_mode():
+    m, _ = module("bf16")
+    x, logits = inputs(50)
+    clean = m(x, logits).clone()
+    x[3, 7] = float("nan")
+    logits[9, 2] = float("inf")
+    out = m(x, logits)
+    assert m.fault_counts() == {"nonfinite_hidden": 1, "nonfinite_logits": 1, "nonfinite_weights": 1,
+                                "bad_ids": 0}
+    keep = [t for t in range(50) if t not in (3, 9)]
+    assert torch.equal(out[keep], clean[keep])
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        m(x, logits)
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        m(x, logits)
+    m.reset_fault_counts()
+    graph.replay()
+    graph.replay()
+    assert m.fault_counts()["nonfinite_hidden"] == 2
+    strict, _ = module("bf16", tuning=epmoe.Tuning(fault_check="raise"))
+    with pytest.raises(epmoe.UsageError, match="NaN/inf"):
+        strict(x, logits)

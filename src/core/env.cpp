@@ -155,6 +155,12 @@ EnvTuning read_env_tuning() {
     if (auto v = env::integer("EPMOE_NVL_CE_ROWS", 1, Tuning::kMaxCeRows, "rows per copy-engine copy of the combine"))
       t.ce_rows = int(*v);
   });
+  take("EPMOE_FAULT_CHECK", [&] {
+    if (auto v = env::get("EPMOE_FAULT_CHECK"); v && !parse_fault_check(*v, t.fault_check))
+      throw UsageError("environment variable EPMOE_FAULT_CHECK='" + *v +
+                       "' is not a fault-check mode (what MoeLayer does about NaN/inf inputs and bad device ids); "
+                       "unset it or give off, count or raise");
+  });
   return r;
 }
 

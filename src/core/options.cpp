@@ -19,6 +19,22 @@ const char* engine_name(RunnerEngine e) {
 
 const char* combine_mode_name(CombineMode m) { return m == CombineMode::ce ? "ce" : "sm"; }
 
+const char* fault_check_name(FaultCheck f) {
+  switch (f) {
+    case FaultCheck::off: return "off";
+    case FaultCheck::raise: return "raise";
+    default: return "count";
+  }
+}
+
+bool parse_fault_check(const std::string& s, FaultCheck& out) {
+  if (s == "off") out = FaultCheck::off;
+  else if (s == "count") out = FaultCheck::count;
+  else if (s == "raise") out = FaultCheck::raise;
+  else return false;
+  return true;
+}
+
 bool parse_engine(const std::string& s, RunnerEngine& out) {
   if (s == "auto") out = RunnerEngine::automatic;
   else if (s == "mma") out = RunnerEngine::mma;
@@ -53,6 +69,7 @@ std::vector<ConfigIssue> validate(const Tuning& t) {
   };
   named("engine", int(t.engine), 3, "auto, mma, cutlass");
   named("combine", int(t.combine), 2, "sm, ce");
+  named("fault_check", int(t.fault_check), 3, "off, count, raise");
   return is;
 }
 
@@ -77,6 +94,7 @@ std::string describe(const Tuning& t) {
   row("push_warps", i(t.push_warps), i(d.push_warps), false, "EPMOE_NVL_PUSH_WARPS");
   row("combine", combine_mode_name(t.combine), combine_mode_name(d.combine), true, "EPMOE_NVL_COMBINE");
   row("ce_rows", i(t.ce_rows), i(d.ce_rows), true, "EPMOE_NVL_CE_ROWS");
+  row("fault_check", fault_check_name(t.fault_check), fault_check_name(d.fault_check), false, "EPMOE_FAULT_CHECK");
   return os.str();
 }
 

@@ -8,11 +8,13 @@
 #include "epmoe/error.h"
 #include "epmoe/registry.h"
 #include "epmoe/router.h"
+#include "layer/faults.h"
 
 #if defined(EPMOE_WITH_CUDA)
 #include <cuda_runtime.h>
 
 #include "core/cuda/check.h"
+#include "layer/cuda/faults.h"
 #include "route/cuda/route.h"
 #endif
 
@@ -84,7 +86,10 @@ struct MoeLayer::Impl {
   std::vector<float> w_host;
 #if defined(EPMOE_WITH_CUDA)
   cuda::DeviceBuffer y_dev, ids_dev, w_dev;
+  cuda::DeviceBuffer faults_dev;  // unsigned long long [kFaultKinds]
 #endif
+  int64_t faults_host[detail::kFaultKinds] = {};  // the CPU backend's counters
+  int64_t faults_seen[detail::kFaultKinds] = {};  // fault_check = raise: the counts already raised on
 
   Impl(const MoeConfig& c, Communicator& cm, const ExpertWeights& w, const float* bias)
       : cfg(c), comm(cm), weights(w), router_bias(bias) {}
@@ -111,6 +116,68 @@ struct MoeLayer::Impl {
       }
     }
     if (!local_error.empty()) throw UsageError(local_error);
+  }
+
+  // Counts the data faults of this forward's inputs (DESIGN.md §7): on the device without host
+  // synchronization, or on the host for the CPU backend.
+  void scan_faults(const detail::FaultScan& scan, Stream stream) {
+    if (cfg.tuning.fault_check == FaultCheck::off || scan.tokens <= 0) return;
+    if (device == DeviceKind::cpu) {
+      detail::scan_faults_host(scan, faults_host);
+      return;
+    }
+#if defined(EPMOE_WITH_CUDA)
+    cuda::DeviceGuard g(comm.device_index());
+    cuda::scan_faults(scan, faults_dev.get<unsigned long long>(), static_cast<cudaStream_t>(stream));
+#endif
+  }
+
+  void read_faults(int64_t* out, Stream stream) const {
+    if (device == DeviceKind::cpu) {
+      for (int i = 0; i < detail::kFaultKinds; ++i) out[i] = faults_host[i];
+      return;
+    }
+#if defined(EPMOE_WITH_CUDA)
+    cuda::DeviceGuard g(comm.device_index());
+    unsigned long long v[detail::kFaultKinds] = {};
+    auto st = static_cast<cudaStream_t>(stream);
+    EPMOE_CUDA_CHECK(cudaMemcpyAsync(v, faults_dev.get(), sizeof(v), cudaMemcpyDeviceToHost, st));
+    EPMOE_CUDA_CHECK(cudaStreamSynchronize(st));
+    for (int i = 0; i < detail::kFaultKinds; ++i) out[i] = int64_t(v[i]);
+#endif
+  }
+
+  // fault_check = raise: waits for the forward's stream; the faults met since the last check are
+  // an error (the outputs are already written, by the rule of §7).
+  void refuse_capture_in_raise_mode(Stream stream) const {
+#if defined(EPMOE_WITH_CUDA)
+    if (cfg.tuning.fault_check != FaultCheck::raise || device != DeviceKind::cuda) return;
+    cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;
+    EPMOE_CUDA_CHECK(cudaStreamIsCapturing(static_cast<cudaStream_t>(stream), &cap));
+    if (cap != cudaStreamCaptureStatusNone)
+      throw UsageError("MoeLayer: tuning.fault_check=raise waits for the stream after each forward, which a stream "
+                       "that is capturing a CUDA graph cannot do; build the layer with fault_check=count and read "
+                       "fault_counts() after the replays");
+#else
+    (void)stream;
+#endif
+  }
+
+  void raise_on_faults(const char* call, Stream stream) {
+    if (cfg.tuning.fault_check != FaultCheck::raise) return;
+    int64_t now[detail::kFaultKinds], delta[detail::kFaultKinds];
+    read_faults(now, stream);
+    bool any = false;
+    for (int i = 0; i < detail::kFaultKinds; ++i) {
+      delta[i] = now[i] - faults_seen[i];
+      faults_seen[i] = now[i];
+      any |= delta[i] > 0;
+    }
+    if (any)
+      throw UsageError(std::string("MoeLayer.") + call + " (tuning.fault_check=raise): rank " +
+                       std::to_string(comm.rank()) + " met " + detail::fault_message(delta, cfg.num_experts) +
+                       "; those tokens' outputs follow the rule of DESIGN.md section 7 and the other tokens are "
+                       "unaffected; fix the inputs, or use fault_check=count and read fault_counts()");
   }
 
   void step(int64_t T, const TensorView& hidden, const int32_t* ids, const float* w, const TensorView& out,
@@ -158,6 +225,11 @@ MoeLayer::MoeLayer(const MoeConfig& cfg, Communicator& comm, const ExpertWeights
     reserve_on(s.y_dev, y_elems * sizeof(bf16_raw), comm.device_index());
     reserve_on(s.ids_dev, size_t(cfg.capacity) * cfg.top_k * sizeof(int32_t), comm.device_index());
     reserve_on(s.w_dev, size_t(cfg.capacity) * cfg.top_k * sizeof(float), comm.device_index());
+    reserve_on(s.faults_dev, detail::kFaultKinds * sizeof(unsigned long long), comm.device_index());
+    {
+      cuda::DeviceGuard g(comm.device_index());
+      EPMOE_CUDA_CHECK(cudaMemset(s.faults_dev.get(), 0, detail::kFaultKinds * sizeof(unsigned long long)));
+    }
 #else
     throw UsageError("MoeLayer: runner=" + cfg.runner + " needs CUDA, which this build does not have");
 #endif
@@ -174,6 +246,8 @@ MoeLayer::~MoeLayer() = default;
 
 const MoeConfig& MoeLayer::config() const { return impl_->cfg; }
 int MoeLayer::rank() const { return impl_->comm.rank(); }
+DeviceKind MoeLayer::device() const { return impl_->device; }
+int MoeLayer::device_index() const { return impl_->comm.device_index(); }
 
 void MoeLayer::forward(const TensorView& hidden, const TensorView& router_logits, const TensorView& out,
                        Stream stream) {
@@ -192,12 +266,24 @@ void MoeLayer::forward(const TensorView& hidden, const TensorView& router_logits
     err = e.what();
   }
   s.agree_on_input(err);
+  s.refuse_capture_in_raise_mode(stream);
+  detail::FaultScan scan;
+  scan.tokens = T;
+  scan.hidden = c.hidden;
+  scan.x = hidden.as<const uint16_t>();
+  scan.logits = router_logits.data;
+  scan.logits_bf16 = router_logits.dtype == DType::bf16;
+  scan.num_experts = c.num_experts;
+  scan.top_k = K;
 
   if (s.device == DeviceKind::cpu) {
     s.ids_host.resize(size_t(T) * K);
     s.w_host.resize(size_t(T) * K);
     route_cpu(c.router, router_logits, s.router_bias, K, s.ids_host.data(), s.w_host.data());
+    scan.weights = s.w_host.data();
+    s.scan_faults(scan, stream);
     s.step(T, hidden, s.ids_host.data(), s.w_host.data(), out, stream);
+    s.raise_on_faults("forward", stream);
     return;
   }
 #if defined(EPMOE_WITH_CUDA)
@@ -207,7 +293,10 @@ void MoeLayer::forward(const TensorView& hidden, const TensorView& router_logits
   auto* ids = s.ids_dev.get<int32_t>();
   auto* w = s.w_dev.get<float>();
   cuda::route(c.router, router_logits, s.router_bias, K, ids, w, static_cast<cudaStream_t>(stream));
+  scan.weights = w;  // the router's ids are always in range; its weights carry NaN/inf logits' outcome
+  s.scan_faults(scan, stream);
   s.step(T, hidden, ids, w, out, stream);
+  s.raise_on_faults("forward", stream);
 #else
   throw UsageError("MoeLayer: CUDA routing not built");
 #endif
@@ -232,7 +321,43 @@ void MoeLayer::forward_routed(const TensorView& hidden, const TensorView& topk_i
     err = e.what();
   }
   s.agree_on_input(err);
+  s.refuse_capture_in_raise_mode(stream);
+  detail::FaultScan scan;
+  scan.tokens = T;
+  scan.hidden = c.hidden;
+  scan.x = hidden.as<const uint16_t>();
+  scan.num_experts = c.num_experts;
+  scan.ids = topk_ids.as<const int32_t>();
+  scan.weights = topk_weights.as<const float>();
+  scan.top_k = c.top_k;
+  s.scan_faults(scan, stream);
   s.step(T, hidden, topk_ids.as<const int32_t>(), topk_weights.as<const float>(), out, stream);
+  s.raise_on_faults("forward_routed", stream);
+}
+
+FaultCounts MoeLayer::fault_counts(Stream stream) const {
+  int64_t v[detail::kFaultKinds];
+  impl_->read_faults(v, stream);
+  FaultCounts f;
+  f.nonfinite_hidden = v[detail::kNonfiniteHidden];
+  f.nonfinite_logits = v[detail::kNonfiniteLogits];
+  f.nonfinite_weights = v[detail::kNonfiniteWeights];
+  f.bad_ids = v[detail::kBadIds];
+  return f;
+}
+
+void MoeLayer::reset_fault_counts(Stream stream) {
+  Impl& s = *impl_;
+  for (int i = 0; i < detail::kFaultKinds; ++i) s.faults_host[i] = s.faults_seen[i] = 0;
+#if defined(EPMOE_WITH_CUDA)
+  if (s.device == DeviceKind::cuda) {
+    cuda::DeviceGuard g(s.comm.device_index());
+    EPMOE_CUDA_CHECK(cudaMemsetAsync(s.faults_dev.get(), 0, detail::kFaultKinds * sizeof(unsigned long long),
+                                     static_cast<cudaStream_t>(stream)));
+  }
+#else
+  (void)stream;
+#endif
 }
 
 }  // namespace epmoe

@@ -56,6 +56,7 @@ const FlagSpec kTuningFlags[] = {
     {"push-warps", "N", "dispatcher nvlink: combine warps per CTA that push rows, 4..12 (env EPMOE_NVL_PUSH_WARPS)"},
     {"combine-mode", "sm|ce", "dispatcher nvlink: who moves combine rows, SMs or the copy engine (env EPMOE_NVL_COMBINE)"},
     {"ce-rows", "N", "dispatcher nvlink, combine-mode ce: rows per copy (env EPMOE_NVL_CE_ROWS)"},
+    {"fault-check", "off|count|raise", "layer: count NaN/inf inputs and bad device ids, or raise on them (env EPMOE_FAULT_CHECK)"},
 };
 
 // An int flag that may not wrap: the value is range-checked here, in the flag's own terms.
@@ -105,6 +106,8 @@ void apply_tuning_flags(const Flags& f, Tuning& t) {
   if (f.has("combine-mode") && !parse_combine_mode(f.get("combine-mode"), t.combine))
     throw UsageError("--combine-mode=" + f.get("combine-mode") + " is not a combine mode; use sm or ce");
   t.ce_rows = int_flag(f, "ce-rows", t.ce_rows);
+  if (f.has("fault-check") && !parse_fault_check(f.get("fault-check"), t.fault_check))
+    throw UsageError("--fault-check=" + f.get("fault-check") + " is not a fault-check mode; use off, count or raise");
 }
 
 void apply_config_flags(const Flags& f, MoeConfig& c) {
