@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # On a GPU machine: build, run every GPU test and the benchmarks, and write a short summary.
 #   scripts/gpu_check.sh [--tests REGEX] [--no-tests] [--no-bench] [--bench "ARGS"]... [--no-sanitize]
-#                        [--no-python] [--pybench "ARGS"]...
+#                        [--no-python] [--pybench "ARGS"]... [--torch-bench "ARGS"]...
+#   --torch-bench "ARGS": bench/torch_grouped_mm.py ARGS (PyTorch's grouped GEMMs on the shapes and
+#   floor of `epmoe bench runner`), after the epmoe benches, in the same session; repeatable.
 # Output: $OUT (or ./out) gets summary.md, ctest.log, bench logs. The GPU machine keeps nothing, so
 # copy the summary into bench/results/ and commit it.
 set -uo pipefail
@@ -9,13 +11,14 @@ cd "$(dirname "$0")/.."
 out=${OUT:-$(pwd)/out}
 mkdir -p "$out"
 export NCCL_NVLS_ENABLE=0 NVSHMEM_DISABLE_NVLS=1 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
-tests_regex=""; run_tests=1; run_bench=1; benches=(); pybenches=(); sanitize=1; run_python=1
+tests_regex=""; run_tests=1; run_bench=1; benches=(); pybenches=(); torchbenches=(); sanitize=1; run_python=1
 while [ $# -gt 0 ]; do
   case "$1" in
     --tests) tests_regex="$2"; shift 2 ;;
     --no-tests) run_tests=0; sanitize=0; shift ;;
     --no-bench) run_bench=0; shift ;;
     --pybench) pybenches+=("$2"); shift 2 ;;
+    --torch-bench) torchbenches+=("$2"); shift 2 ;;
     --no-sanitize) sanitize=0; shift ;;
     --no-python) run_python=0; shift ;;
     --bench) benches+=("$2"); shift 2 ;;
@@ -110,4 +113,13 @@ if [ $run_bench -eq 1 ]; then
     sed 's/^/    /' "$out/bench_$name.log" | tail -60 >> "$summary"
   done
 fi
+
+# PyTorch's own grouped GEMMs on the same shapes, routing and floor (needs only python3 + torch).
+for b in "${torchbenches[@]}"; do
+  name=$(echo "$b" | tr ' /' '__' | tr -cd 'A-Za-z0-9_.-')
+  echo "## torch bench $b" >> "$summary"
+  timeout 300 python3 bench/torch_grouped_mm.py $b > "$out/torch_bench_$name.log" 2>&1
+  echo "(exit $?)" >> "$out/torch_bench_$name.log"
+  grep -v '^\[torch bench\]' "$out/torch_bench_$name.log" | sed 's/^/    /' | tail -200 >> "$summary"
+done
 cat "$summary"
