@@ -71,43 +71,44 @@ def main(argv=None) -> int:
         if a.device == "cuda":
             torch.cuda.synchronize()
 
-    def timed(call):
-        """(host us per call, device us per call) of `call`. Host: the median over rounds of
-        --burst calls, each round started on an idle GPU, so the launch queue never fills (a full
-        queue makes the host wait for the GPU, and the host column would time the GPU). Device:
-        CUDA-event time of --iters calls back to back."""
-        call()
+    def host_round(call):
+        """Host us per call of one round of --burst calls started on an idle GPU: the launch queue
+        never fills (a full queue makes the host wait for the GPU, and the column would time it)."""
         sync()
-        per_call = []
-        for _ in range(max(1, a.iters // a.burst)):
-            sync()
-            t0 = time.perf_counter()
-            for _ in range(a.burst):
-                call()
-            per_call.append((time.perf_counter() - t0) * 1e6 / a.burst)
-        host = sorted(per_call)[len(per_call) // 2]
+        t0 = time.perf_counter()
+        for _ in range(a.burst):
+            call()
+        return (time.perf_counter() - t0) * 1e6 / a.burst
+
+    def device_time(call):
+        """CUDA-event us per call of --iters calls back to back (the host time on the CPU)."""
+        sync()
         if a.device != "cuda":
-            return host, host
-        sync()
+            t0 = time.perf_counter()
+            for _ in range(a.iters):
+                call()
+            return (time.perf_counter() - t0) * 1e6 / a.iters
         e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         e0.record()
         for _ in range(a.iters):
             call()
         e1.record()
         e1.synchronize()
-        return host, e0.elapsed_time(e1) * 1e3 / a.iters
+        return e0.elapsed_time(e1) * 1e3 / a.iters
 
-    rows = []
-    layer._bench_forward(dl(x), dl(logits), dl(out), stream, 10, a.burst)  # warm-up
-    c = layer._bench_forward(dl(x), dl(logits), dl(out), stream, a.iters, a.burst)
-    rows.append(("C++ MoeLayer::forward", c["host_us"], c["device_us"]))
+    def cpp_round():
+        r = layer._bench_forward(dl(x), dl(logits), dl(out), stream, a.burst, a.burst, False)
+        return r["host_us"]
+
+    def cpp_device():
+        return layer._bench_forward(dl(x), dl(logits), dl(out), stream, a.iters, a.iters, True)["device_us"]
 
     def core():
         layer._forward(dl(x), dl(logits), dl(out), stream)
 
-    rows.append(("Python MoeLayer._forward", *timed(core)))
-    rows.append(("torch op EpMoE(x, logits)", *timed(lambda: mod(x, logits))))
-    rows.append(("torch op, out=", *timed(lambda: mod(x, logits, out=out))))
+    paths = [("C++ MoeLayer::forward", None), ("Python MoeLayer._forward", core),
+             ("torch op EpMoE(x, logits)", lambda: mod(x, logits)),
+             ("torch op, out=", lambda: mod(x, logits, out=out))]
     if a.device == "cuda":
         s = torch.cuda.Stream()
         s.wait_stream(torch.cuda.current_stream())
@@ -117,7 +118,18 @@ def main(argv=None) -> int:
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
             mod(x, logits)
-        rows.append(("torch op in a CUDA graph", *timed(graph.replay)))
+        paths.append(("torch op in a CUDA graph", graph.replay))
+    for _, call in paths:  # warm-up
+        cpp_round() if call is None else host_round(call)
+    # Host rounds interleaved path by path, so drift (clocks, other processes) hits every path alike.
+    host = {name: [] for name, _ in paths}
+    for _ in range(max(1, a.iters // a.burst)):
+        for name, call in paths:
+            host[name].append(cpp_round() if call is None else host_round(call))
+    rows = []
+    for name, call in paths:
+        med = sorted(host[name])[len(host[name]) // 2]
+        rows.append((name, med, cpp_device() if call is None else device_time(call)))
 
     base_host, base_dev = rows[0][1], rows[0][2]
     print("\n| path | host us / call | over C++ | step us | vs C++ step |")

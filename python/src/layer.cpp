@@ -328,13 +328,13 @@ void bind_layer(nb::module_& m) {
            nb::arg("hidden"), nb::arg("router_logits"), nb::arg("out"), nb::arg("stream") = 0)
       .def("_bench_forward",
            [](MoeLayer& l, const Array& hidden, const Array& logits, const Array& out, uintptr_t stream, int iters,
-              int burst) {
+              int burst, bool device_time) {
              // The same forward called from C++ in a loop: the baseline of the Python overhead
              // benchmark (epmoe.bench). device_us: CUDA-event time per call over `iters` calls back
              // to back. host_us: the median, over rounds of `burst` calls each started on an idle
              // stream, of the enqueue time per call; short rounds keep the launch queue from filling,
              // which would make the host wait for the GPU and time the GPU instead. On the CPU backend
-             // both are the host time.
+             // both are the host time. device_time = false: host rounds only (device_us = 0).
              if (iters < 1) throw UsageError("_bench_forward(iters=" + std::to_string(iters) + "): give 1 or more");
              if (burst < 1) throw UsageError("_bench_forward(burst=" + std::to_string(burst) + "): give 1 or more");
              const TensorView h = view_of(hidden, "hidden"), g = view_of(logits, "router_logits"),
@@ -346,8 +346,12 @@ void bind_layer(nb::module_& m) {
                using clock = std::chrono::steady_clock;
 #if defined(EPMOE_WITH_CUDA)
                const bool gpu = h.device == DeviceKind::cuda;
-               auto cs = static_cast<cudaStream_t>(st);
+#else
+               const bool gpu = false;
+#endif
                if (gpu) {
+#if defined(EPMOE_WITH_CUDA)
+                 auto cs = static_cast<cudaStream_t>(st);
                  std::vector<double> per_call;
                  for (int done = 0; done < iters; done += burst) {
                    EPMOE_CUDA_CHECK(cudaStreamSynchronize(cs));
@@ -357,21 +361,22 @@ void bind_layer(nb::module_& m) {
                  }
                  std::sort(per_call.begin(), per_call.end());
                  host_us = per_call[per_call.size() / 2];
-                 cudaEvent_t a = nullptr, b = nullptr;
-                 EPMOE_CUDA_CHECK(cudaEventCreate(&a));
-                 EPMOE_CUDA_CHECK(cudaEventCreate(&b));
-                 EPMOE_CUDA_CHECK(cudaEventRecord(a, cs));
-                 for (int i = 0; i < iters; ++i) l.forward(h, g, o, st);
-                 EPMOE_CUDA_CHECK(cudaEventRecord(b, cs));
-                 EPMOE_CUDA_CHECK(cudaEventSynchronize(b));
-                 float ms = 0.f;
-                 EPMOE_CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
-                 device_us = 1e3 * ms / iters;
-                 cudaEventDestroy(a);
-                 cudaEventDestroy(b);
-               } else
+                 if (device_time) {
+                   cudaEvent_t a = nullptr, b = nullptr;
+                   EPMOE_CUDA_CHECK(cudaEventCreate(&a));
+                   EPMOE_CUDA_CHECK(cudaEventCreate(&b));
+                   EPMOE_CUDA_CHECK(cudaEventRecord(a, cs));
+                   for (int i = 0; i < iters; ++i) l.forward(h, g, o, st);
+                   EPMOE_CUDA_CHECK(cudaEventRecord(b, cs));
+                   EPMOE_CUDA_CHECK(cudaEventSynchronize(b));
+                   float ms = 0.f;
+                   EPMOE_CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
+                   device_us = 1e3 * ms / iters;
+                   cudaEventDestroy(a);
+                   cudaEventDestroy(b);
+                 }
 #endif
-               {
+               } else {
                  const auto t0 = clock::now();
                  for (int i = 0; i < iters; ++i) l.forward(h, g, o, st);
                  host_us = device_us = std::chrono::duration<double, std::micro>(clock::now() - t0).count() / iters;
@@ -383,7 +388,7 @@ void bind_layer(nb::module_& m) {
              return d;
            },
            nb::arg("hidden"), nb::arg("router_logits"), nb::arg("out"), nb::arg("stream") = 0, nb::arg("iters") = 100,
-           nb::arg("burst") = 8)
+           nb::arg("burst") = 8, nb::arg("device_time") = true)
       .def("_forward_routed",
            [](MoeLayer& l, const Array& hidden, const Array& ids, const Array& weights, const Array& out,
               uintptr_t stream) {

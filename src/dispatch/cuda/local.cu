@@ -245,7 +245,9 @@ DispatchOutput LocalCudaDispatcher::dispatch(const DispatchInput& in) {
 }
 
 void LocalCudaDispatcher::combine(const CombineInput& in, bf16_raw* out) {
-  check_errors(false);
+  // No check_errors here: the flag may come from this call's own dispatch, depending on how far
+  // the device got; reporting it at the next dispatch keeps the outcome independent of timing
+  // (this call's outputs are written, with the bad ids as -1).
   if (last_T_ < 0) throw UsageError(detail::combine_without_dispatch());
   if (last_T_ > 0 && !in.y) throw UsageError(detail::combine_null_y(last_T_));
   if (last_T_ > 0 && !out) throw UsageError(detail::combine_null_out(last_T_));

@@ -4,7 +4,7 @@
 //
 // Out-of-range ids cannot be checked on the host without a synchronization. They are caught on
 // the device instead: such an id is treated as -1 (nothing out of bounds is ever read or written)
-// and the first one is recorded in pinned host memory; the next dispatch() or combine() call, or
+// and the first one is recorded in pinned host memory; the next dispatch() call, or
 // check_errors(), throws the UsageError naming token, k and id.
 #pragma once
 #include <cuda_runtime.h>
