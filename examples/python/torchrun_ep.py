@@ -19,7 +19,8 @@ What is checked, and why with which strictness:
     §5); on one GPU all K experts are summed in fp32 and rounded once. An fp8 combine
     (--combine-format fp8) re-quantizes each partial as well. The defaults are the bounds
     DESIGN.md §6 sets for a multi-GPU layer: 3e-2 and 1e-3 (1e-1 with an fp8 combine or an fp8
-    intermediate). A wrong expert slice, routing or combine shows up as errors of order 1.
+    intermediate, which fp8 weights get by default: intermediate_quant "auto"). A wrong expert
+    slice, routing or combine shows up as errors of order 1.
 
 Run it (2 GPUs of one node; the "nvlink" dispatcher needs them in one NVLink domain):
 
@@ -67,7 +68,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--comm-ptr", action="store_true",
                    help="adopt the ncclComm_t of torch's ProcessGroupNCCL instead of making a new one")
     p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
-                   help="any other MoeConfig field, e.g. intermediate_quant=fp8 or tuning.comm_sms=16")
+                   help="any other MoeConfig field, e.g. intermediate_quant=none (default auto: fp8 for fp8 "
+                        "weights) or tuning.comm_sms=16")
     p.add_argument("--replays", type=int, default=20, help="back-to-back graph replays (timed)")
     p.add_argument("--tol", type=float, default=0.0, help="max|a-b|/max|ref| bound (0: DESIGN.md §6's)")
     p.add_argument("--seed", type=int, default=0)
@@ -158,8 +160,9 @@ def run(module, hidden, route):
     return module.forward_routed(hidden, *route) if len(route) == 2 else module(hidden, *route)
 
 
-def bounds(args):
-    loose = args.combine_format == "fp8" or any(s.replace(" ", "") == "intermediate_quant=fp8" for s in args.set)
+def bounds(args, cfg):
+    # The resolved value: intermediate_quant "auto" (the default) means fp8 for fp8 weights.
+    loose = args.combine_format == "fp8" or cfg.effective_intermediate_quant.name == "fp8"
     tol = args.tol or (1e-1 if loose else 3e-2)
     return tol, 1e-3
 
@@ -257,7 +260,7 @@ def main(argv=None) -> int:
         ref_layer = make_module(ref_cfg, one, w13, w2, device)
         all_route = tuple(torch.cat([rt[i] for _, rt in inputs]).to(device) for i in range(len(route)))
         ref = run(ref_layer, all_hidden.to(device), all_route).float().cpu()
-        tol, cos_tol = bounds(args)
+        tol, cos_tol = bounds(args, cfg)
         got = torch.cat([o.float() for o in outs])
         finite = bool(torch.isfinite(got).all())
         scale = ref.abs().max().item()

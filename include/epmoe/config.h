@@ -25,10 +25,15 @@ struct RouterConfig {
   float routed_scaling_factor = 1.f;  // sigmoid_grouped_topk: multiplies the final weights
 };
 
-// Whether the runner re-quantizes silu(gate)*up before the second GEMM. GPU runners that feed fp8
-// tensor cores do; the reference runner reproduces the same rounding when asked, so the two can be
-// compared tightly.
-enum class IntermediateQuant : uint8_t { none, fp8 };
+// Whether the runner re-quantizes silu(gate)*up before the second GEMM (fp8: e4m3 with block-128
+// scales along I). GPU runners then feed GEMM2 to fp8 tensor cores; the reference runner reproduces
+// the same rounding, so the two can be compared tightly. `automatic` (spelled "auto") follows the
+// weights: fp8 for fp8 weights when I % 128 == 0, which is how DeepSeek-V3/R1 fp8 checkpoints are
+// served, else none. MoeConfig::effective_intermediate_quant() resolves it; only that is consumed.
+enum class IntermediateQuant : uint8_t { none, fp8, automatic };
+
+const char* intermediate_quant_name(IntermediateQuant q);  // "none", "fp8", "auto"
+bool parse_intermediate_quant(const std::string& s, IntermediateQuant& out);  // the names above
 
 struct MoeConfig {
   // Model shape.
@@ -49,7 +54,7 @@ struct MoeConfig {
   float nvfp4_global_scale = 0.f;  // activation gs for nvfp4 dispatch; > 0 required
   WeightFormat weight_format = WeightFormat::bf16;
   ActFormat combine_format = ActFormat::bf16;  // bf16 or fp8
-  IntermediateQuant intermediate_quant = IntermediateQuant::none;
+  IntermediateQuant intermediate_quant = IntermediateQuant::automatic;  // read it through effective_*
 
   // Backends (see registry.h for the valid pairs).
   std::string dispatcher = "cpu";
@@ -64,6 +69,9 @@ struct MoeConfig {
   int experts_per_rank() const;  // slots per rank (placement-aware)
   QuantParams quant_params() const { return QuantParams{fp8_ue8m0, nvfp4_global_scale}; }
   ExpertPlacement resolved_placement() const;  // the explicit map or the contiguous one
+  // intermediate_quant with automatic resolved (never automatic): fp8 when weight_format is fp8 and
+  // intermediate % 128 == 0, else none; an explicit none or fp8 as given.
+  IntermediateQuant effective_intermediate_quant() const;
 };
 
 struct ConfigIssue {

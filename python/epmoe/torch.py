@@ -246,6 +246,9 @@ def from_hf(block: torch.nn.Module, comm=None, *, capacity: int = 4096, weight_f
     [r*E/R, (r+1)*E/R)), router kind and parameters. ``capacity`` bounds the tokens of one call;
     ``config`` sets any other MoeConfig field. Weights are converted once: bf16 in place; fp8 or
     nvfp4 quantized on the host (``epmoe.quantize_weights``) and copied to the block's device.
+    With fp8 weights the SwiGLU intermediate is re-quantized to fp8 (1x128 blocks) before the
+    second GEMM, as DeepSeek-V3/R1 fp8 checkpoints are served (``intermediate_quant="auto"``, the
+    default); ``intermediate_quant="none"`` keeps it bf16.
     ``up_first``: the checkpoint stacks up rows before gate rows."""
     from . import local_comm
 

@@ -50,13 +50,8 @@ struct EnumNames<RouterKind> {
 };
 template <>
 struct EnumNames<IntermediateQuant> {
-  static constexpr const char* list = "none, fp8";
-  static bool parse(const std::string& s, IntermediateQuant& out) {
-    if (s == "none") out = IntermediateQuant::none;
-    else if (s == "fp8") out = IntermediateQuant::fp8;
-    else return false;
-    return true;
-  }
+  static constexpr const char* list = "auto, none, fp8";
+  static bool parse(const std::string& s, IntermediateQuant& out) { return parse_intermediate_quant(s, out); }
 };
 template <>
 struct EnumNames<RunnerEngine> {

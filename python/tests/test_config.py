@@ -25,6 +25,27 @@ def test_keywords_set_every_field_and_enums_take_names():
     assert c.fp8_ue8m0 is True and c.timeout_ms == 77
 
 
+def test_intermediate_quant_auto_follows_the_weights():
+    assert small().intermediate_quant == epmoe.IntermediateQuant.auto
+    fp8 = small(weight_format="fp8", intermediate_quant="auto")
+    assert fp8.intermediate_quant == epmoe.IntermediateQuant.auto
+    assert fp8.effective_intermediate_quant == epmoe.IntermediateQuant.fp8
+    assert small(weight_format="bf16").effective_intermediate_quant == epmoe.IntermediateQuant.none
+    assert small(weight_format="nvfp4").effective_intermediate_quant == epmoe.IntermediateQuant.none
+    # No 128-blocks along I (gpt-oss' 2880): auto means none, and is not an issue.
+    odd = small(weight_format="nvfp4", intermediate=2880)
+    assert odd.effective_intermediate_quant == epmoe.IntermediateQuant.none and odd.validate() == []
+    # Explicit values are kept.
+    assert small(weight_format="fp8", intermediate_quant="none").effective_intermediate_quant.name == "none"
+    assert small(intermediate_quant=epmoe.IntermediateQuant.fp8).effective_intermediate_quant.name == "fp8"
+    # Ranks spelling the same choice differently share a fingerprint; describe shows the resolution.
+    assert fp8.fingerprint() == small(weight_format="fp8", intermediate_quant="fp8").fingerprint()
+    assert fp8.fingerprint() != small(weight_format="fp8", intermediate_quant="none").fingerprint()
+    assert "interm. q:  fp8 (auto" in fp8.describe()
+    with pytest.raises(epmoe.UsageError, match="one of auto, none, fp8"):
+        small(intermediate_quant="bf16")
+
+
 def test_nested_structs_are_references():
     c = small()
     c.router.kind = "sigmoid_grouped_topk"

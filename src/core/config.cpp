@@ -25,12 +25,36 @@ ExpertPlacement MoeConfig::resolved_placement() const {
   return ExpertPlacement::contiguous(num_experts, num_ranks);
 }
 
+IntermediateQuant MoeConfig::effective_intermediate_quant() const {
+  if (intermediate_quant != IntermediateQuant::automatic) return intermediate_quant;
+  return weight_format == WeightFormat::fp8 && intermediate >= 1 && intermediate % 128 == 0 ? IntermediateQuant::fp8
+                                                                                             : IntermediateQuant::none;
+}
+
+const char* intermediate_quant_name(IntermediateQuant q) {
+  switch (q) {
+    case IntermediateQuant::none: return "none";
+    case IntermediateQuant::fp8: return "fp8";
+    case IntermediateQuant::automatic: return "auto";
+  }
+  return "?";
+}
+
+bool parse_intermediate_quant(const std::string& s, IntermediateQuant& out) {
+  for (IntermediateQuant q : {IntermediateQuant::none, IntermediateQuant::fp8, IntermediateQuant::automatic}) {
+    if (s == intermediate_quant_name(q)) {
+      out = q;
+      return true;
+    }
+  }
+  return false;
+}
+
 namespace {
 
 const char* router_name(RouterKind k) {
   return k == RouterKind::sigmoid_grouped_topk ? "sigmoid_grouped_topk" : "softmax_topk";
 }
-const char* iq_name(IntermediateQuant q) { return q == IntermediateQuant::fp8 ? "fp8" : "none"; }
 
 std::string fmt_float(float v) {
   std::ostringstream os;
@@ -297,7 +321,8 @@ uint64_t config_fingerprint(const MoeConfig& c) {
   h.f32(c.nvfp4_global_scale);
   h.i32(static_cast<int>(c.weight_format));
   h.i32(static_cast<int>(c.combine_format));
-  h.i32(static_cast<int>(c.intermediate_quant));
+  // The resolved value: "auto" and the fp8 it means for fp8 weights are the same bytes on the wire.
+  h.i32(static_cast<int>(c.effective_intermediate_quant()));
   h.str(c.dispatcher);
   h.str(c.runner);
   // Tuning fields marked [agree] (options.h): both sides of a combine must agree on who writes
@@ -337,7 +362,9 @@ std::string describe(const MoeConfig& c) {
   os << "\n";
   os << "weights:    " << format_name(c.weight_format) << "\n";
   os << "combine:    " << format_name(c.combine_format) << "\n";
-  os << "interm. q:  " << iq_name(c.intermediate_quant) << "\n";
+  os << "interm. q:  " << intermediate_quant_name(c.effective_intermediate_quant());
+  if (c.intermediate_quant == IntermediateQuant::automatic) os << " (auto: fp8 for fp8 weights with I % 128 == 0)";
+  os << "\n";
   os << "backends:   dispatcher=" << c.dispatcher << " runner=" << c.runner << "\n";
   os << "timeout:    " << c.timeout_ms << " ms\n";
   os << "tuning:\n" << describe(c.tuning);

@@ -105,6 +105,8 @@ float dot_f32(const float* a, const float* b, int n) {
 }
 
 void swiglu_row(const float* gate, const float* up, int n, IntermediateQuant iq, bool ue8m0, float* a) {
+  if (iq == IntermediateQuant::automatic)
+    throw UsageError("swiglu_row: iq=auto is not resolved; pass MoeConfig::effective_intermediate_quant()");
   for (int i = 0; i < n; ++i) a[i] = (gate[i] * num::sigmoid_f32(gate[i])) * up[i];
   if (iq == IntermediateQuant::fp8) {
     uint8_t q[128];
@@ -126,7 +128,7 @@ void expert_ffn_row(const float* w13, const float* w2, int H, int I, const float
 }
 
 ReferenceRunner::ReferenceRunner(const MoeConfig& cfg) : cfg_(cfg) {
-  if (cfg.intermediate_quant == IntermediateQuant::fp8 && cfg.intermediate % 128 != 0)
+  if (cfg.effective_intermediate_quant() == IntermediateQuant::fp8 && cfg.intermediate % 128 != 0)
     throw UsageError("intermediate=" + std::to_string(cfg.intermediate) +
                      " is not a multiple of 128, which intermediate_quant=fp8 needs (block-128 scales); "
                      "use intermediate_quant=none or a multiple of 128");
@@ -237,7 +239,7 @@ void ReferenceRunner::run(const DispatchOutput& in, const ExpertWeights& w, bf16
   parallel_for(ceil_div64(npairs, kRowsPerTask), [&](int64_t b) {
     for (int64_t p = b * kRowsPerTask; p < std::min(npairs, (b + 1) * kRowsPerTask); ++p) {
       const float* g = gu.data() + size_t(p) * 2 * I;
-      swiglu_row(g, g + I, I, cfg_.intermediate_quant, cfg_.fp8_ue8m0, a.data() + size_t(p) * I);
+      swiglu_row(g, g + I, I, cfg_.effective_intermediate_quant(), cfg_.fp8_ue8m0, a.data() + size_t(p) * I);
     }
   });
   run_gemm_tasks(used, first, w2.data(), H, arow.data(), I, o.data());

@@ -5,7 +5,7 @@
 //   x   = dequantize_rows(format, quant, payload, scales)              fp32 [H]
 //   g_i = dot(W13_e[i],   x)   u_i = dot(W13_e[I+i], x)                 fp32, see dot_f32
 //   a_i = (g_i * sigmoid_f32(g_i)) * u_i                                fp32 (num::sigmoid_f32)
-//   if intermediate_quant == fp8: per block of 128 of a (I % 128 == 0):
+//   if effective_intermediate_quant() == fp8: per block of 128 of a (I % 128 == 0):
 //       scale = quantize_fp8_block(a_blk, 128, ue8m0, q); a_i = e4m3_to_f32(q_i) * scale
 //   o_j = dot(W2_e[j], a)                                               fp32 [H]
 //   y   = sum over k ascending of w_k * o   (fp32, starting from 0.f), then bf16 (RNE)
@@ -28,11 +28,12 @@ namespace epmoe::detail {
 // order makes every slot's result independent of how tokens are batched.
 float dot_f32(const float* a, const float* b, int n);
 
-// a = silu(gate) * up for one row, then the optional fp8 rounding described above.
+// a = silu(gate) * up for one row, then the optional fp8 rounding described above. `iq` is the
+// resolved value (MoeConfig::effective_intermediate_quant()); automatic is refused.
 void swiglu_row(const float* gate, const float* up, int n, IntermediateQuant iq, bool ue8m0, float* a);
 
 // One expert applied to one dequantized row: o [H] = W2 (silu(W1 x) * W3 x). w13 [2I][H] and
-// w2 [H][I] are fp32; scratch needs 3*I floats.
+// w2 [H][I] are fp32; scratch needs 3*I floats. `iq` as for swiglu_row.
 void expert_ffn_row(const float* w13, const float* w2, int H, int I, const float* x, IntermediateQuant iq,
                     bool ue8m0, float* scratch, float* o);
 

@@ -83,6 +83,14 @@ expect 2 '--engine=fast is not an engine' -- validate --device cpu --engine fast
 expect 2 '--combine-mode=dma is not a combine mode' -- run --device cpu --combine-mode dma
 expect 0 'interm. q: +fp8' -- validate --device cpu --iq fp8
 expect 2 '--iq is short for --intermediate-quant' -- validate --device cpu --iq fp8 --intermediate-quant none
+# --iq defaults to auto: fp8 for fp8 weights, none otherwise; describe says the resolved value.
+expect 0 'interm. q: +fp8 \(auto' -- validate --device cpu --dispatch fp8 --weights fp8
+expect 0 'interm. q: +fp8 \(auto' -- validate --device cpu --dispatch fp8 --weights fp8 --iq auto
+expect 0 'interm. q: +none \(auto' -- validate --device cpu --dispatch bf16 --weights bf16
+expect 0 'interm. q: +none \(auto' -- validate --device cpu --dispatch fp8 --weights nvfp4
+expect 0 'interm. q: +none$' -- validate --device cpu --dispatch fp8 --weights fp8 --iq none
+expect 2 '--iq=bf16 is not known; use auto, none or fp8' -- validate --device cpu --iq bf16
+expect 0 'auto\|none\|fp8' -- validate --help
 # A malformed EPMOE_* variable is reported by validate, naming the variable.
 envs="EPMOE_RUNNER_ENGINE=fast"
 expect 2 'EPMOE_RUNNER_ENGINE' -- validate --device cpu

@@ -326,6 +326,94 @@ TEST(CoreConfig, Describe) {
   EXPECT_GE(std::count(d.begin(), d.end(), '\n'), 8);
 }
 
+// ---- intermediate_quant: auto follows the weights ------------------------------------------------
+
+MoeConfig with_iq(WeightFormat wf, int I, IntermediateQuant iq) {
+  MoeConfig c = base();
+  c.weight_format = wf;
+  c.intermediate = I;
+  c.intermediate_quant = iq;
+  return c;
+}
+
+TEST(CoreConfig, IntermediateQuantDefaultsToAuto) {
+  EXPECT_EQ(MoeConfig{}.intermediate_quant, IntermediateQuant::automatic);
+}
+
+TEST(CoreConfig, IntermediateQuantAutoResolvesFromTheWeights) {
+  using IQ = IntermediateQuant;
+  using WF = WeightFormat;
+  EXPECT_EQ(with_iq(WF::bf16, 2048, IQ::automatic).effective_intermediate_quant(), IQ::none);
+  EXPECT_EQ(with_iq(WF::nvfp4, 2048, IQ::automatic).effective_intermediate_quant(), IQ::none);
+  EXPECT_EQ(with_iq(WF::fp8, 2048, IQ::automatic).effective_intermediate_quant(), IQ::fp8);
+  EXPECT_EQ(with_iq(WF::fp8, 128, IQ::automatic).effective_intermediate_quant(), IQ::fp8);
+  // gpt-oss: I = 2880 has no 128-blocks, so auto means none (fp8 weights are refused there anyway).
+  EXPECT_EQ(with_iq(WF::fp8, 2880, IQ::automatic).effective_intermediate_quant(), IQ::none);
+  EXPECT_EQ(with_iq(WF::fp8, 0, IQ::automatic).effective_intermediate_quant(), IQ::none);
+  // Explicit values are kept whatever the weights.
+  for (WF wf : {WF::bf16, WF::fp8, WF::nvfp4}) {
+    EXPECT_EQ(with_iq(wf, 2048, IQ::none).effective_intermediate_quant(), IQ::none) << format_name(wf);
+    EXPECT_EQ(with_iq(wf, 2048, IQ::fp8).effective_intermediate_quant(), IQ::fp8) << format_name(wf);
+  }
+  EXPECT_EQ(with_iq(WF::bf16, 2880, IQ::fp8).effective_intermediate_quant(), IQ::fp8);
+}
+
+TEST(CoreConfig, IntermediateQuantNames) {
+  using IQ = IntermediateQuant;
+  for (IQ q : {IQ::automatic, IQ::none, IQ::fp8}) {
+    IQ back = q == IQ::none ? IQ::fp8 : IQ::none;
+    EXPECT_TRUE(parse_intermediate_quant(intermediate_quant_name(q), back)) << intermediate_quant_name(q);
+    EXPECT_EQ(back, q);
+  }
+  EXPECT_STREQ(intermediate_quant_name(IQ::automatic), "auto");
+  IQ out = IQ::none;
+  EXPECT_FALSE(parse_intermediate_quant("automatic", out));
+  EXPECT_FALSE(parse_intermediate_quant("FP8", out));
+  EXPECT_EQ(out, IQ::none);
+}
+
+TEST(CoreConfig, IntermediateQuantAutoIsNeverAnIssue) {
+  // auto with an intermediate size fp8 blocks cannot cover resolves to none instead of failing;
+  // an explicit fp8 there stays an issue.
+  MoeConfig c = with_iq(WeightFormat::bf16, 192, IntermediateQuant::automatic);
+  EXPECT_TRUE(validate(c).empty()) << issues_text(validate(c));
+  c.weight_format = WeightFormat::nvfp4;
+  c.intermediate = 2880;
+  EXPECT_TRUE(validate(c).empty()) << issues_text(validate(c));
+  c.intermediate_quant = IntermediateQuant::fp8;
+  expect_has(only_issue(c, "intermediate").message, "intermediate_quant fp8");
+  // fp8 weights with I % 128 != 0: the weights' own issue only, none for the intermediate's auto.
+  c = with_iq(WeightFormat::fp8, 192, IntermediateQuant::automatic);
+  const ConfigIssue i = only_issue(c, "intermediate");
+  expect_has(i.message, "weight format fp8");
+  EXPECT_EQ(i.message.find("intermediate_quant"), std::string::npos) << i.message;
+}
+
+TEST(CoreConfig, FingerprintHashesTheResolvedIntermediateQuant) {
+  using IQ = IntermediateQuant;
+  // Ranks that spell the same choice differently agree ...
+  EXPECT_EQ(config_fingerprint(with_iq(WeightFormat::fp8, 256, IQ::automatic)),
+            config_fingerprint(with_iq(WeightFormat::fp8, 256, IQ::fp8)));
+  EXPECT_EQ(config_fingerprint(with_iq(WeightFormat::bf16, 256, IQ::automatic)),
+            config_fingerprint(with_iq(WeightFormat::bf16, 256, IQ::none)));
+  EXPECT_EQ(config_fingerprint(with_iq(WeightFormat::nvfp4, 256, IQ::automatic)),
+            config_fingerprint(with_iq(WeightFormat::nvfp4, 256, IQ::none)));
+  // ... and ranks that mean different things do not.
+  EXPECT_NE(config_fingerprint(with_iq(WeightFormat::fp8, 256, IQ::automatic)),
+            config_fingerprint(with_iq(WeightFormat::fp8, 256, IQ::none)));
+  EXPECT_NE(config_fingerprint(with_iq(WeightFormat::bf16, 256, IQ::automatic)),
+            config_fingerprint(with_iq(WeightFormat::bf16, 256, IQ::fp8)));
+}
+
+TEST(CoreConfig, DescribeShowsTheResolvedIntermediateQuant) {
+  using IQ = IntermediateQuant;
+  expect_has(describe(with_iq(WeightFormat::fp8, 256, IQ::automatic)), "interm. q:  fp8 (auto:");
+  expect_has(describe(with_iq(WeightFormat::bf16, 256, IQ::automatic)), "interm. q:  none (auto:");
+  const std::string explicit_none = describe(with_iq(WeightFormat::fp8, 256, IQ::none));
+  expect_has(explicit_none, "interm. q:  none\n");
+  expect_has(describe(with_iq(WeightFormat::bf16, 256, IQ::fp8)), "interm. q:  fp8\n");
+}
+
 // ---- presets ---------------------------------------------------------------------------------
 
 TEST(CorePresets, PublicShapes) {

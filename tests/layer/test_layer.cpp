@@ -106,7 +106,7 @@ std::vector<float> expected_rank(const MoeConfig& c, const Model& m, int s, cons
       const ExpertWeights ew = m.rank_weights(0, cp.rank);
       dequantize_matrix_rows(ew.w13, cp.slot, 0, 2 * I, w13.data());
       dequantize_matrix_rows(ew.w2, cp.slot, 0, H, w2.data());
-      detail::expert_ffn_row(w13.data(), w2.data(), H, I, x.data(), c.intermediate_quant, c.fp8_ue8m0, scratch.data(),
+      detail::expert_ffn_row(w13.data(), w2.data(), H, I, x.data(), c.effective_intermediate_quant(), c.fp8_ue8m0, scratch.data(),
                              o.data());
       if (acc[cp.rank].empty()) acc[cp.rank].assign(H, 0.f);
       for (int h = 0; h < H; ++h) acc[cp.rank][h] += in.w[s][t * K + k] * o[h];

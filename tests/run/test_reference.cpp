@@ -131,6 +131,32 @@ TEST(ReferenceRunner, BitwiseEqualToPerRowArithmetic) { expect_matches_per_row(I
 TEST(ReferenceRunner, IntermediateFp8Reproducible) { expect_matches_per_row(IntermediateQuant::fp8, false); }
 TEST(ReferenceRunner, IntermediateFp8Ue8m0Reproducible) { expect_matches_per_row(IntermediateQuant::fp8, true); }
 
+// intermediate_quant auto runs exactly what it resolves to: fp8 for fp8 weights, none for bf16 and
+// nvfp4 (bitwise the same output as the explicit value), and it differs from the other choice.
+TEST(ReferenceRunner, IntermediateQuantAutoRunsTheResolvedValue) {
+  const int I = 256;
+  Received rx(ActFormat::fp8, {6, 2, 0, 4}, 3);
+  auto run = [&](WeightFormat wf, IntermediateQuant iq) {
+    Weights wt(rx.El, rx.H, I, wf, 5);
+    detail::ReferenceRunner runner(config(rx.H, I, wf, iq));
+    std::vector<bf16_raw> y(size_t(rx.R) * rx.C * rx.H, kSentinel);
+    runner.run(rx.view(), wt.view(rx.El, rx.H, I), y.data(), nullptr);
+    return y;
+  };
+  using IQ = IntermediateQuant;
+  const std::vector<bf16_raw> fp8_auto = run(WeightFormat::fp8, IQ::automatic);
+  EXPECT_EQ(fp8_auto, run(WeightFormat::fp8, IQ::fp8));
+  EXPECT_NE(fp8_auto, run(WeightFormat::fp8, IQ::none));
+  for (WeightFormat wf : {WeightFormat::bf16, WeightFormat::nvfp4}) {
+    const std::vector<bf16_raw> a = run(wf, IQ::automatic);
+    EXPECT_EQ(a, run(wf, IQ::none)) << format_name(wf);
+    EXPECT_NE(a, run(wf, IQ::fp8)) << format_name(wf);
+  }
+  // The per-row arithmetic takes the resolved value only.
+  std::vector<float> g(128, 1.f), u(128, 1.f), out(128);
+  EXPECT_THROW(detail::swiglu_row(g.data(), u.data(), 128, IQ::automatic, false, out.data()), UsageError);
+}
+
 TEST(ReferenceRunner, IntermediateFp8RoundsToE4m3Grid) {
   std::vector<float> g(256), u(256), a(256);
   std::mt19937 rng(1);

@@ -207,6 +207,17 @@ MoeConfig format_config(const Opts& o, ActFormat f, int64_t capacity) {
   return c;
 }
 
+// The header's iq: the value each format runs with, e.g. "auto (bf16 none, fp8 fp8, nvfp4 none)".
+std::string iq_header(const Opts& o) {
+  std::string s = intermediate_quant_name(o.base.intermediate_quant);
+  if (o.base.intermediate_quant != IntermediateQuant::automatic) return s;
+  s += " (";
+  for (size_t i = 0; i < o.formats.size(); ++i)
+    s += std::string(i ? ", " : "") + format_name(o.formats[i]) + " " +
+         intermediate_quant_name(format_config(o, o.formats[i], 1).effective_intermediate_quant());
+  return s + ")";
+}
+
 // ---- layer mode -----------------------------------------------------------------------------------
 void layer_rank(Communicator& comm, const Opts& o) {
   const int R = comm.size(), r = comm.rank(), dev = comm.device_index();
@@ -448,7 +459,7 @@ int bench_layer(const std::vector<std::string>& args) {
                 under_mpirun() ? "one process per GPU" : (R > 1 ? "one process, a thread per GPU" : "one process"),
                 o.preset.c_str(), b.hidden, b.intermediate, b.num_experts, b.top_k, b.dispatcher.c_str(),
                 format_name(b.combine_format),
-                b.intermediate_quant == IntermediateQuant::fp8 ? "fp8" : "none", nccl.c_str(), o.reps,
+                iq_header(o).c_str(), nccl.c_str(), o.reps,
                 o.graph && capturable(b.dispatcher) ? " (CUDA graph replays)" : " (eager calls)");
     if (o.decode) {
       std::printf("# %d stacked layers sharing one weight set per format, %d sequences per rank per step; tok/s/GPU "

@@ -66,14 +66,30 @@ struct Opts {
   int reps = 7;
   bool cublas = true;
   cuda::CudaRunner::Engine engine = cuda::CudaRunner::Engine::automatic;
-  std::string engine_name = "auto", iq_name = "none";
-  IntermediateQuant iq = IntermediateQuant::none;
+  std::string engine_name = "auto";
+  IntermediateQuant iq = IntermediateQuant::automatic;
   // nvfp4 weights in their natural layout and/or prepared for the decode engine.
   bool nvfp4_natural = false, nvfp4_prepared = true;
   bool skew = false;  // half of the rows on a tenth of the experts (else rows spread evenly)
   MoeConfig flags_cfg;                // the shared configuration and tuning flags, applied
   const Flags* flags_given = nullptr;
 };
+
+// The header's iq: the value each weight format runs with, e.g. "auto (bf16 none, fp8 fp8, nvfp4
+// none)", so that a table of fp8 rows says whether GEMM2 took the fp8 path.
+std::string iq_header(const Opts& o, const MoeConfig& shape) {
+  std::string s = intermediate_quant_name(o.iq);
+  if (o.iq != IntermediateQuant::automatic) return s;
+  s += " (";
+  for (size_t i = 0; i < o.fmts.size(); ++i) {
+    MoeConfig c = shape;
+    c.weight_format = o.fmts[i];
+    c.intermediate_quant = o.iq;
+    s += std::string(i ? ", " : "") + format_name(o.fmts[i]) + " " +
+         intermediate_quant_name(c.effective_intermediate_quant());
+  }
+  return s + ")";
+}
 
 // One preset: the runner for every weight format and M, the cuBLAS loop, the table.
 void bench_preset(const Opts& o, const ModelPreset& given, double hbm_gbs, const char* gpu) {
@@ -85,7 +101,7 @@ void bench_preset(const Opts& o, const ModelPreset& given, double hbm_gbs, const
   const int reps = o.reps;
   const long long maxM = *std::max_element(Ms.begin(), Ms.end());
   std::printf("\n# epmoe bench runner: %s, %s H=%d I=%d, %d local experts, median of %d, engine %s, iq %s\n", gpu,
-              pre.name.c_str(), H, I, E, reps, o.engine_name.c_str(), o.iq_name.c_str());
+              pre.name.c_str(), H, I, E, reps, o.engine_name.c_str(), iq_header(o, pre.config).c_str());
   std::fflush(stdout);
 
   // Inputs: C = maxM slots, K = 1, weight 1; slot j -> expert j % E, or with --skew the first half
@@ -336,7 +352,6 @@ int bench_runner(const std::vector<std::string>& args) {
   o.engine_name = engine_name(o.flags_cfg.tuning.engine);
   o.engine = o.flags_cfg.tuning.engine;
   o.iq = o.flags_cfg.intermediate_quant;
-  o.iq_name = o.iq == IntermediateQuant::fp8 ? "fp8" : "none";
   for (const ConfigIssue& is : validate(o.flags_cfg.tuning)) throw UsageError(is.message);
   const std::string layout = flags.has("nvfp4-layout") ? flags.get("nvfp4-layout") : "prepared";
   if (layout != "prepared" && layout != "natural" && layout != "both")

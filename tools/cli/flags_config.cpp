@@ -39,7 +39,7 @@ const FlagSpec kConfigFlags[] = {
     {"nvfp4-global-scale", "X", "nvfp4 dispatch: activation global scale (run: default calibrated per layer from the data)"},
     {"weights", "FMT", "weight format bf16|fp8|nvfp4 (run: default the dispatch format's family)"},
     {"combine", "FMT", "combine format bf16|fp8"},
-    {"intermediate-quant", "Q", "none|fp8: re-quantize silu(gate)*up before the second GEMM"},
+    {"intermediate-quant", "Q", "auto|none|fp8: re-quantize silu(gate)*up to fp8 before the second GEMM (auto, the default: fp8 for fp8 weights with I % 128 == 0, else none)"},
     {"iq", "Q", "short for --intermediate-quant"},
     {"dispatcher", "NAME", "dispatcher backend (cpu: cpu, or local for one rank; cuda: nvlink|nccl, or local for one GPU)"},
     {"runner", "NAME", "runner backend (reference on cpu, cuda on GPUs)"},
@@ -141,9 +141,8 @@ void apply_config_flags(const Flags& f, MoeConfig& c) {
   for (const char* name : {"intermediate-quant", "iq"}) {
     if (!f.has(name)) continue;
     const std::string q = f.get(name);
-    if (q == "none") c.intermediate_quant = IntermediateQuant::none;
-    else if (q == "fp8") c.intermediate_quant = IntermediateQuant::fp8;
-    else throw UsageError(std::string("--") + name + "=" + q + " is not known; use none or fp8");
+    if (!parse_intermediate_quant(q, c.intermediate_quant))
+      throw UsageError(std::string("--") + name + "=" + q + " is not known; use auto, none or fp8");
   }
   if (f.has("dispatcher")) c.dispatcher = f.get("dispatcher");
   if (f.has("runner")) c.runner = f.get("runner");

@@ -47,6 +47,7 @@ bool use_cutlass(RunnerEngine engine, WeightFormat wf, double expected_rows);
 // fp8 x fp8 wgmma where the operand arrives as fp8 (an fp8 dispatch for GEMM1,
 // intermediate_quant = fp8 for GEMM2); nvfp4 weights: wgmma with the weights decoded in registers
 // where K % 128 == 0 (wgmma_nvfp4_supports). Nothing is set unless `wgmma_decode` and bm == 32.
+// `iq` here and in cutlass_plan is the resolved MoeConfig::effective_intermediate_quant().
 struct DecodeEngines {
   bool bf16 = false;
   bool fp8_1 = false, fp8_2 = false;

@@ -120,7 +120,7 @@ void CudaRunner::run(const DispatchOutput& in, const ExpertWeights& w, bf16_raw*
   o_.reserve(size_t(max_rows) * H * 2);
 
   const policy::DecodeEngines d =
-      policy::decode_engines(wgmma_decode_, bm, w.w13.format, in.format, cfg_.intermediate_quant, H, I);
+      policy::decode_engines(wgmma_decode_, bm, w.w13.format, in.format, cfg_.effective_intermediate_quant(), H, I);
   static const char* const kEngines[2][2][2] = {
       {{"mma/mma", "mma/wgmma-fp8"}, {"wgmma-fp8/mma", "wgmma-fp8/wgmma-fp8"}},
       {{"wgmma-bf16/wgmma-bf16", "wgmma-bf16/wgmma-bf16"}, {"wgmma-bf16/wgmma-bf16", "wgmma-bf16/wgmma-bf16"}}};
@@ -174,7 +174,7 @@ void CudaRunner::run(const DispatchOutput& in, const ExpertWeights& w, bf16_raw*
   if (d.fp8_2) {
     launch_intermediate_to_fp8(h_.get<bf16_raw>(), offsets_.get<int32_t>(), cnt_.get<int32_t>(), E, I, in.quant.ue8m0,
                                max_rows, h8_.get<uint8_t>(), hs_.get<float>(), st);
-  } else if (cfg_.intermediate_quant == IntermediateQuant::fp8) {
+  } else if (cfg_.effective_intermediate_quant() == IntermediateQuant::fp8) {
     launch_intermediate_fp8(h_.get<bf16_raw>(), offsets_.get<int32_t>(), cnt_.get<int32_t>(), E, I, in.quant.ue8m0,
                             max_rows, st);
   }

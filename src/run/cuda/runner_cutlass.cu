@@ -82,8 +82,9 @@ void CudaRunner::run_cutlass(const DispatchOutput& in, const ExpertWeights& w, b
   const int C = in.capacity, K = in.top_k, E = in.num_local_experts, H = in.hidden, I = w.intermediate;
   const int64_t max_rows = S * K;
   const WeightFormat wf = w.w13.format;
-  const bool iq8 = cfg_.intermediate_quant == IntermediateQuant::fp8;
-  const policy::CutlassPlan plan = policy::cutlass_plan(in, w, cfg_.intermediate_quant, fused_swiglu_, widen_scratch_);
+  const IntermediateQuant iq = cfg_.effective_intermediate_quant();
+  const bool iq8 = iq == IntermediateQuant::fp8;
+  const policy::CutlassPlan plan = policy::cutlass_plan(in, w, iq, fused_swiglu_, widen_scratch_);
   const CutlassPath p1 = plan.gemm1, p2 = plan.gemm2;
   const bool fp8_1 = p1 == CutlassPath::fp8, fp8_2 = p2 == CutlassPath::fp8;
   const bool nvfp4 = wf == WeightFormat::nvfp4;

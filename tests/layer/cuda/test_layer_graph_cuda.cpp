@@ -128,7 +128,10 @@ void run_graph_case(const Setup& s, int64_t T, std::mt19937& rng) {
   EXPECT_EQ(d.nonfinite, 0u);
   // The runner bound (3e-2); an fp8 combine can turn a small runner difference into one e4m3 step
   // of the block (at most 32/448 of the block's largest value), hence 1e-1 there.
-  EXPECT_LE(d.rel(), cfg.combine_format == ActFormat::fp8 ? 1e-1 : 3e-2);
+  // fp8 weights run with an fp8 intermediate by default (intermediate_quant auto), which DESIGN.md
+  // §6 bounds like an fp8 combine.
+  const bool loose = cfg.combine_format == ActFormat::fp8 || cfg.effective_intermediate_quant() == IntermediateQuant::fp8;
+  EXPECT_LE(d.rel(), loose ? 1e-1 : 3e-2);
   EXPECT_LE(d.one_minus_cos, 1e-3);
 
   EPMOE_CUDA_CHECK(cudaGraphExecDestroy(exec));

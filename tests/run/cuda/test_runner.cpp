@@ -134,7 +134,14 @@ void run_problem(const Problem& p, uint32_t seed, bool both_decode_engines = fal
       EXPECT_EQ(e.substr(0, e.find('/')), H % 128 == 0 ? "wgmma-nvfp4" : "mma");
       EXPECT_EQ(e.substr(e.find('/') + 1), p.I % 128 == 0 ? "wgmma-nvfp4" : "mma");
     }
-    expect_within_bound(d, p.iq);
+    // intermediate_quant auto on fp8 weights (I % 128 == 0) resolves to fp8: GEMM2 on an fp8 x fp8
+    // engine wherever one runs it (decode wgmma at m-tile 32, or CUTLASS).
+    if (p.iq == IntermediateQuant::automatic && p.wf == WeightFormat::fp8 && p.I % 128 == 0) {
+      const std::string e = runner.last_engines(), g2 = e.substr(e.find('/') + 1);
+      if (wgmma && runner.last_block_m() == 32) EXPECT_EQ(g2, "wgmma-fp8") << e;
+      if (g2.rfind("cutlass", 0) == 0) EXPECT_EQ(g2, "cutlass-fp8") << e;
+    }
+    expect_within_bound(d, cfg.effective_intermediate_quant());
     expect_poison_after(yg, n, H);
     if (p.wf == WeightFormat::nvfp4 && wgmma && runner.last_block_m() == 32) expect_prepared_equal(p, runner, dout, dw, yg, n);
   }
@@ -216,6 +223,26 @@ TEST(CudaRunner, DecodeEnginesMatchReference) {
       {2880, 2880, 4, 4, 10, A::bf16, W::nvfp4, IQ::none, 32, -1, false, "gpt-oss nvfp4 (mma)"},
   };
   for (const Problem& p : problems) run_problem(p, seed++, /*both_decode_engines=*/true);
+}
+
+// The default intermediate_quant (auto) follows the weights: fp8 weights run GEMM2 on fp8 tensor
+// cores (checked in run_problem) against a reference that rounds the intermediate the same way;
+// bf16 and nvfp4 weights keep a bf16 intermediate. Decode (m-tile 32, both decode engines) and the
+// automatic engine choice at 150 rows per expert (CUTLASS where the build has it).
+TEST(CudaRunner, AutoIntermediateQuantFollowsTheWeights) {
+  EPMOE_REQUIRE_GPU();
+  uint32_t seed = std::random_device{}();
+  using A = ActFormat;
+  using W = WeightFormat;
+  const IntermediateQuant au = IntermediateQuant::automatic;
+  const std::vector<Problem> decode = {
+      {7168, 2048, 4, 2, 12, A::fp8, W::fp8, au, 32, -1, false, "dsv3 fp8 iq=auto"},
+      {2048, 768, 16, 8, 40, A::bf16, W::fp8, au, 32, -1, false, "qwen3 bf16-act fp8 iq=auto"},
+      {2048, 768, 16, 8, 40, A::bf16, W::bf16, au, 32, -1, false, "qwen3 bf16 iq=auto"},
+      {2048, 768, 16, 8, 40, A::bf16, W::nvfp4, au, 32, -1, false, "qwen3 nvfp4 iq=auto"},
+  };
+  for (const Problem& p : decode) run_problem(p, seed++, /*both_decode_engines=*/true);
+  run_problem({2048, 768, 16, 8, 300, A::fp8, W::fp8, au, 0, -1, false, "qwen3 fp8 iq=auto large M"}, seed++);
 }
 
 TEST(CudaRunner, RejectsMismatchedWeights) {
