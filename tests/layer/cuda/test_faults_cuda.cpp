@@ -172,3 +172,29 @@ TEST(CudaLayerFaults, BadDeviceIdIsCountedTreatedAsNoneAndReportedNextCall) {
 
 }  // namespace
 }  // namespace epmoe::test
+
+namespace epmoe::test {
+namespace {
+
+// A tensor labelled with another GPU than the layer's is refused before any work (one GPU is
+// enough: the view's label, not its memory, is what the check reads).
+TEST(CudaLayerInputs, TensorOnAnotherDeviceIndexIsAUsageError) {
+  EPMOE_REQUIRE_GPU();
+  std::mt19937 rng(17);
+  Fixture f(FaultCheck::count, rng);
+  MoeLayer layer(f.cfg, *f.comm, f.weights());
+  const int64_t T = 4;
+  Dev<bf16_raw> dx(size_t(T) * H), out(size_t(T) * H);
+  Dev<float> dl(size_t(T) * E);
+  TensorView x = dev_view(dx.get(), DType::bf16, T, H);
+  x.device_index = 1;
+  try {
+    layer.forward(x, dev_view(dl.get(), DType::f32, T, E), dev_view(out.get(), DType::bf16, T, H));
+    ADD_FAILURE() << "a tensor on cuda:1 was accepted by a layer on cuda:0";
+  } catch (const UsageError& e) {
+    EXPECT_NE(std::string(e.what()).find("hidden is on cuda:1"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace epmoe::test
