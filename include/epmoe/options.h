@@ -50,6 +50,9 @@ struct Tuning {
                                 //   fp8/nvfp4 weights are widened into for the CUTLASS bf16 GEMM
   bool nvfp4_prepare = true;    // [local] EPMOE_NVFP4_PREPARE=0|1: copy nvfp4 weights once into
                                 //   the decode engine's load order (the weight bytes again)
+  int decode_max_rows = 0;      // [local] EPMOE_DECODE_MAX_ROWS=0..65536: expected rows per expert
+                                //   up to which engine auto keeps the 32-row decode engines (above:
+                                //   CUTLASS); 0 = the measured per-format crossover (policy.h)
 
   // --- device-initiated dispatchers ("nvlink") -----------------------------------------------
   int comm_sms = 24;            // [local] EPMOE_COMM_SMS=1..1024: SMs (CTAs) of the dispatch and
@@ -67,6 +70,7 @@ struct Tuning {
   static constexpr int kMaxCommSms = 1024;
   static constexpr int kMaxCeRows = 1 << 20;
   static constexpr int kMaxWidenScratchMb = 1 << 24;
+  static constexpr int kMaxDecodeMaxRows = 1 << 16;
 };
 
 // The defaults: built-in values overridden by the EPMOE_* variables that are set and well formed.

@@ -137,6 +137,11 @@ EnvTuning read_env_tuning() {
     if (auto v = env::flag("EPMOE_NVFP4_PREPARE", "1: copy nvfp4 weights into the decode engine's load order"))
       t.nvfp4_prepare = *v;
   });
+  take("EPMOE_DECODE_MAX_ROWS", [&] {
+    if (auto v = env::integer("EPMOE_DECODE_MAX_ROWS", 0, Tuning::kMaxDecodeMaxRows,
+                              "expected rows per expert up to which runner cuda keeps its decode engines"))
+      t.decode_max_rows = int(*v);
+  });
   take("EPMOE_COMM_SMS", [&] {
     if (auto v = env::integer("EPMOE_COMM_SMS", 1, Tuning::kMaxCommSms, "SMs of the nvlink dispatch/combine kernels"))
       t.comm_sms = int(*v);

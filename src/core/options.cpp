@@ -59,6 +59,8 @@ std::vector<ConfigIssue> validate(const Tuning& t) {
                         ", " + std::to_string(hi) + "]; " + fix});
   };
   range("widen_scratch_mb", t.widen_scratch_mb, 1, Tuning::kMaxWidenScratchMb, "the default is 1024 (MiB)");
+  range("decode_max_rows", t.decode_max_rows, 0, Tuning::kMaxDecodeMaxRows,
+        "0 (the default) keeps the measured crossover (--decode-max-rows)");
   range("comm_sms", t.comm_sms, 1, Tuning::kMaxCommSms, "the default is 24 (--comm-sms)");
   range("push_warps", t.push_warps, Tuning::kMinPushWarps, Tuning::kMaxPushWarps, "the default is 6 (--push-warps)");
   range("ce_rows", t.ce_rows, 1, Tuning::kMaxCeRows, "the default is 512 (--ce-rows)");
@@ -90,6 +92,7 @@ std::string describe(const Tuning& t) {
   row("fused_swiglu", b(t.fused_swiglu), b(d.fused_swiglu), false, "EPMOE_CUTLASS_SWIGLU");
   row("widen_scratch_mb", i(t.widen_scratch_mb), i(d.widen_scratch_mb), false, "EPMOE_WIDEN_SCRATCH_MB");
   row("nvfp4_prepare", b(t.nvfp4_prepare), b(d.nvfp4_prepare), false, "EPMOE_NVFP4_PREPARE");
+  row("decode_max_rows", i(t.decode_max_rows), i(d.decode_max_rows), false, "EPMOE_DECODE_MAX_ROWS");
   row("comm_sms", i(t.comm_sms), i(d.comm_sms), false, "EPMOE_COMM_SMS");
   row("push_warps", i(t.push_warps), i(d.push_warps), false, "EPMOE_NVL_PUSH_WARPS");
   row("combine", combine_mode_name(t.combine), combine_mode_name(d.combine), true, "EPMOE_NVL_COMBINE");

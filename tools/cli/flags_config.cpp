@@ -52,6 +52,7 @@ const FlagSpec kTuningFlags[] = {
     {"fused-swiglu", "0|1", "runner cuda: CUTLASS GEMM1 with SwiGLU in its epilogue (env EPMOE_CUTLASS_SWIGLU)"},
     {"widen-scratch-mb", "N", "runner cuda: MiB for widening fp8/nvfp4 weights for CUTLASS bf16 (env EPMOE_WIDEN_SCRATCH_MB)"},
     {"nvfp4-prepare", "0|1", "runner cuda: copy nvfp4 weights into the decode engine's order (env EPMOE_NVFP4_PREPARE)"},
+    {"decode-max-rows", "N", "runner cuda: expected rows per expert up to which the decode engines run, above CUTLASS; 0 = measured crossover (env EPMOE_DECODE_MAX_ROWS)"},
     {"comm-sms", "N", "dispatcher nvlink: SMs of the dispatch and combine kernels (env EPMOE_COMM_SMS)"},
     {"push-warps", "N", "dispatcher nvlink: combine warps per CTA that push rows, 4..12 (env EPMOE_NVL_PUSH_WARPS)"},
     {"combine-mode", "sm|ce", "dispatcher nvlink: who moves combine rows, SMs or the copy engine (env EPMOE_NVL_COMBINE)"},
@@ -105,6 +106,7 @@ void apply_tuning_flags(const Flags& f, Tuning& t) {
   t.push_warps = int_flag(f, "push-warps", t.push_warps);
   if (f.has("combine-mode") && !parse_combine_mode(f.get("combine-mode"), t.combine))
     throw UsageError("--combine-mode=" + f.get("combine-mode") + " is not a combine mode; use sm or ce");
+  t.decode_max_rows = int_flag(f, "decode-max-rows", t.decode_max_rows);
   t.ce_rows = int_flag(f, "ce-rows", t.ce_rows);
   if (f.has("fault-check") && !parse_fault_check(f.get("fault-check"), t.fault_check))
     throw UsageError("--fault-check=" + f.get("fault-check") + " is not a fault-check mode; use off, count or raise");

@@ -17,14 +17,16 @@ double expected_rows(const MoeConfig& cfg, const DispatchOutput& in) {
   return double(in.slots()) * in.top_k / experts;
 }
 
-int block_m(double expected_rows, int forced) {
+int block_m(double expected_rows, int forced, int decode_max_rows) {
   if (forced) return forced;
-  return expected_rows <= kDecodeMaxRows ? kWgmmaBlockM : 128;
+  const double limit = decode_max_rows > 0 ? double(decode_max_rows) : kDecodeMaxRows;
+  return expected_rows <= limit ? kWgmmaBlockM : 128;
 }
 
-bool use_cutlass(RunnerEngine engine, WeightFormat wf, double expected_rows) {
+bool use_cutlass(RunnerEngine engine, WeightFormat wf, double expected_rows, int decode_max_rows) {
   if (engine == RunnerEngine::mma || !cutlass_engine::available()) return false;
   if (engine == RunnerEngine::cutlass) return true;
+  if (decode_max_rows > 0) return expected_rows > double(decode_max_rows);
   const int min_rows = wf == WeightFormat::nvfp4 ? kCutlassMinRowsNvfp4 : kCutlassMinRows;
   return expected_rows >= double(min_rows);
 }

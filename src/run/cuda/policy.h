@@ -21,8 +21,9 @@ constexpr double kDecodeMaxRows = 48.0;
 // all cfg.num_experts experts, so S*K / E_total per local expert (with several ranks, most of a
 // slot's K ids name other ranks' experts: R*C*K / E_loc would overstate it R times).
 double expected_rows(const MoeConfig& cfg, const DispatchOutput& in);
-// 32 or 128 from expected_rows; `forced` (!= 0) wins (tests and benchmarks).
-int block_m(double expected_rows, int forced);
+// 32 or 128 from expected_rows; `forced` (!= 0) wins (tests and benchmarks). decode_max_rows
+// (tuning.decode_max_rows, 0 = built in): 32-row tiles up to that many rows per expert.
+int block_m(double expected_rows, int forced, int decode_max_rows = 0);
 
 // ---- CUTLASS or the decode engines ---------------------------------------------------------------
 // 33 = more than one 32-row decode m-tile: measured on an H200 (DeepSeek-V3 experts, 128 local),
@@ -39,7 +40,9 @@ constexpr int kCutlassMinRowsNvfp4 = 128;
 // kCutlassMinRowsNvfp4) expected rows per expert on; cutlass: always; mma: never. Never in a build
 // without CUTLASS (validate() rejects engine cutlass there). Every weight format qualifies: what
 // CUTLASS has no kernel for is widened to bf16 (widen.h).
-bool use_cutlass(RunnerEngine engine, WeightFormat wf, double expected_rows);
+// decode_max_rows > 0 (tuning.decode_max_rows) replaces the crossover: CUTLASS above that many
+// rows per expert.
+bool use_cutlass(RunnerEngine engine, WeightFormat wf, double expected_rows, int decode_max_rows = 0);
 
 // ---- decode engines (m-tile 32) ------------------------------------------------------------------
 // Per GEMM (1: W13, 2: W2), whether it runs on a wgmma engine; a GEMM with none set runs on the
