@@ -59,6 +59,23 @@ struct DecodeEngines {
 DecodeEngines decode_engines(bool wgmma_decode, int bm, WeightFormat wf, ActFormat act, IntermediateQuant iq,
                              int hidden, int intermediate);
 
+// ---- the decode engines past one m-tile -----------------------------------------------------------
+// The decode engines stream an expert's weights once per 32-row m-tile, so their time grows with
+// the m-tiles; where both GEMMs of an fp8 or nvfp4 expert run on wgmma they still beat the other
+// engines well past one m-tile. Measured on an H200, DeepSeek-V3 experts, 128 local
+// (bench/results/2026-12-01-session10-h200.md), time at 64 / 128 / 256 rows per expert:
+//   nvfp4: decode 2.74 / 5.47 / 11.0 ms; mma.sync 7.18 (64); widened CUTLASS 9.98 / 10.3 (128, 256)
+//   fp8 x fp8: decode 2.45 / 4.47 ms; CUTLASS fp8 3.02 / 3.17 ms
+//   bf16: decode 4.88 ms at 64 against CUTLASS 3.92: one m-tile stays the limit (kCutlassMinRows).
+// Crossovers where the decode line meets the other engine's time: nvfp4 ~236 rows, fp8 ~80.
+constexpr int kDecodeMaxRowsNvfp4 = 192;
+constexpr int kDecodeMaxRowsFp8 = 72;
+// The expected rows per expert up to which the decode engines run (and CUTLASS above): the
+// tuned value (tuning.decode_max_rows > 0), else the measured crossover above where both GEMMs of
+// `d32` (decode_engines at bm 32) are wgmma engines for fp8 or nvfp4 weights, else 0: the
+// built-in one-m-tile rules (kDecodeMaxRows, kCutlassMinRows, kCutlassMinRowsNvfp4).
+int decode_max_rows(WeightFormat wf, const DecodeEngines& d32, int tuned);
+
 // ---- CUTLASS engine (large M) --------------------------------------------------------------------
 // Operand path of one GEMM on the CUTLASS engine: bf16 weights on the bf16 GEMM; fp8 weights on
 // the fp8 x fp8 GEMM where the other operand is e4m3 already (GEMM1: fp8 dispatch with H, I % 128

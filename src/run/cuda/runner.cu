@@ -108,11 +108,15 @@ void CudaRunner::run(const DispatchOutput& in, const ExpertWeights& w, bf16_raw*
   const int E = in.num_local_experts, H = in.hidden, I = w.intermediate;
   const int64_t max_rows = S * in.top_k;
   const double avg = policy::expected_rows(cfg_, in);
-  const int bm = policy::block_m(avg, force_bm_, cfg_.tuning.decode_max_rows);
+  const IntermediateQuant iq = cfg_.effective_intermediate_quant();
+  const int decode_limit = policy::decode_max_rows(
+      w.w13.format, policy::decode_engines(wgmma_decode_, kWgmmaBlockM, w.w13.format, in.format, iq, H, w.intermediate),
+      cfg_.tuning.decode_max_rows);
+  const int bm = policy::block_m(avg, force_bm_, decode_limit);
   last_bm_ = bm;
   const int64_t max_tiles = (max_rows + bm - 1) / bm + E;
   if (max_rows > INT32_MAX) throw UsageError("runner cuda: R*C*K=" + std::to_string(max_rows) + " rows exceed 2^31");
-  if (policy::use_cutlass(engine_, w.w13.format, avg, cfg_.tuning.decode_max_rows)) return run_cutlass(in, w, y, st);
+  if (policy::use_cutlass(engine_, w.w13.format, avg, decode_limit)) return run_cutlass(in, w, y, st);
 
   reserve_routing(E, max_tiles, max_rows);
   a_.reserve(size_t(max_rows) * H * 2);

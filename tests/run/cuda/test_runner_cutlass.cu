@@ -317,7 +317,8 @@ TEST(CutlassEngine, LargeMDeepSeekShapes) {
 }
 
 // The automatic rule: CUTLASS from R*C*K / E_loc >= policy::kCutlassMinRows on, for every weight format
-// (nvfp4 weights and fp8 weights with a bf16 operand are widened).
+// (nvfp4 weights and fp8 weights with a bf16 operand are widened), except where both GEMMs run on
+// wgmma decode engines (policy::decode_max_rows).
 TEST(CutlassEngine, AutomaticChoice) {
   EPMOE_REQUIRE_GPU();
   EPMOE_REQUIRE_CUTLASS();
@@ -332,7 +333,9 @@ TEST(CutlassEngine, AutomaticChoice) {
       {66, A::bf16, W::bf16, true},   // 66*2/4 = 33 rows per expert
       {64, A::bf16, W::bf16, false},  // 32: one decode m-tile
       {66, A::fp8, W::fp8, true},     {66, A::bf16, W::fp8, true},   {64, A::bf16, W::fp8, false},
-      {256, A::fp8, W::nvfp4, true},  {254, A::fp8, W::nvfp4, false},  // nvfp4: from 128 rows
+      // nvfp4 with both GEMMs on the register-decode wgmma engine: decode up to
+      // policy::kDecodeMaxRowsNvfp4 (192) rows per expert, CUTLASS (widened) above.
+      {386, A::fp8, W::nvfp4, true},  {384, A::fp8, W::nvfp4, false}, {256, A::fp8, W::nvfp4, false},
       {66, A::nvfp4, W::bf16, true},
   };
   std::mt19937 rng(7);
