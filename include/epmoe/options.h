@@ -23,6 +23,14 @@ enum class RunnerEngine : uint8_t {
   cutlass,    // CUTLASS grouped GEMMs whatever M (needs a build with CUTLASS)
 };
 
+// Whether runner "cuda"'s CUTLASS grouped GEMMs run swap-AB (out^T = W * A^T: the weights' output
+// dimension in the 128-row tile, the expert's rows in a 64-wide one; docs/RUNNER.md).
+enum class CutlassSwap : uint8_t {
+  automatic,  // swapped up to the crossover in expected rows per expert (policy::kSwapMaxRows)
+  off,        // never
+  on,         // always (where the engine is CUTLASS)
+};
+
 // Who moves the combine rows of dispatcher "nvlink".
 enum class CombineMode : uint8_t {
   sm,  // push warps of the combine kernel
@@ -40,6 +48,11 @@ struct Tuning {
                                 //   fp8/nvfp4 weights are widened into for the CUTLASS bf16 GEMM
   bool nvfp4_prepare = true;    // [local] EPMOE_NVFP4_PREPARE=0|1: copy nvfp4 weights once into
                                 //   the decode engine's load order (the weight bytes again)
+  CutlassSwap cutlass_swap = CutlassSwap::automatic;  // [local] EPMOE_CUTLASS_SWAP=auto|0|1: CUTLASS
+                                //   GEMMs swap-AB (same results within the bf16 rounding bound)
+  int cutlass_min_rows = 0;     // [local] EPMOE_CUTLASS_MIN_ROWS=0..1048576: engine auto runs CUTLASS
+                                //   from this many expected rows per expert on; 0 = the built-in
+                                //   crossover (33; nvfp4 weights 128)
 
   // --- device-initiated dispatchers ("nvlink") -----------------------------------------------
   int comm_sms = 24;            // [local] EPMOE_COMM_SMS=1..1024: SMs (CTAs) of the dispatch and
@@ -54,6 +67,7 @@ struct Tuning {
   static constexpr int kMaxCommSms = 1024;
   static constexpr int kMaxCeRows = 1 << 20;
   static constexpr int kMaxWidenScratchMb = 1 << 24;
+  static constexpr int kMaxCutlassMinRows = 1 << 20;
 };
 
 // The defaults: built-in values overridden by the EPMOE_* variables that are set and well formed.
@@ -67,9 +81,11 @@ std::vector<ConfigIssue> validate(const Tuning& t);
 
 const char* engine_name(RunnerEngine e);        // "auto", "mma", "cutlass"
 const char* combine_mode_name(CombineMode m);   // "sm", "ce"
+const char* cutlass_swap_name(CutlassSwap s);   // "auto", "0", "1"
 // Parsers shared by the environment reader and the CLI: false when `s` is not a valid name.
 bool parse_engine(const std::string& s, RunnerEngine& out);
 bool parse_combine_mode(const std::string& s, CombineMode& out);
+bool parse_cutlass_swap(const std::string& s, CutlassSwap& out);  // auto, 0 or off, 1 or on
 
 // One line per field: "name = value   [agree|local]  source" where source is "env EPMOE_X" or
 // "default" (what `epmoe validate` prints).

@@ -18,8 +18,8 @@ namespace {
 
 #define EPMOE_ROUTER_FIELDS(X) X(kind) X(renormalize) X(n_group) X(topk_group) X(routed_scaling_factor)
 #define EPMOE_TUNING_FIELDS(X)                                                                        \
-  X(engine) X(wgmma_defer) X(fused_swiglu) X(widen_scratch_mb) X(nvfp4_prepare) X(comm_sms) X(push_warps) \
-  X(combine) X(ce_rows)
+  X(engine) X(wgmma_defer) X(fused_swiglu) X(widen_scratch_mb) X(nvfp4_prepare) X(cutlass_swap)           \
+  X(cutlass_min_rows) X(comm_sms) X(push_warps) X(combine) X(ce_rows)
 #define EPMOE_CONFIG_FIELDS(X)                                                                                  \
   X(hidden) X(intermediate) X(num_experts) X(top_k) X(router) X(num_ranks) X(capacity) X(dispatch_format)     \
   X(fp8_ue8m0) X(nvfp4_global_scale) X(weight_format) X(combine_format) X(intermediate_quant) X(dispatcher) \
@@ -102,6 +102,10 @@ void bind_config(nb::module_& m) {
       .value("mma", RunnerEngine::mma)
       .value("cutlass", RunnerEngine::cutlass);
   nb::enum_<CombineMode>(m, "CombineMode").value("sm", CombineMode::sm).value("ce", CombineMode::ce);
+  nb::enum_<CutlassSwap>(m, "CutlassSwap")
+      .value("auto", CutlassSwap::automatic)
+      .value("off", CutlassSwap::off)
+      .value("on", CutlassSwap::on);
 
   nb::class_<ConfigIssue>(m, "ConfigIssue", "One problem found by validate(): field, value, message.")
       .def_ro("field", &ConfigIssue::field)

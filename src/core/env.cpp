@@ -137,6 +137,16 @@ EnvTuning read_env_tuning() {
     if (auto v = env::flag("EPMOE_NVFP4_PREPARE", "1: copy nvfp4 weights into the decode engine's load order"))
       t.nvfp4_prepare = *v;
   });
+  take("EPMOE_CUTLASS_SWAP", [&] {
+    if (auto v = env::get("EPMOE_CUTLASS_SWAP"); v && !parse_cutlass_swap(*v, t.cutlass_swap))
+      throw UsageError("environment variable EPMOE_CUTLASS_SWAP='" + *v +
+                       "' is not a swap-AB choice (runner cuda's CUTLASS GEMMs); unset it or give auto, 0 or 1");
+  });
+  take("EPMOE_CUTLASS_MIN_ROWS", [&] {
+    if (auto v = env::integer("EPMOE_CUTLASS_MIN_ROWS", 0, Tuning::kMaxCutlassMinRows,
+                              "expected rows per expert from which engine auto runs CUTLASS; 0 = built-in"))
+      t.cutlass_min_rows = int(*v);
+  });
   take("EPMOE_COMM_SMS", [&] {
     if (auto v = env::integer("EPMOE_COMM_SMS", 1, Tuning::kMaxCommSms, "SMs of the nvlink dispatch/combine kernels"))
       t.comm_sms = int(*v);

@@ -19,6 +19,22 @@ const char* engine_name(RunnerEngine e) {
 
 const char* combine_mode_name(CombineMode m) { return m == CombineMode::ce ? "ce" : "sm"; }
 
+const char* cutlass_swap_name(CutlassSwap s) {
+  switch (s) {
+    case CutlassSwap::off: return "0";
+    case CutlassSwap::on: return "1";
+    default: return "auto";
+  }
+}
+
+bool parse_cutlass_swap(const std::string& s, CutlassSwap& out) {
+  if (s == "auto") out = CutlassSwap::automatic;
+  else if (s == "0" || s == "off") out = CutlassSwap::off;
+  else if (s == "1" || s == "on") out = CutlassSwap::on;
+  else return false;
+  return true;
+}
+
 bool parse_engine(const std::string& s, RunnerEngine& out) {
   if (s == "auto") out = RunnerEngine::automatic;
   else if (s == "mma") out = RunnerEngine::mma;
@@ -43,6 +59,8 @@ std::vector<ConfigIssue> validate(const Tuning& t) {
                         ", " + std::to_string(hi) + "]; " + fix});
   };
   range("widen_scratch_mb", t.widen_scratch_mb, 1, Tuning::kMaxWidenScratchMb, "the default is 1024 (MiB)");
+  range("cutlass_min_rows", t.cutlass_min_rows, 0, Tuning::kMaxCutlassMinRows,
+        "0 (the default) keeps the built-in crossover (--cutlass-min-rows)");
   range("comm_sms", t.comm_sms, 1, Tuning::kMaxCommSms, "the default is 24 (--comm-sms)");
   range("push_warps", t.push_warps, Tuning::kMinPushWarps, Tuning::kMaxPushWarps, "the default is 6 (--push-warps)");
   range("ce_rows", t.ce_rows, 1, Tuning::kMaxCeRows, "the default is 512 (--ce-rows)");
@@ -53,6 +71,7 @@ std::vector<ConfigIssue> validate(const Tuning& t) {
   };
   named("engine", int(t.engine), 3, "auto, mma, cutlass");
   named("combine", int(t.combine), 2, "sm, ce");
+  named("cutlass_swap", int(t.cutlass_swap), 3, "auto, 0, 1");
   return is;
 }
 
@@ -73,6 +92,9 @@ std::string describe(const Tuning& t) {
   row("fused_swiglu", b(t.fused_swiglu), b(d.fused_swiglu), false, "EPMOE_CUTLASS_SWIGLU");
   row("widen_scratch_mb", i(t.widen_scratch_mb), i(d.widen_scratch_mb), false, "EPMOE_WIDEN_SCRATCH_MB");
   row("nvfp4_prepare", b(t.nvfp4_prepare), b(d.nvfp4_prepare), false, "EPMOE_NVFP4_PREPARE");
+  row("cutlass_swap", cutlass_swap_name(t.cutlass_swap), cutlass_swap_name(d.cutlass_swap), false,
+      "EPMOE_CUTLASS_SWAP");
+  row("cutlass_min_rows", i(t.cutlass_min_rows), i(d.cutlass_min_rows), false, "EPMOE_CUTLASS_MIN_ROWS");
   row("comm_sms", i(t.comm_sms), i(d.comm_sms), false, "EPMOE_COMM_SMS");
   row("push_warps", i(t.push_warps), i(d.push_warps), false, "EPMOE_NVL_PUSH_WARPS");
   row("combine", combine_mode_name(t.combine), combine_mode_name(d.combine), true, "EPMOE_NVL_COMBINE");

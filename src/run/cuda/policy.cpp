@@ -22,11 +22,17 @@ int block_m(double expected_rows, int forced) {
   return expected_rows <= kDecodeMaxRows ? kWgmmaBlockM : 128;
 }
 
-bool use_cutlass(RunnerEngine engine, WeightFormat wf, double expected_rows) {
+bool use_cutlass(RunnerEngine engine, WeightFormat wf, double expected_rows, int min_rows) {
   if (engine == RunnerEngine::mma || !cutlass_engine::available()) return false;
   if (engine == RunnerEngine::cutlass) return true;
-  const int min_rows = wf == WeightFormat::nvfp4 ? kCutlassMinRowsNvfp4 : kCutlassMinRows;
+  if (min_rows <= 0) min_rows = wf == WeightFormat::nvfp4 ? kCutlassMinRowsNvfp4 : kCutlassMinRows;
   return expected_rows >= double(min_rows);
+}
+
+bool use_swap_ab(CutlassSwap swap, double expected_rows) {
+  if (swap == CutlassSwap::on) return true;
+  if (swap == CutlassSwap::off) return false;
+  return expected_rows <= kSwapMaxRows;
 }
 
 DecodeEngines decode_engines(bool wgmma_decode, int bm, WeightFormat wf, ActFormat act, IntermediateQuant iq,
@@ -42,10 +48,11 @@ DecodeEngines decode_engines(bool wgmma_decode, int bm, WeightFormat wf, ActForm
   return d;
 }
 
-const char* path_name(CutlassPath p, WeightFormat wf) {
-  if (p == CutlassPath::fp8) return "cutlass-fp8";
-  if (p == CutlassPath::bf16) return "cutlass-bf16";
-  return wf == WeightFormat::nvfp4 ? "cutlass-bf16(widened nvfp4)" : "cutlass-bf16(widened fp8)";
+const char* path_name(CutlassPath p, WeightFormat wf, bool swap_ab) {
+  if (p == CutlassPath::fp8) return swap_ab ? "cutlass-fp8-swap" : "cutlass-fp8";
+  if (p == CutlassPath::bf16) return swap_ab ? "cutlass-bf16-swap" : "cutlass-bf16";
+  if (wf == WeightFormat::nvfp4) return swap_ab ? "cutlass-bf16-swap(widened nvfp4)" : "cutlass-bf16(widened nvfp4)";
+  return swap_ab ? "cutlass-bf16-swap(widened fp8)" : "cutlass-bf16(widened fp8)";
 }
 
 size_t CutlassPlan::scratch_bytes() const {
@@ -54,7 +61,7 @@ size_t CutlassPlan::scratch_bytes() const {
 }
 
 CutlassPlan cutlass_plan(const DispatchOutput& in, const ExpertWeights& w, IntermediateQuant iq, bool fused_swiglu,
-                         size_t widen_scratch_bytes) {
+                         bool swap_ab, size_t widen_scratch_bytes) {
   const int E = in.num_local_experts, H = in.hidden, I = w.intermediate;
   const WeightFormat wf = w.w13.format;
   const bool iq8 = iq == IntermediateQuant::fp8;
@@ -67,7 +74,8 @@ CutlassPlan cutlass_plan(const DispatchOutput& in, const ExpertWeights& w, Inter
   CutlassPlan p;
   p.gemm1 = wf == WeightFormat::bf16 ? CutlassPath::bf16 : fp8_1 ? CutlassPath::fp8 : CutlassPath::widened;
   p.gemm2 = wf == WeightFormat::bf16 ? CutlassPath::bf16 : fp8_2 ? CutlassPath::fp8 : CutlassPath::widened;
-  p.fused_swiglu = fused_swiglu && p.gemm1 != CutlassPath::fp8 && !iq8;
+  p.swap_ab = swap_ab;
+  p.fused_swiglu = fused_swiglu && !swap_ab && p.gemm1 != CutlassPath::fp8 && !iq8;
   p.expert_bytes1 = widen::expert_bytes(w.w13);
   p.expert_bytes2 = widen::expert_bytes(w.w2);
   p.chunk1 = std::min(widen::chunk_experts(widen_scratch_bytes, p.expert_bytes1, E), 65535);

@@ -36,10 +36,25 @@ constexpr int kCutlassMinRows = 33;
 // 256 rows 10.9 ms vs 17.6 ms.
 constexpr int kCutlassMinRowsNvfp4 = 128;
 // Whether a call runs on the CUTLASS engine. automatic: from kCutlassMinRows (nvfp4:
-// kCutlassMinRowsNvfp4) expected rows per expert on; cutlass: always; mma: never. Never in a build
-// without CUTLASS (validate() rejects engine cutlass there). Every weight format qualifies: what
-// CUTLASS has no kernel for is widened to bf16 (widen.h).
-bool use_cutlass(RunnerEngine engine, WeightFormat wf, double expected_rows);
+// kCutlassMinRowsNvfp4) expected rows per expert on, or from `min_rows` when it is positive
+// (tuning.cutlass_min_rows); cutlass: always; mma: never. Never in a build without CUTLASS
+// (validate() rejects engine cutlass there). Every weight format qualifies: what CUTLASS has no
+// kernel for is widened to bf16 (widen.h).
+bool use_cutlass(RunnerEngine engine, WeightFormat wf, double expected_rows, int min_rows = 0);
+
+// ---- swap-AB (CUTLASS) ---------------------------------------------------------------------------
+// Up to this many expected rows per expert the CUTLASS GEMMs run swapped (engine_cutlass.h): the
+// weights' output dimension fills the 128-row tile and the expert's rows a 64-wide one. Unswapped,
+// an expert with up to 128 rows is one 128-row m-tile whose cluster partner (2x1, for the weight
+// multicast) has nothing to do, so half the SMs idle: measured 3.92 ms (bf16) and 3.02 ms (fp8) at
+// 64 rows per expert, 4.30 / 3.17 ms at 128, against a weight-streaming floor of 2.98 / 1.48 ms
+// (DeepSeek-V3, 128 local experts, H200); at 256 rows (two busy m-tiles, 4.93 ms = 0.84 of the
+// floor) the unswapped 128x256 tiles do more work per byte read than 128x64 ones. 192 = three
+// token tiles, between the two: an estimate, not yet measured against the swapped kernels
+// (`epmoe bench runner --cutlass-swap 0` / `1` shows both; tuning.cutlass_swap forces either).
+constexpr double kSwapMaxRows = 192.0;
+// automatic: expected_rows <= kSwapMaxRows; on / off: as said.
+bool use_swap_ab(CutlassSwap swap, double expected_rows);
 
 // ---- decode engines (m-tile 32) ------------------------------------------------------------------
 // Per GEMM (1: W13, 2: W2), whether it runs on a wgmma engine; a GEMM with none set runs on the
@@ -62,14 +77,18 @@ DecodeEngines decode_engines(bool wgmma_decode, int bm, WeightFormat wf, ActForm
 // bf16 operand keeps its numerics (never requantized to e4m3); otherwise (fp8 with a bf16 operand,
 // nvfp4 always) widened to bf16 in a scratch buffer and run on the bf16 GEMM.
 enum class CutlassPath { bf16, fp8, widened };
-// "cutlass-bf16", "cutlass-fp8", "cutlass-bf16(widened fp8)", "cutlass-bf16(widened nvfp4)".
-const char* path_name(CutlassPath p, WeightFormat wf);
+// "cutlass-bf16", "cutlass-fp8", "cutlass-bf16(widened fp8)", "cutlass-bf16(widened nvfp4)"; swapped
+// (swap-AB): "cutlass-bf16-swap", "cutlass-fp8-swap", "cutlass-bf16-swap(widened fp8)", ...
+const char* path_name(CutlassPath p, WeightFormat wf, bool swap_ab = false);
 
 struct CutlassPlan {
   CutlassPath gemm1 = CutlassPath::bf16, gemm2 = CutlassPath::bf16;
   // GEMM1 as its gate half and its up half with SwiGLU in the epilogue: asked for
   // (tuning.fused_swiglu) and possible (GEMM1 on the bf16 GEMM, the intermediate stays bf16).
   bool fused_swiglu = false;
+  // Both GEMMs swap-AB (use_swap_ab; asked for by the caller). The SwiGLU epilogue has no swapped
+  // form, so a swapped plan never fuses: GEMM1 writes [rows][2I] and the SwiGLU pass follows.
+  bool swap_ab = false;
   // Widened weights: bytes of one expert of W13 / W2 in bf16, and experts per widen-and-GEMM chunk,
   // as many whole experts as fit in the scratch bound (at least one, at most 65535), from the
   // configuration alone so that graph replays see the same chunks.
@@ -79,7 +98,7 @@ struct CutlassPlan {
   size_t scratch_bytes() const;
 };
 CutlassPlan cutlass_plan(const DispatchOutput& in, const ExpertWeights& w, IntermediateQuant iq, bool fused_swiglu,
-                         size_t widen_scratch_bytes);
+                         bool swap_ab, size_t widen_scratch_bytes);
 
 // ---- configuration limits --------------------------------------------------------------------------
 // The engines' limits on a configuration (RunnerInfo::check of runner "cuda", called by
