@@ -55,6 +55,11 @@ using Kernel = cutlass::gemm::kernel::GemmUniversal<cutlass::gemm::GroupProblemS
                                                    Epilogue>;
 using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
 
+// 8 stages of 24 KiB (weights 16 KiB + tokens 8 KiB) next to an 18 KiB epilogue: ~190 KiB of loads
+// in flight per SM is what keeps HBM busy with one CTA per SM; a tile change that drops the depth
+// should be a decision, not a side effect.
+static_assert(Mainloop::DispatchPolicy::Stages >= 6, "the weight stream needs a deep pipeline");
+
 }  // namespace
 
 size_t bf16_swap_workspace_bytes(int experts, int sms) {

@@ -62,6 +62,11 @@ using Kernel = cutlass::gemm::kernel::GemmUniversal<cutlass::gemm::GroupProblemS
                                                    Epilogue>;
 using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
 
+// 8 stages of 24 KiB (weights 16 KiB + tokens 8 KiB) next to an 18 KiB epilogue: ~190 KiB of loads
+// in flight per SM is what keeps HBM busy with one CTA per SM; a tile change that drops the depth
+// should be a decision, not a side effect.
+static_assert(Mainloop::DispatchPolicy::Stages >= 6, "the weight stream needs a deep pipeline");
+
 static_assert(!Mainloop::MMajorSFA && !Mainloop::NMajorSFB, "scales are expected K-major");
 static_assert(Mainloop::ScaleGranularityM == 128 && Mainloop::ScaleGranularityN == 1 &&
               Mainloop::ScaleGranularityK == 128);
