@@ -9,8 +9,9 @@
 // the tile's A scale and promotes every 128 of K, the product unswapped computes, scale_row * scale_tile,
 // with the factors in the other order (the same fp32 value).
 //
-// Tiles: 128 weight rows x 64 token rows x 128 of K (K step = one scale block), no cluster, AlongN
-// raster, cooperative: the reasoning of engine_cutlass_swap_bf16.cu.
+// Tiles: 128 weight rows x 64 token rows x 128 of K (K step = one scale block), cluster 2x1 (two
+// weight tiles share the multicast token tile), AlongN raster, cooperative: the reasoning of
+// engine_cutlass_swap_bf16.cu.
 #define EPMOE_CUTLASS_GROUPED_IMPL 1
 #include "run/cuda/engine_cutlass.h"
 
@@ -35,7 +36,7 @@ namespace {
 using namespace cute;
 
 using TileShape = Shape<_128, _64, _128>;
-using ClusterShape = Shape<_1, _1, _1>;
+using ClusterShape = Shape<_2, _1, _1>;
 using ElementAB = cutlass::float_e4m3_t;
 using ElementD = cutlass::bfloat16_t;
 constexpr int kAlignAB = 16, kAlignD = 8;
