@@ -28,7 +28,9 @@ enum class RunnerEngine : uint8_t {
 enum class CutlassSwap : uint8_t {
   automatic,  // swapped up to the crossover in expected rows per expert (policy::kSwapMaxRows)
   off,        // never
-  on,         // always (where the engine is CUTLASS)
+  on,         // always (where the engine is CUTLASS), the token-tile width by rows as in automatic
+  n64,        // always, 64-wide token tiles
+  n128,       // always, 128-wide token tiles
 };
 
 // Who moves the combine rows of dispatcher "nvlink".
@@ -48,8 +50,9 @@ struct Tuning {
                                 //   fp8/nvfp4 weights are widened into for the CUTLASS bf16 GEMM
   bool nvfp4_prepare = true;    // [local] EPMOE_NVFP4_PREPARE=0|1: copy nvfp4 weights once into
                                 //   the decode engine's load order (the weight bytes again)
-  CutlassSwap cutlass_swap = CutlassSwap::automatic;  // [local] EPMOE_CUTLASS_SWAP=auto|0|1: CUTLASS
-                                //   GEMMs swap-AB (same results within the bf16 rounding bound)
+  CutlassSwap cutlass_swap = CutlassSwap::automatic;  // [local] EPMOE_CUTLASS_SWAP=auto|0|1|64|128:
+                                //   CUTLASS GEMMs swap-AB (64/128: that token-tile width; same
+                                //   results within the bf16 rounding bound)
   int cutlass_min_rows = 0;     // [local] EPMOE_CUTLASS_MIN_ROWS=0..1048576: engine auto runs CUTLASS
                                 //   from this many expected rows per expert on; 0 = the built-in
                                 //   crossover (33; nvfp4 weights 128)
@@ -81,11 +84,11 @@ std::vector<ConfigIssue> validate(const Tuning& t);
 
 const char* engine_name(RunnerEngine e);        // "auto", "mma", "cutlass"
 const char* combine_mode_name(CombineMode m);   // "sm", "ce"
-const char* cutlass_swap_name(CutlassSwap s);   // "auto", "0", "1"
+const char* cutlass_swap_name(CutlassSwap s);   // "auto", "0", "1", "64", "128"
 // Parsers shared by the environment reader and the CLI: false when `s` is not a valid name.
 bool parse_engine(const std::string& s, RunnerEngine& out);
 bool parse_combine_mode(const std::string& s, CombineMode& out);
-bool parse_cutlass_swap(const std::string& s, CutlassSwap& out);  // auto, 0 or off, 1 or on
+bool parse_cutlass_swap(const std::string& s, CutlassSwap& out);  // auto, 0 or off, 1 or on, 64, 128
 
 // One line per field: "name = value   [agree|local]  source" where source is "env EPMOE_X" or
 // "default" (what `epmoe validate` prints).

@@ -105,7 +105,9 @@ void bind_config(nb::module_& m) {
   nb::enum_<CutlassSwap>(m, "CutlassSwap")
       .value("auto", CutlassSwap::automatic)
       .value("off", CutlassSwap::off)
-      .value("on", CutlassSwap::on);
+      .value("on", CutlassSwap::on)
+      .value("n64", CutlassSwap::n64)
+      .value("n128", CutlassSwap::n128);
 
   nb::class_<ConfigIssue>(m, "ConfigIssue", "One problem found by validate(): field, value, message.")
       .def_ro("field", &ConfigIssue::field)

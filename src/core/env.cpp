@@ -140,7 +140,7 @@ EnvTuning read_env_tuning() {
   take("EPMOE_CUTLASS_SWAP", [&] {
     if (auto v = env::get("EPMOE_CUTLASS_SWAP"); v && !parse_cutlass_swap(*v, t.cutlass_swap))
       throw UsageError("environment variable EPMOE_CUTLASS_SWAP='" + *v +
-                       "' is not a swap-AB choice (runner cuda's CUTLASS GEMMs); unset it or give auto, 0 or 1");
+                       "' is not a swap-AB choice (runner cuda's CUTLASS GEMMs); unset it or give auto, 0, 1, 64 or 128");
   });
   take("EPMOE_CUTLASS_MIN_ROWS", [&] {
     if (auto v = env::integer("EPMOE_CUTLASS_MIN_ROWS", 0, Tuning::kMaxCutlassMinRows,

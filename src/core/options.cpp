@@ -23,6 +23,8 @@ const char* cutlass_swap_name(CutlassSwap s) {
   switch (s) {
     case CutlassSwap::off: return "0";
     case CutlassSwap::on: return "1";
+    case CutlassSwap::n64: return "64";
+    case CutlassSwap::n128: return "128";
     default: return "auto";
   }
 }
@@ -31,6 +33,8 @@ bool parse_cutlass_swap(const std::string& s, CutlassSwap& out) {
   if (s == "auto") out = CutlassSwap::automatic;
   else if (s == "0" || s == "off") out = CutlassSwap::off;
   else if (s == "1" || s == "on") out = CutlassSwap::on;
+  else if (s == "64") out = CutlassSwap::n64;
+  else if (s == "128") out = CutlassSwap::n128;
   else return false;
   return true;
 }
@@ -71,7 +75,7 @@ std::vector<ConfigIssue> validate(const Tuning& t) {
   };
   named("engine", int(t.engine), 3, "auto, mma, cutlass");
   named("combine", int(t.combine), 2, "sm, ce");
-  named("cutlass_swap", int(t.cutlass_swap), 3, "auto, 0, 1");
+  named("cutlass_swap", int(t.cutlass_swap), 5, "auto, 0, 1, 64, 128");
   return is;
 }
 

@@ -29,11 +29,11 @@ TEST(Tuning, EveryRangeIsChecked) {
   t.ce_rows = 0;
   t.engine = static_cast<RunnerEngine>(7);
   t.combine = static_cast<CombineMode>(9);
-  t.cutlass_swap = static_cast<CutlassSwap>(5);
+  t.cutlass_swap = static_cast<CutlassSwap>(9);
   t.cutlass_min_rows = -1;
   const auto is = validate(t);
   EXPECT_EQ(is.size(), 8u);
-  EXPECT_TRUE(has_issue(is, "tuning.cutlass_swap", "auto, 0, 1"));
+  EXPECT_TRUE(has_issue(is, "tuning.cutlass_swap", "auto, 0, 1, 64, 128"));
   EXPECT_TRUE(has_issue(is, "tuning.cutlass_min_rows", "outside [0, 1048576]"));
   EXPECT_TRUE(has_issue(is, "tuning.widen_scratch_mb", "outside [1, 16777216]"));
   EXPECT_TRUE(has_issue(is, "tuning.comm_sms", "tuning.comm_sms=2000 is outside [1, 1024]"));
@@ -65,7 +65,8 @@ TEST(Tuning, NamesRoundTrip) {
     ASSERT_TRUE(parse_combine_mode(combine_mode_name(m), back));
     EXPECT_EQ(back, m);
   }
-  for (CutlassSwap sw : {CutlassSwap::automatic, CutlassSwap::off, CutlassSwap::on}) {
+  for (CutlassSwap sw :
+       {CutlassSwap::automatic, CutlassSwap::off, CutlassSwap::on, CutlassSwap::n64, CutlassSwap::n128}) {
     CutlassSwap back{};
     ASSERT_TRUE(parse_cutlass_swap(cutlass_swap_name(sw), back));
     EXPECT_EQ(back, sw);
@@ -75,6 +76,9 @@ TEST(Tuning, NamesRoundTrip) {
   EXPECT_EQ(sw, CutlassSwap::on);
   ASSERT_TRUE(parse_cutlass_swap("off", sw));
   EXPECT_EQ(sw, CutlassSwap::off);
+  ASSERT_TRUE(parse_cutlass_swap("128", sw));
+  EXPECT_EQ(sw, CutlassSwap::n128);
+  ASSERT_TRUE(parse_cutlass_swap("off", sw));
   EXPECT_FALSE(parse_cutlass_swap("2", sw));
   EXPECT_EQ(sw, CutlassSwap::off) << "a failed parse leaves the value";
   RunnerEngine e{};

@@ -52,7 +52,7 @@ const FlagSpec kTuningFlags[] = {
     {"fused-swiglu", "0|1", "runner cuda: CUTLASS GEMM1 with SwiGLU in its epilogue (env EPMOE_CUTLASS_SWIGLU)"},
     {"widen-scratch-mb", "N", "runner cuda: MiB for widening fp8/nvfp4 weights for CUTLASS bf16 (env EPMOE_WIDEN_SCRATCH_MB)"},
     {"nvfp4-prepare", "0|1", "runner cuda: copy nvfp4 weights into the decode engine's order (env EPMOE_NVFP4_PREPARE)"},
-    {"cutlass-swap", "auto|0|1", "runner cuda: CUTLASS GEMMs swap-AB (weights in the 128-row tile) (env EPMOE_CUTLASS_SWAP)"},
+    {"cutlass-swap", "auto|0|1|64|128", "runner cuda: CUTLASS GEMMs swap-AB (weights in the 128-row tile; 64/128: token-tile width) (env EPMOE_CUTLASS_SWAP)"},
     {"cutlass-min-rows", "N", "runner cuda, engine auto: CUTLASS from N expected rows per expert; 0 = built-in (env EPMOE_CUTLASS_MIN_ROWS)"},
     {"comm-sms", "N", "dispatcher nvlink: SMs of the dispatch and combine kernels (env EPMOE_COMM_SMS)"},
     {"push-warps", "N", "dispatcher nvlink: combine warps per CTA that push rows, 4..12 (env EPMOE_NVL_PUSH_WARPS)"},
@@ -103,7 +103,7 @@ void apply_tuning_flags(const Flags& f, Tuning& t) {
   t.widen_scratch_mb = int_flag(f, "widen-scratch-mb", t.widen_scratch_mb);
   t.nvfp4_prepare = switch01(f, "nvfp4-prepare", t.nvfp4_prepare);
   if (f.has("cutlass-swap") && !parse_cutlass_swap(f.get("cutlass-swap"), t.cutlass_swap))
-    throw UsageError("--cutlass-swap=" + f.get("cutlass-swap") + " is not a swap-AB choice; use auto, 0 or 1");
+    throw UsageError("--cutlass-swap=" + f.get("cutlass-swap") + " is not a swap-AB choice; use auto, 0, 1, 64 or 128");
   t.cutlass_min_rows = int_flag(f, "cutlass-min-rows", t.cutlass_min_rows);
   t.comm_sms = int_flag(f, "comm-sms", t.comm_sms);
   t.push_warps = int_flag(f, "push-warps", t.push_warps);

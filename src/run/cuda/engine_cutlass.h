@@ -13,14 +13,14 @@
 //                    B: 128x128 fp32 tiles), promoted into fp32 every 128 of K (tile 128x128x128,
 //                    cluster 2x1).
 // Both clusters pair two m-tiles of one expert, so each weight tile is multicast to both.
-//   engine_cutlass_swap_bf16.cu, engine_cutlass_swap_fp8.cu: the same products swapped (swap-AB,
-//                    Grouped::swap_ab): CUTLASS computes out_e^T = W_e * A_e^T, so the weights'
-//                    output dimension N is CUTLASS's M (128-row tiles) and the expert's rows are its
-//                    N (64-column tiles). Made for few rows per expert, where a 128-row token tile
-//                    (and its cluster partner) would mostly multiply padding: there each weight tile
-//                    is streamed once by one CTA whose token tile is at most 64 wide. No transposes:
-//                    A = W [N][K] and B = the rows [rows][K] are both K-major as stored, and D =
-//                    out^T [N x rows] column-major is out [rows][N] row-major.
+//   engine_cutlass_swap_{bf16,fp8}{,_n128}.cu (engine_cutlass_swap.cuh): the same products swapped
+//                    (swap-AB, Grouped::swap_ab): CUTLASS computes out_e^T = W_e * A_e^T, so the
+//                    weights' output dimension N is CUTLASS's M (128-row tiles) and the expert's rows
+//                    are its N (64- or 128-wide tiles, Grouped::swap_tile_n). Made for few rows per
+//                    expert, where a 128-row token tile (and its cluster partner) would mostly
+//                    multiply padding: there each weight tile is streamed about once. No
+//                    transposes: A = W [N][K] and B = the rows [rows][K] are both K-major as stored,
+//                    and D = out^T [N x rows] column-major is out [rows][N] row-major.
 #pragma once
 #include <cuda_runtime.h>
 
@@ -61,6 +61,7 @@ struct Grouped {
   // grouped_gemm_bf16 / grouped_gemm_fp8 run their swap-AB instantiation (the same product; the
   // workspace then needs *_swap_workspace_bytes). Not with src (the SwiGLU GEMM is not swapped).
   bool swap_ab = false;
+  int swap_tile_n = 64;  // swapped: rows of an expert per tile, 64 or 128
 };
 
 size_t bf16_workspace_bytes(int experts, int sms);
@@ -79,10 +80,17 @@ void grouped_gemm_fp8(const Grouped& g, cudaStream_t stream);
 // grouped_gemm_bf16 / grouped_gemm_fp8 with g.swap_ab; same arguments and limits. The fp8 one keeps
 // the block scales as they are: the weights' 128x128 tiles become CUTLASS's A scales (granularity
 // 128 in M and K), the rows' 1x128 groups its B scales (granularity 1 in N, 128 in K), both K-major.
-size_t bf16_swap_workspace_bytes(int experts, int sms);
+// g.swap_tile_n picks the instantiation (64 or 128; anything else throws UsageError).
+size_t bf16_swap_workspace_bytes(int experts, int sms, int tile_n);
 void grouped_gemm_bf16_swap(const Grouped& g, cudaStream_t stream);
-size_t fp8_swap_workspace_bytes(int experts, int sms);
+size_t fp8_swap_workspace_bytes(int experts, int sms, int tile_n);
 void grouped_gemm_fp8_swap(const Grouped& g, cudaStream_t stream);
+namespace detail {  // the 128-wide instantiations (engine_cutlass_swap_*_n128.cu), behind the above
+size_t bf16_swap_n128_workspace_bytes(int experts, int sms);
+void grouped_gemm_bf16_swap_n128(const Grouped& g, cudaStream_t stream);
+size_t fp8_swap_n128_workspace_bytes(int experts, int sms);
+void grouped_gemm_fp8_swap_n128(const Grouped& g, cudaStream_t stream);
+}  // namespace detail
 
 // fp8 engine's permute: every valid (slot, k) pair claims a row of its expert's segment (offsets +
 // atomic fill, as the bf16 permute does) and gets the slot's e4m3 bytes and its H/128 scales as they

@@ -114,7 +114,7 @@ void CudaRunner::run(const DispatchOutput& in, const ExpertWeights& w, bf16_raw*
   const int64_t max_tiles = (max_rows + bm - 1) / bm + E;
   if (max_rows > INT32_MAX) throw UsageError("runner cuda: R*C*K=" + std::to_string(max_rows) + " rows exceed 2^31");
   if (policy::use_cutlass(engine_, w.w13.format, avg, cfg_.tuning.cutlass_min_rows)) return run_cutlass(in, w, y, st);
-  last_swap_ab_ = false;
+  last_swap_tile_n_ = 0;
 
   reserve_routing(E, max_tiles, max_rows);
   a_.reserve(size_t(max_rows) * H * 2);

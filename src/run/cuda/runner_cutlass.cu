@@ -86,19 +86,19 @@ void CudaRunner::run_cutlass(const DispatchOutput& in, const ExpertWeights& w, b
   const int64_t max_rows = S * K;
   const WeightFormat wf = w.w13.format;
   const bool iq8 = cfg_.intermediate_quant == IntermediateQuant::fp8;
-  const bool swap_ab = policy::use_swap_ab(cutlass_swap_, policy::expected_rows(cfg_, in));
+  const int swap_n = policy::swap_tile_n(cutlass_swap_, policy::expected_rows(cfg_, in));
   const policy::CutlassPlan plan =
-      policy::cutlass_plan(in, w, cfg_.intermediate_quant, fused_swiglu_, swap_ab, widen_scratch_);
+      policy::cutlass_plan(in, w, cfg_.intermediate_quant, fused_swiglu_, swap_n, widen_scratch_);
   const CutlassPath p1 = plan.gemm1, p2 = plan.gemm2;
   const bool fp8_1 = p1 == CutlassPath::fp8, fp8_2 = p2 == CutlassPath::fp8;
   const bool nvfp4 = wf == WeightFormat::nvfp4;
   const bool fuse = plan.fused_swiglu;
   last_swiglu_fused_ = fuse;
-  last_swap_ab_ = plan.swap_ab;
+  last_swap_tile_n_ = plan.swap_tile_n;
   const int bm = 128;  // the offsets kernel also writes an m-tile table; CUTLASS does not read it
   const int64_t max_tiles = (max_rows + bm - 1) / bm + E;
   last_bm_ = bm;
-  engines_ = std::string(policy::path_name(p1, wf, plan.swap_ab)) + "/" + policy::path_name(p2, wf, plan.swap_ab);
+  engines_ = policy::path_name(p1, wf, plan.swap_tile_n) + "/" + policy::path_name(p2, wf, plan.swap_tile_n);
   last_engines_ = engines_.c_str();
 
   if (sms_ == 0) EPMOE_CUDA_CHECK(cudaDeviceGetAttribute(&sms_, cudaDevAttrMultiProcessorCount, device_));
@@ -106,11 +106,11 @@ void CudaRunner::run_cutlass(const DispatchOutput& in, const ExpertWeights& w, b
   // group count; a chunk has fewer groups).
   const bool any_fp8 = p1 == CutlassPath::fp8 || p2 == CutlassPath::fp8;
   const bool any_bf16 = p1 != CutlassPath::fp8 || p2 != CutlassPath::fp8;
-  const bool sw = plan.swap_ab;
-  cws_.reserve(std::max({any_fp8 ? (sw ? cutlass_engine::fp8_swap_workspace_bytes(E, sms_)
+  const int sw = plan.swap_tile_n;
+  cws_.reserve(std::max({any_fp8 ? (sw ? cutlass_engine::fp8_swap_workspace_bytes(E, sms_, sw)
                                        : cutlass_engine::fp8_workspace_bytes(E, sms_))
                                  : 0,
-                         any_bf16 ? (sw ? cutlass_engine::bf16_swap_workspace_bytes(E, sms_)
+                         any_bf16 ? (sw ? cutlass_engine::bf16_swap_workspace_bytes(E, sms_, sw)
                                         : cutlass_engine::bf16_workspace_bytes(E, sms_))
                                   : 0,
                          fuse ? cutlass_engine::swiglu_workspace_bytes(E, sms_) : 0}));
@@ -159,7 +159,8 @@ void CudaRunner::run_cutlass(const DispatchOutput& in, const ExpertWeights& w, b
   g1.out = gu_.get<bf16_raw>();
   g1.workspace = cws_.get();
   g1.sms = sms_;
-  g1.swap_ab = sw;  // g2 and the widened chunks copy it
+  g1.swap_ab = sw != 0;  // g2 and the widened chunks copy both
+  g1.swap_tile_n = sw ? sw : 64;
   if (p1 == CutlassPath::fp8) {
     g1.A = a8_.get<uint8_t>();
     g1.sfa = as_.get<float>();

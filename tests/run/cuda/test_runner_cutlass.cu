@@ -9,8 +9,8 @@
 // has an empty half), T = 1 and tokens with no expert. Large M at DeepSeek-V3 expert shapes: the
 // whole output against the mma engine (itself checked against the reference in
 // test_runner.cpp) and the first tokens against the reference. Every runner problem runs
-// unswapped and swap-AB (tuning.cutlass_swap 0 and 1), each against the reference and the two
-// against each other within the same bound; SwapAbRowsPerExpert adds exact per-expert loads of
+// unswapped and swap-AB with 64- and 128-wide token tiles (tuning.cutlass_swap 0, 64, 128), each
+// against the reference and the swapped ones against the unswapped within the same bound; SwapAbRowsPerExpert adds exact per-expert loads of
 // 0, 1, 33, 64, 100 and 257 rows and DeepSeek-V3 shapes at 64 rows per expert. Also the engine
 // and swap rules (policy.h) and the tuning options the engine reads.
 #include <gtest/gtest.h>
@@ -96,8 +96,9 @@ std::vector<int32_t> make_ids(const Problem& p, int64_t T, std::mt19937& rng) {
   return ids;
 }
 
-// The engine names of a swap-AB run: "-swap" after each GEMM's "cutlass-bf16" / "cutlass-fp8".
-std::string swapped_engines(const std::string& s) {
+// The engine names of a swap-AB run with token tiles `tile_n` wide: "-swap<tile_n>" after each
+// GEMM's "cutlass-bf16" / "cutlass-fp8".
+std::string swapped_engines(const std::string& s, int tile_n) {
   std::string out;
   for (size_t i = 0; i < s.size();) {
     bool hit = false;
@@ -105,7 +106,7 @@ std::string swapped_engines(const std::string& s) {
       const size_t n = std::strlen(stem);
       if (s.compare(i, n, stem) == 0) {
         out += stem;
-        out += "-swap";
+        out += "-swap" + std::to_string(tile_n);
         i += n;
         hit = true;
         break;
@@ -157,17 +158,21 @@ void run_problem(const Problem& p, uint32_t seed) {
     if (chunks) *chunks = runner.last_widen_chunks();
     return y.download();
   };
-  // The CUTLASS engine unswapped and swap-AB (tuning.cutlass_swap 0 and 1), each checked on its own
-  // below, then against each other.
-  std::vector<bf16_raw> ycs[2];
-  std::string names[2];
-  for (const bool swap : {false, true}) {
-    SCOPED_TRACE(swap ? "swap-AB" : "unswapped");
-    const CutlassSwap sw = swap ? CutlassSwap::on : CutlassSwap::off;
-    std::string& engines = names[swap];
+  // The CUTLASS engine unswapped and swap-AB with 64- and 128-wide token tiles (tuning.cutlass_swap
+  // 0, 64, 128), each checked on its own below, then the swapped ones against the unswapped.
+  constexpr int kForms = 3;
+  const CutlassSwap forms[kForms] = {CutlassSwap::off, CutlassSwap::n64, CutlassSwap::n128};
+  const int tiles[kForms] = {0, 64, 128};
+  std::vector<bf16_raw> ycs[kForms];
+  std::string names[kForms];
+  for (int f = 0; f < kForms; ++f) {
+    const CutlassSwap sw = forms[f];
+    const bool swap = tiles[f] != 0;
+    SCOPED_TRACE(std::string("cutlass_swap ") + cutlass_swap_name(sw));
+    std::string& engines = names[f];
     int chunks = -1;
     const auto yc = run_engine(Engine::cutlass, &engines, 0, &chunks, true, sw);
-    const std::string expect = swap ? swapped_engines(p.expect) : std::string(p.expect);
+    const std::string expect = swap ? swapped_engines(p.expect, tiles[f]) : std::string(p.expect);
     EXPECT_EQ(engines, expect);
     EXPECT_EQ(swapped, swap);
     // SwiGLU goes into GEMM1's epilogue exactly when GEMM1 runs unswapped on the bf16 GEMM (bf16 or
@@ -201,7 +206,7 @@ void run_problem(const Problem& p, uint32_t seed) {
       EXPECT_EQ(first_diff(ys, yc), -1) << "several widening chunks differ from one chunk";
     }
     expect_poison_after(yc, n, H);
-    ycs[swap] = yc;
+    ycs[f] = yc;
   }
 
   // Reference on the first ref_tokens slots (a slot's result does not depend on the others).
@@ -212,32 +217,32 @@ void run_problem(const Problem& p, uint32_t seed) {
     std::vector<bf16_raw> y_ref(size_t(C) * H, 0);
     detail::ReferenceRunner ref(cfg);
     ref.run(sub.view(cfg.quant_params()), hw, y_ref.data(), nullptr);
-    for (const bool swap : {false, true}) {
-      const Diff d = compare_rows(ycs[swap], y_ref, nref, H);
-      std::printf("[cutlass] %-24s act %-5s w %-5s %-36s n=%d ref=%d  max|a-b|/max|ref| %.3e  1-cos %.3e\n", p.name,
-                  format_name(p.act), format_name(p.wf), names[swap].c_str(), n, nref, d.rel(), d.one_minus_cos);
-      SCOPED_TRACE(names[swap]);
+    for (int f = 0; f < kForms; ++f) {
+      const Diff d = compare_rows(ycs[f], y_ref, nref, H);
+      std::printf("[cutlass] %-24s act %-5s w %-5s %-40s n=%d ref=%d  max|a-b|/max|ref| %.3e  1-cos %.3e\n", p.name,
+                  format_name(p.act), format_name(p.wf), names[f].c_str(), n, nref, d.rel(), d.one_minus_cos);
+      SCOPED_TRACE(names[f]);
       expect_within_bound(d, p.iq);
     }
   }
   // Swapped against unswapped: the same products per output element, but the tensor cores may sum
   // a wgmma's K slice in another order, so they agree within the bound rather than bitwise (the
   // share of identical elements is printed).
-  {
-    const Diff d = compare_rows(ycs[true], ycs[false], n, H);
+  for (int f = 1; f < kForms; ++f) {
+    const Diff d = compare_rows(ycs[f], ycs[0], n, H);
     size_t same = 0;
-    for (size_t i = 0; i < size_t(n) * H; ++i) same += ycs[true][i] == ycs[false][i];
-    std::printf("[cutlass] %-24s swap-AB vs unswapped   n=%d  max|a-b|/max|ref| %.3e  1-cos %.3e  identical %.4f\n",
-                p.name, n, d.rel(), d.one_minus_cos, n ? double(same) / (double(n) * H) : 1.0);
+    for (size_t i = 0; i < size_t(n) * H; ++i) same += ycs[f][i] == ycs[0][i];
+    std::printf("[cutlass] %-24s swap-AB %3d vs unswapped  n=%d  max|a-b|/max|ref| %.3e  1-cos %.3e  identical %.4f\n",
+                p.name, tiles[f], n, d.rel(), d.one_minus_cos, n ? double(same) / (double(n) * H) : 1.0);
     expect_within_bound(d, p.iq);
   }
   if (p.vs_mma) {
     std::string mma_engines;
     const auto ym = run_engine(Engine::mma, &mma_engines);
-    for (const bool swap : {false, true}) {
-      const Diff d = compare_rows(ycs[swap], ym, n, H);
-      std::printf("[cutlass] %-24s %s vs %-20s n=%d  max|a-b|/max|ref| %.3e  1-cos %.3e\n", p.name,
-                  swap ? "swap-AB" : "unswapped", mma_engines.c_str(), n, d.rel(), d.one_minus_cos);
+    for (int f = 0; f < kForms; ++f) {
+      const Diff d = compare_rows(ycs[f], ym, n, H);
+      std::printf("[cutlass] %-24s %-40s vs %-20s n=%d  max|a-b|/max|ref| %.3e  1-cos %.3e\n", p.name,
+                  names[f].c_str(), mma_engines.c_str(), n, d.rel(), d.one_minus_cos);
       expect_within_bound(d, p.iq);
     }
   }
@@ -297,8 +302,8 @@ TEST(CutlassEngine, MatchesReference) {
 // experts of one call (Load::listed: empty experts, one row, partial 64-wide token tiles, several
 // token tiles per weight tile) on every operand path, partial 128-row weight tiles (H 2880), and
 // DeepSeek-V3 expert shapes at about 64 rows per expert (uniform and skewed), the first tokens
-// against the reference. run_problem runs each problem unswapped and swapped and checks both
-// against the reference and against each other.
+// against the reference. run_problem runs each problem unswapped and swapped (both token-tile
+// widths) and checks each against the reference and the swapped ones against the unswapped.
 TEST(CutlassEngine, SwapAbRowsPerExpert) {
   EPMOE_REQUIRE_GPU();
   EPMOE_REQUIRE_CUTLASS();
@@ -451,8 +456,12 @@ TEST(CutlassEngine, AutomaticChoice) {
     const std::string engines = runner.last_engines();
     EXPECT_EQ(engines.rfind("cutlass", 0) == 0, c.cutlass)
         << "C=" << c.C << " act " << format_name(c.act) << " weights " << format_name(c.wf) << ": " << engines;
-    // tuning.cutlass_swap auto: swap-AB up to kSwapMaxRows expected rows per expert.
-    EXPECT_EQ(runner.last_swap_ab(), c.cutlass && double(c.C) * K / E <= cuda::policy::kSwapMaxRows) << engines;
+    // tuning.cutlass_swap auto: swap-AB up to kSwapMaxRows expected rows per expert, 64-wide token
+    // tiles up to kSwapNarrowMaxRows.
+    const double rows = double(c.C) * K / E;
+    EXPECT_EQ(runner.last_swap_ab(), c.cutlass && rows <= cuda::policy::kSwapMaxRows) << engines;
+    if (runner.last_swap_ab())
+      EXPECT_EQ(runner.last_swap_tile_n(), rows <= cuda::policy::kSwapNarrowMaxRows ? 64 : 128) << engines;
     runner.set_engine(Engine::mma);
     runner.run(dout, dw, y.get(), nullptr);
     EPMOE_CUDA_CHECK(cudaDeviceSynchronize());
@@ -515,9 +524,10 @@ TEST(CutlassEngine, GroupedGemmDirect) {
     Dev<float> dsa(sa), dsw(sw);
     Dev<bf16_raw> out(size_t(total + 8) * N);
     out.poison();
-    std::vector<bf16_raw> outs[2];
-    for (const bool swap : {false, true}) {
-      SCOPED_TRACE(swap ? "swap-AB" : "unswapped");
+    std::vector<bf16_raw> outs[3];
+    for (const int tile_n : {0, 64, 128}) {
+      const bool swap = tile_n != 0;
+      SCOPED_TRACE("swap_tile_n " + std::to_string(tile_n));
       out.poison();
       cuda::cutlass_engine::Grouped g;
       g.experts = E;
@@ -532,9 +542,10 @@ TEST(CutlassEngine, GroupedGemmDirect) {
       g.out = out.get();
       g.sms = sms;
       g.swap_ab = swap;
+      g.swap_tile_n = swap ? tile_n : 64;
       namespace ce = cuda::cutlass_engine;
-      const size_t ws = fp8 ? (swap ? ce::fp8_swap_workspace_bytes(E, sms) : ce::fp8_workspace_bytes(E, sms))
-                            : (swap ? ce::bf16_swap_workspace_bytes(E, sms) : ce::bf16_workspace_bytes(E, sms));
+      const size_t ws = fp8 ? (swap ? ce::fp8_swap_workspace_bytes(E, sms, tile_n) : ce::fp8_workspace_bytes(E, sms))
+                            : (swap ? ce::bf16_swap_workspace_bytes(E, sms, tile_n) : ce::bf16_workspace_bytes(E, sms));
       cuda::DeviceBuffer wsb(ws);
       g.workspace = wsb.get();
       if (fp8)
@@ -543,7 +554,7 @@ TEST(CutlassEngine, GroupedGemmDirect) {
         ce::grouped_gemm_bf16(g, nullptr);
       EPMOE_CUDA_CHECK(cudaDeviceSynchronize());
       const auto o = out.download();
-      outs[swap] = o;
+      outs[tile_n / 64] = o;
       double worst = 0, scale = 0;
       for (int e = 0; e < E; ++e)
         for (int r = 0; r < rows[e]; ++r)
@@ -556,8 +567,9 @@ TEST(CutlassEngine, GroupedGemmDirect) {
             worst = std::max(worst, std::fabs(got - ref));
             scale = std::max(scale, std::fabs(ref));
           }
-      std::printf("[cutlass] grouped %s%s rows {0,130,1,33,64,0,100,257,0} N %d K %d: max|a-b|/max|ref| %.3e\n",
-                  fp8 ? "fp8" : "bf16", swap ? " swap-AB" : "", N, K, worst / scale);
+      std::printf("[cutlass] grouped %s swap_tile_n %3d rows {0,130,1,33,64,0,100,257,0} N %d K %d: "
+                  "max|a-b|/max|ref| %.3e\n",
+                  fp8 ? "fp8" : "bf16", tile_n, N, K, worst / scale);
       // bf16 output rounding (2^-9 relative) dominates; fp32 accumulation order adds far less.
       EXPECT_LE(worst / scale, 4e-3);
       for (size_t i = size_t(total) * N; i < o.size(); ++i)
@@ -568,10 +580,12 @@ TEST(CutlassEngine, GroupedGemmDirect) {
     }
     // Swapped vs unswapped: both within the bound above of the exact product; how many outputs are
     // bitwise the same says whether the tensor cores summed in the same order (informational).
-    size_t same = 0;
-    for (size_t i = 0; i < size_t(total) * N; ++i) same += outs[0][i] == outs[1][i];
-    std::printf("[cutlass] grouped %s swap-AB vs unswapped: %zu of %zu outputs identical\n", fp8 ? "fp8" : "bf16",
-                same, size_t(total) * N);
+    for (const int t : {1, 2}) {
+      size_t same = 0;
+      for (size_t i = 0; i < size_t(total) * N; ++i) same += outs[0][i] == outs[t][i];
+      std::printf("[cutlass] grouped %s swap-AB %d vs unswapped: %zu of %zu outputs identical\n", fp8 ? "fp8" : "bf16",
+                  64 * t, same, size_t(total) * N);
+    }
   }
 }
 
@@ -626,7 +640,7 @@ TEST(CutlassEngine, GraphReplayEqualsEager) {
     d.local_ids = lid.get();
     d.weights = wts.get();
     d.counts = cnt.get();
-    for (const CutlassSwap sw : {CutlassSwap::off, CutlassSwap::on}) {
+    for (const CutlassSwap sw : {CutlassSwap::off, CutlassSwap::n64, CutlassSwap::n128}) {
       SCOPED_TRACE(cutlass_swap_name(sw));
       lid.upload(ids1);
       cuda::CudaRunner runner(cfg, 0);
@@ -660,7 +674,7 @@ TEST(CutlassEngine, GraphReplayEqualsEager) {
       EPMOE_CUDA_CHECK(cudaStreamSynchronize(st));
       EXPECT_EQ(first_diff(y.download(), e2), -1);
       EXPECT_NE(first_diff(e1, e2), -1);
-      EXPECT_EQ(runner.last_swap_ab(), sw == CutlassSwap::on);
+      EXPECT_EQ(runner.last_swap_tile_n(), sw == CutlassSwap::n64 ? 64 : sw == CutlassSwap::n128 ? 128 : 0);
       EPMOE_CUDA_CHECK(cudaGraphExecDestroy(exec));
       EPMOE_CUDA_CHECK(cudaGraphDestroy(graph));
       EPMOE_CUDA_CHECK(cudaStreamDestroy(st));
@@ -699,7 +713,8 @@ TEST(CutlassEngine, EngineNames) {
 }
 
 // The swap-AB rule (policy.h) and the crossover override, on the host: tuning.cutlass_swap auto
-// swaps up to kSwapMaxRows expected rows per expert, 0/1 force it; tuning.cutlass_min_rows > 0
+// swaps up to kSwapMaxRows expected rows per expert (64-wide token tiles up to kSwapNarrowMaxRows,
+// else 128), 0/1 force it off/on, 64/128 on with that width; tuning.cutlass_min_rows > 0
 // moves engine auto's CUTLASS crossover. Both reach the runner from the configuration.
 TEST(CutlassEngine, SwapAndCrossoverRules) {
   namespace pol = cuda::policy;
@@ -708,13 +723,21 @@ TEST(CutlassEngine, SwapAndCrossoverRules) {
   EXPECT_FALSE(pol::use_swap_ab(CutlassSwap::automatic, pol::kSwapMaxRows + 0.5));
   EXPECT_TRUE(pol::use_swap_ab(CutlassSwap::on, 1e6));
   EXPECT_FALSE(pol::use_swap_ab(CutlassSwap::off, 1));
-  EXPECT_EQ(std::string(pol::path_name(pol::CutlassPath::fp8, WeightFormat::fp8, true)), "cutlass-fp8-swap");
-  EXPECT_EQ(std::string(pol::path_name(pol::CutlassPath::widened, WeightFormat::nvfp4, true)),
-            "cutlass-bf16-swap(widened nvfp4)");
-  EXPECT_EQ(swapped_engines(kW8Fp8), "cutlass-bf16-swap(widened fp8)/cutlass-fp8-swap");
+  EXPECT_EQ(pol::swap_tile_n(CutlassSwap::automatic, pol::kSwapNarrowMaxRows), 64);
+  EXPECT_EQ(pol::swap_tile_n(CutlassSwap::automatic, pol::kSwapNarrowMaxRows + 1), 128);
+  EXPECT_EQ(pol::swap_tile_n(CutlassSwap::automatic, pol::kSwapMaxRows + 1), 0);
+  EXPECT_EQ(pol::swap_tile_n(CutlassSwap::on, 1e6), 128);
+  EXPECT_EQ(pol::swap_tile_n(CutlassSwap::on, 3), 64);
+  EXPECT_EQ(pol::swap_tile_n(CutlassSwap::n64, 1e6), 64);
+  EXPECT_EQ(pol::swap_tile_n(CutlassSwap::n128, 1), 128);
+  EXPECT_EQ(pol::path_name(pol::CutlassPath::fp8, WeightFormat::fp8, 64), "cutlass-fp8-swap64");
+  EXPECT_EQ(pol::path_name(pol::CutlassPath::widened, WeightFormat::nvfp4, 128), "cutlass-bf16-swap128(widened nvfp4)");
+  EXPECT_EQ(pol::path_name(pol::CutlassPath::widened, WeightFormat::fp8), "cutlass-bf16(widened fp8)");
+  EXPECT_EQ(swapped_engines(kW8Fp8, 64), "cutlass-bf16-swap64(widened fp8)/cutlass-fp8-swap64");
   const Problem p{1024, 512, 8, 2, 16, ActFormat::bf16, WeightFormat::bf16, kNone, Load::uniform, -1, -1, false, kBf16,
                   "switch"};
-  for (const CutlassSwap sw : {CutlassSwap::automatic, CutlassSwap::off, CutlassSwap::on}) {
+  for (const CutlassSwap sw :
+       {CutlassSwap::automatic, CutlassSwap::off, CutlassSwap::on, CutlassSwap::n64, CutlassSwap::n128}) {
     MoeConfig cfg = make_cfg(p);
     cfg.tuning.cutlass_swap = sw;
     EXPECT_TRUE(validate(cfg.tuning).empty());
