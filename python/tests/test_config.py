@@ -36,6 +36,8 @@ def test_nested_structs_are_references():
     assert "comm_sms" in c.describe()
     c.tuning.cutlass_swap = "1"
     assert c.tuning.cutlass_swap == epmoe.CutlassSwap.on
+    c.tuning.cutlass_swap = "128"
+    assert c.tuning.cutlass_swap == epmoe.CutlassSwap.n128
     c.tuning.cutlass_swap = epmoe.CutlassSwap.auto
     c.tuning.cutlass_min_rows = 64
     assert c.tuning.cutlass_min_rows == 64 and "cutlass_swap" in c.describe()
