@@ -47,6 +47,7 @@ from ._C import (  # noqa: F401  (the public API)
     CombineMode,
     Communicator,
     ConfigIssue,
+    CutlassSwap,
     ExpertPlacement,
     ExpertWeights,
     FaultCheck,

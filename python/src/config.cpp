@@ -17,9 +17,9 @@ namespace epmoe::py {
 namespace {
 
 #define EPMOE_ROUTER_FIELDS(X) X(kind) X(renormalize) X(n_group) X(topk_group) X(routed_scaling_factor)
-#define EPMOE_TUNING_FIELDS(X)                                                                        \
-  X(engine) X(wgmma_defer) X(fused_swiglu) X(widen_scratch_mb) X(nvfp4_prepare) X(decode_max_rows) X(comm_sms) X(push_warps) \
-  X(combine) X(ce_rows) X(fault_check)
+#define EPMOE_TUNING_FIELDS(X)                                                                              \
+  X(engine) X(wgmma_defer) X(fused_swiglu) X(widen_scratch_mb) X(nvfp4_prepare) X(decode_max_rows) X(cutlass_swap) \
+  X(comm_sms) X(push_warps) X(combine) X(ce_rows) X(fault_check)
 #define EPMOE_CONFIG_FIELDS(X)                                                                                  \
   X(hidden) X(intermediate) X(num_experts) X(top_k) X(router) X(num_ranks) X(capacity) X(dispatch_format)     \
   X(fp8_ue8m0) X(nvfp4_global_scale) X(weight_format) X(combine_format) X(intermediate_quant) X(dispatcher) \
@@ -111,6 +111,12 @@ void bind_config(nb::module_& m) {
       .value("off", FaultCheck::off)
       .value("count", FaultCheck::count)
       .value("raise_", FaultCheck::raise);
+  nb::enum_<CutlassSwap>(m, "CutlassSwap")
+      .value("auto", CutlassSwap::automatic)
+      .value("off", CutlassSwap::off)
+      .value("on", CutlassSwap::on)
+      .value("n64", CutlassSwap::n64)
+      .value("n128", CutlassSwap::n128);
 
   nb::class_<ConfigIssue>(m, "ConfigIssue", "One problem found by validate(): field, value, message.")
       .def_ro("field", &ConfigIssue::field)

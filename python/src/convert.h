@@ -69,6 +69,12 @@ struct EnumNames<FaultCheck> {
   static bool parse(const std::string& s, FaultCheck& out) { return parse_fault_check(s, out); }
 };
 
+template <>
+struct EnumNames<CutlassSwap> {
+  static constexpr const char* list = "auto, off (0), on (1), 64, 128";
+  static bool parse(const std::string& s, CutlassSwap& out) { return parse_cutlass_swap(s, out); }
+};
+
 template <class T>
 T field_value(nb::handle v, const char* owner, const char* field) {
   auto fail = [&](const std::string& want) -> T {

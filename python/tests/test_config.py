@@ -55,6 +55,15 @@ def test_nested_structs_are_references():
     assert c.router.kind == epmoe.RouterKind.sigmoid_grouped_topk and c.router.n_group == 4
     assert c.tuning.engine == epmoe.RunnerEngine.mma and c.tuning.comm_sms == 12
     assert "comm_sms" in c.describe()
+    c.tuning.cutlass_swap = "1"
+    assert c.tuning.cutlass_swap == epmoe.CutlassSwap.on
+    c.tuning.cutlass_swap = "128"
+    assert c.tuning.cutlass_swap == epmoe.CutlassSwap.n128
+    c.tuning.cutlass_swap = epmoe.CutlassSwap.auto
+    c.tuning.decode_max_rows = 64
+    assert c.tuning.decode_max_rows == 64 and "cutlass_swap" in c.describe()
+    with pytest.raises(epmoe.UsageError, match="Tuning.cutlass_swap"):
+        epmoe.Tuning(cutlass_swap="maybe")
 
 
 def test_unknown_field_and_wrong_type_are_usage_errors():

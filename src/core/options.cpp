@@ -35,6 +35,26 @@ bool parse_fault_check(const std::string& s, FaultCheck& out) {
   return true;
 }
 
+const char* cutlass_swap_name(CutlassSwap s) {
+  switch (s) {
+    case CutlassSwap::off: return "0";
+    case CutlassSwap::on: return "1";
+    case CutlassSwap::n64: return "64";
+    case CutlassSwap::n128: return "128";
+    default: return "auto";
+  }
+}
+
+bool parse_cutlass_swap(const std::string& s, CutlassSwap& out) {
+  if (s == "auto") out = CutlassSwap::automatic;
+  else if (s == "0" || s == "off") out = CutlassSwap::off;
+  else if (s == "1" || s == "on") out = CutlassSwap::on;
+  else if (s == "64") out = CutlassSwap::n64;
+  else if (s == "128") out = CutlassSwap::n128;
+  else return false;
+  return true;
+}
+
 bool parse_engine(const std::string& s, RunnerEngine& out) {
   if (s == "auto") out = RunnerEngine::automatic;
   else if (s == "mma") out = RunnerEngine::mma;
@@ -72,6 +92,7 @@ std::vector<ConfigIssue> validate(const Tuning& t) {
   named("engine", int(t.engine), 3, "auto, mma, cutlass");
   named("combine", int(t.combine), 2, "sm, ce");
   named("fault_check", int(t.fault_check), 3, "off, count, raise");
+  named("cutlass_swap", int(t.cutlass_swap), 5, "auto, 0, 1, 64, 128");
   return is;
 }
 
@@ -93,6 +114,8 @@ std::string describe(const Tuning& t) {
   row("widen_scratch_mb", i(t.widen_scratch_mb), i(d.widen_scratch_mb), false, "EPMOE_WIDEN_SCRATCH_MB");
   row("nvfp4_prepare", b(t.nvfp4_prepare), b(d.nvfp4_prepare), false, "EPMOE_NVFP4_PREPARE");
   row("decode_max_rows", i(t.decode_max_rows), i(d.decode_max_rows), false, "EPMOE_DECODE_MAX_ROWS");
+  row("cutlass_swap", cutlass_swap_name(t.cutlass_swap), cutlass_swap_name(d.cutlass_swap), false,
+      "EPMOE_CUTLASS_SWAP");
   row("comm_sms", i(t.comm_sms), i(d.comm_sms), false, "EPMOE_COMM_SMS");
   row("push_warps", i(t.push_warps), i(d.push_warps), false, "EPMOE_NVL_PUSH_WARPS");
   row("combine", combine_mode_name(t.combine), combine_mode_name(d.combine), true, "EPMOE_NVL_COMBINE");

@@ -29,8 +29,12 @@ TEST(Tuning, EveryRangeIsChecked) {
   t.ce_rows = 0;
   t.engine = static_cast<RunnerEngine>(7);
   t.combine = static_cast<CombineMode>(9);
+  t.cutlass_swap = static_cast<CutlassSwap>(9);
+  t.decode_max_rows = -1;
   const auto is = validate(t);
-  EXPECT_EQ(is.size(), 6u);
+  EXPECT_EQ(is.size(), 8u);
+  EXPECT_TRUE(has_issue(is, "tuning.cutlass_swap", "auto, 0, 1, 64, 128"));
+  EXPECT_TRUE(has_issue(is, "tuning.decode_max_rows", "outside [0, 65536]"));
   EXPECT_TRUE(has_issue(is, "tuning.widen_scratch_mb", "outside [1, 16777216]"));
   EXPECT_TRUE(has_issue(is, "tuning.comm_sms", "tuning.comm_sms=2000 is outside [1, 1024]"));
   EXPECT_TRUE(has_issue(is, "tuning.push_warps", "outside [4, 12]"));
@@ -61,6 +65,22 @@ TEST(Tuning, NamesRoundTrip) {
     ASSERT_TRUE(parse_combine_mode(combine_mode_name(m), back));
     EXPECT_EQ(back, m);
   }
+  for (CutlassSwap sw :
+       {CutlassSwap::automatic, CutlassSwap::off, CutlassSwap::on, CutlassSwap::n64, CutlassSwap::n128}) {
+    CutlassSwap back{};
+    ASSERT_TRUE(parse_cutlass_swap(cutlass_swap_name(sw), back));
+    EXPECT_EQ(back, sw);
+  }
+  CutlassSwap sw{};
+  ASSERT_TRUE(parse_cutlass_swap("on", sw));
+  EXPECT_EQ(sw, CutlassSwap::on);
+  ASSERT_TRUE(parse_cutlass_swap("off", sw));
+  EXPECT_EQ(sw, CutlassSwap::off);
+  ASSERT_TRUE(parse_cutlass_swap("128", sw));
+  EXPECT_EQ(sw, CutlassSwap::n128);
+  ASSERT_TRUE(parse_cutlass_swap("off", sw));
+  EXPECT_FALSE(parse_cutlass_swap("2", sw));
+  EXPECT_EQ(sw, CutlassSwap::off) << "a failed parse leaves the value";
   RunnerEngine e{};
   EXPECT_FALSE(parse_engine("fast", e));
   CombineMode m{};
@@ -78,6 +98,8 @@ TEST(Tuning, AgreeFieldsAreFingerprintedLocalOnesAreNot) {
   d.tuning.fused_swiglu = !c.tuning.fused_swiglu;
   d.tuning.nvfp4_prepare = !c.tuning.nvfp4_prepare;
   d.tuning.widen_scratch_mb = 7;
+  d.tuning.cutlass_swap = CutlassSwap::on;
+  d.tuning.decode_max_rows = 64;
   EXPECT_EQ(config_fingerprint(d), base);
   d = c;
   d.tuning.combine = CombineMode::ce;
@@ -97,8 +119,8 @@ TEST(Tuning, DescribeListsEveryFieldWithItsAgreement) {
   Tuning t;
   t.engine = RunnerEngine::cutlass;
   const std::string s = describe(t);
-  for (const char* f : {"engine", "wgmma_defer", "fused_swiglu", "widen_scratch_mb", "nvfp4_prepare", "comm_sms",
-                        "push_warps", "combine", "ce_rows"})
+  for (const char* f : {"engine", "wgmma_defer", "fused_swiglu", "widen_scratch_mb", "nvfp4_prepare", "cutlass_swap",
+                        "decode_max_rows", "comm_sms", "push_warps", "combine", "ce_rows", "fault_check"})
     EXPECT_NE(s.find(f), std::string::npos) << f;
   EXPECT_NE(s.find("cutlass"), std::string::npos);
   EXPECT_NE(s.find("[agree]"), std::string::npos);

@@ -100,8 +100,10 @@ void bench_preset(const Opts& o, const ModelPreset& given, double hbm_gbs, const
   const std::vector<long long>& Ms = o.Ms;
   const int reps = o.reps;
   const long long maxM = *std::max_element(Ms.begin(), Ms.end());
-  std::printf("\n# epmoe bench runner: %s, %s H=%d I=%d, %d local experts, median of %d, engine %s, iq %s\n", gpu,
-              pre.name.c_str(), H, I, E, reps, o.engine_name.c_str(), iq_header(o, pre.config).c_str());
+  std::printf("\n# epmoe bench runner: %s, %s H=%d I=%d, %d local experts, median of %d, engine %s, iq %s, "
+              "cutlass swap %s\n",
+              gpu, pre.name.c_str(), H, I, E, reps, o.engine_name.c_str(), iq_header(o, pre.config).c_str(),
+              cutlass_swap_name(pre.config.tuning.cutlass_swap));
   std::fflush(stdout);
 
   // Inputs: C = maxM slots, K = 1, weight 1; slot j -> expert j % E, or with --skew the first half

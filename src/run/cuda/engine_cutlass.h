@@ -7,12 +7,20 @@
 // the grouped kernel reads them there (GroupProblemShape with device shapes, no host shapes), so the
 // whole engine is CUDA-graph capturable.
 //
-// Two instantiations, one per .cu so that they build in parallel:
+// Instantiations, one per .cu so that they build in parallel:
 //   engine_cutlass_bf16.cu: bf16 x bf16 -> bf16, fp32 accumulation (tile 128x256x64, cluster 2x1);
 //   engine_cutlass_fp8.cu : e4m3 x e4m3 -> bf16 with DeepSeek block scales (A: 1x128 fp32 per row,
 //                    B: 128x128 fp32 tiles), promoted into fp32 every 128 of K (tile 128x128x128,
 //                    cluster 2x1).
 // Both clusters pair two m-tiles of one expert, so each weight tile is multicast to both.
+//   engine_cutlass_swap_{bf16,fp8}{,_n128}.cu (engine_cutlass_swap.cuh): the same products swapped
+//                    (swap-AB, Grouped::swap_ab): CUTLASS computes out_e^T = W_e * A_e^T, so the
+//                    weights' output dimension N is CUTLASS's M (128-row tiles) and the expert's rows
+//                    are its N (64- or 128-wide tiles, Grouped::swap_tile_n). Made for few rows per
+//                    expert, where a 128-row token tile (and its cluster partner) would mostly
+//                    multiply padding: there each weight tile is streamed about once. No
+//                    transposes: A = W [N][K] and B = the rows [rows][K] are both K-major as stored,
+//                    and D = out^T [N x rows] column-major is out [rows][N] row-major.
 #pragma once
 #include <cuda_runtime.h>
 
@@ -50,6 +58,10 @@ struct Grouped {
   const bf16_raw* src = nullptr;
   void* workspace = nullptr;         // *_workspace_bytes(experts, sms) bytes, 256-byte aligned
   int sms = 0;                       // multiprocessors of the device (persistent grid)
+  // grouped_gemm_bf16 / grouped_gemm_fp8 run their swap-AB instantiation (the same product; the
+  // workspace then needs *_swap_workspace_bytes). Not with src (the SwiGLU GEMM is not swapped).
+  bool swap_ab = false;
+  int swap_tile_n = 64;  // swapped: rows of an expert per tile, 64 or 128
 };
 
 size_t bf16_workspace_bytes(int experts, int sms);
@@ -63,6 +75,22 @@ void grouped_gemm_bf16_swiglu(const Grouped& g, cudaStream_t stream);
 size_t fp8_workspace_bytes(int experts, int sms);
 // Needs N % 128 == 0 and K % 128 == 0 (whole scale tiles).
 void grouped_gemm_fp8(const Grouped& g, cudaStream_t stream);
+
+// Swap-AB instantiations (engine_cutlass_swap_bf16.cu, engine_cutlass_swap_fp8.cu), reached through
+// grouped_gemm_bf16 / grouped_gemm_fp8 with g.swap_ab; same arguments and limits. The fp8 one keeps
+// the block scales as they are: the weights' 128x128 tiles become CUTLASS's A scales (granularity
+// 128 in M and K), the rows' 1x128 groups its B scales (granularity 1 in N, 128 in K), both K-major.
+// g.swap_tile_n picks the instantiation (64 or 128; anything else throws UsageError).
+size_t bf16_swap_workspace_bytes(int experts, int sms, int tile_n);
+void grouped_gemm_bf16_swap(const Grouped& g, cudaStream_t stream);
+size_t fp8_swap_workspace_bytes(int experts, int sms, int tile_n);
+void grouped_gemm_fp8_swap(const Grouped& g, cudaStream_t stream);
+namespace detail {  // the 128-wide instantiations (engine_cutlass_swap_*_n128.cu), behind the above
+size_t bf16_swap_n128_workspace_bytes(int experts, int sms);
+void grouped_gemm_bf16_swap_n128(const Grouped& g, cudaStream_t stream);
+size_t fp8_swap_n128_workspace_bytes(int experts, int sms);
+void grouped_gemm_fp8_swap_n128(const Grouped& g, cudaStream_t stream);
+}  // namespace detail
 
 // fp8 engine's permute: every valid (slot, k) pair claims a row of its expert's segment (offsets +
 // atomic fill, as the bf16 permute does) and gets the slot's e4m3 bytes and its H/128 scales as they
@@ -94,7 +122,9 @@ void swiglu(const bf16_raw* h, const int32_t* offsets, const int32_t* cnt, int E
 namespace epmoe::cuda::cutlass_engine::detail {
 
 // Per-group tables CUTLASS reads on the device, carved out of the caller's workspace.
-template <class Gemm, bool kScaled, bool kSource = false>
+// kSwap: CUTLASS's A is the weights and its B the rows (swap-AB, Grouped::swap_ab); a, b, sfa, sfb
+// and the strides are CUTLASS's operands, whichever of ours they hold.
+template <class Gemm, bool kScaled, bool kSource = false, bool kSwap = false>
 struct Tables {
   using Kernel = typename Gemm::GemmKernel;
   using Shape3 = typename Kernel::ProblemShape::UnderlyingProblemShape;
@@ -107,7 +137,10 @@ struct Tables {
   // The epilogue's source C (grouped_gemm_bf16_swiglu); placeholders otherwise.
   using EC = cute::conditional_t<kSource, typename Kernel::ElementC, bf16_raw>;
   using StrideC = cute::conditional_t<kSource, typename Kernel::InternalStrideC, int64_t>;
-  static constexpr bool scaled = kScaled, source = kSource;
+  static constexpr bool scaled = kScaled, source = kSource, swap = kSwap;
+  using ERows = cute::conditional_t<kSwap, EB, EA>;  // element of our rows operand
+  using EW = cute::conditional_t<kSwap, EA, EB>;     // element of the weights
+  static_assert(!(kSource && kSwap), "the SwiGLU epilogue's source is laid out for the unswapped product");
 
   Shape3* shapes;
   const EA** a;
@@ -154,8 +187,10 @@ struct Tables {
   }
 };
 
-// One thread per expert: shapes (M = rows of the expert, may be 0: the scheduler gives it no
-// tiles), row-major A/D and K-major W pointers and strides, and the scale pointers.
+// One thread per expert: shapes (the expert's rows may be 0: the scheduler gives it no tiles),
+// row-major A/D and K-major W pointers and strides, and the scale pointers. Swapped, the problem is
+// (N, rows, K) with the weights as CUTLASS's A, the rows as its B and D column-major (stride N
+// between rows), i.e. the same bytes.
 template <class T>
 __global__ void fill_tables(T t, int E, int N, int K, const int32_t* __restrict__ rows,
                             const int32_t* __restrict__ offsets, const void* A, const float* sfa, const void* W,
@@ -164,16 +199,28 @@ __global__ void fill_tables(T t, int E, int N, int K, const int32_t* __restrict_
   if (e >= E) return;
   const int m = rows[e];
   const int64_t off = offsets[e];
-  t.shapes[e] = typename T::Shape3{m, N, K};
-  t.a[e] = static_cast<const typename T::EA*>(A) + off * K;
-  t.b[e] = static_cast<const typename T::EB*>(W) + int64_t(e) * w_stride;
+  const auto* rows_ptr = static_cast<const typename T::ERows*>(A) + off * K;
+  const auto* w_ptr = static_cast<const typename T::EW*>(W) + int64_t(e) * w_stride;
   t.d[e] = reinterpret_cast<typename T::ED*>(out) + off * N;
+  // Both operands K-major (row stride K) as stored, in either role.
   t.sa[e] = cute::make_stride(int64_t(K), cute::Int<1>{}, cute::Int<0>{});
   t.sb[e] = cute::make_stride(int64_t(K), cute::Int<1>{}, cute::Int<0>{});
-  t.sd[e] = cute::make_stride(int64_t(N), cute::Int<1>{}, cute::Int<0>{});
+  if constexpr (T::swap) {
+    t.shapes[e] = typename T::Shape3{N, m, K};
+    t.a[e] = w_ptr;
+    t.b[e] = rows_ptr;
+    t.sd[e] = cute::make_stride(cute::Int<1>{}, int64_t(N), cute::Int<0>{});
+  } else {
+    t.shapes[e] = typename T::Shape3{m, N, K};
+    t.a[e] = rows_ptr;
+    t.b[e] = w_ptr;
+    t.sd[e] = cute::make_stride(int64_t(N), cute::Int<1>{}, cute::Int<0>{});
+  }
   if constexpr (T::scaled) {
-    t.sfa[e] = sfa + off * (K / 128);
-    t.sfb[e] = sfw + int64_t(e) * (N / 128) * (K / 128);
+    const float* rows_sf = sfa + off * (K / 128);
+    const float* w_sf = sfw + int64_t(e) * (N / 128) * (K / 128);
+    t.sfa[e] = T::swap ? w_sf : rows_sf;
+    t.sfb[e] = T::swap ? rows_sf : w_sf;
   }
   if constexpr (T::source) {
     t.c[e] = reinterpret_cast<const typename T::EC*>(src) + off * N;
@@ -181,12 +228,19 @@ __global__ void fill_tables(T t, int E, int N, int K, const int32_t* __restrict_
   }
 }
 
-template <class Gemm, bool kScaled, bool kSource = false>
-typename Gemm::Arguments make_args(const Tables<Gemm, kScaled, kSource>& t, int E, int sms, int device,
+template <class Gemm, bool kScaled, bool kSource = false, bool kSwap = false>
+typename Gemm::Arguments make_args(const Tables<Gemm, kScaled, kSource, kSwap>& t, int E, int sms, int device,
                                    const float* alpha) {
   typename Gemm::Arguments args{};
   args.mode = cutlass::gemm::GemmUniversalMode::kGrouped;
   args.problem_shape = {E, t.shapes, nullptr};  // device shapes only: the host never learns them
+  if constexpr (kSwap) {
+    // Consecutive tiles (which run side by side on the persistent grid) walk the token tiles of
+    // one weight tile first, so an expert with several token tiles reads each weight tile from
+    // HBM about once and the rest from L2. (Unswapped, AlongM does the same with its m-tiles.)
+    using Raster = decltype(args.scheduler.raster_order);
+    args.scheduler.raster_order = Raster::AlongN;
+  }
   if constexpr (kScaled)
     args.mainloop = {t.a, t.sa, t.b, t.sb, t.sfa, nullptr, t.sfb, nullptr};
   else
@@ -217,17 +271,17 @@ typename Gemm::Arguments make_args(const Tables<Gemm, kScaled, kSource>& t, int 
   return args;
 }
 
-template <class Gemm, bool kScaled, bool kSource = false>
+template <class Gemm, bool kScaled, bool kSource = false, bool kSwap = false>
 size_t workspace_bytes(int E, int sms) {
-  using T = Tables<Gemm, kScaled, kSource>;
+  using T = Tables<Gemm, kScaled, kSource, kSwap>;
   const T t{};
-  const auto args = make_args<Gemm, kScaled, kSource>(t, E, sms, 0, nullptr);
+  const auto args = make_args<Gemm, kScaled, kSource, kSwap>(t, E, sms, 0, nullptr);
   return T::bytes(E) + T::round(Gemm::get_workspace_size(args)) + 256;
 }
 
-template <class Gemm, bool kScaled, bool kSource = false>
+template <class Gemm, bool kScaled, bool kSource = false, bool kSwap = false>
 void run(const Grouped& g, const char* what, cudaStream_t stream) {
-  using T = Tables<Gemm, kScaled, kSource>;
+  using T = Tables<Gemm, kScaled, kSource, kSwap>;
   if (g.experts <= 0) return;
   if (!g.workspace || g.sms <= 0)
     throw UsageError(std::string("cutlass ") + what + ": workspace and sms must be set");
@@ -239,7 +293,7 @@ void run(const Grouped& g, const char* what, cudaStream_t stream) {
   fill_tables<T><<<(g.experts + 127) / 128, 128, 0, stream>>>(t, g.experts, g.N, g.K, g.rows, g.offsets, g.A, g.sfa,
                                                                g.W, w_stride, g.sfw, g.src, g.out);
   EPMOE_CUDA_CHECK_LAUNCH();
-  const auto args = make_args<Gemm, kScaled, kSource>(t, g.experts, g.sms, device, g.alpha);
+  const auto args = make_args<Gemm, kScaled, kSource, kSwap>(t, g.experts, g.sms, device, g.alpha);
   Gemm gemm;
   auto fail = [&](cutlass::Status s, const char* step) {
     throw BackendError(std::string("cutlass ") + what + " grouped GEMM: " + step + " failed: " +

@@ -68,6 +68,7 @@ static_assert(Mainloop::ScaleGranularityM == 1 && Mainloop::ScaleGranularityN ==
 size_t fp8_workspace_bytes(int experts, int sms) { return detail::workspace_bytes<Gemm, true>(experts, sms); }
 
 void grouped_gemm_fp8(const Grouped& g, cudaStream_t stream) {
+  if (g.swap_ab) return grouped_gemm_fp8_swap(g, stream);
   if (g.K % 128 != 0 || g.N % 128 != 0)
     throw UsageError("cutlass fp8 grouped GEMM: N=" + std::to_string(g.N) + " and K=" + std::to_string(g.K) +
                      " must be multiples of 128 (whole 128x128 weight scale tiles)");

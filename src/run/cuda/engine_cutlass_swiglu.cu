@@ -90,6 +90,7 @@ using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
 size_t swiglu_workspace_bytes(int experts, int sms) { return detail::workspace_bytes<Gemm, false, true>(experts, sms); }
 
 void grouped_gemm_bf16_swiglu(const Grouped& g, cudaStream_t stream) {
+  if (g.swap_ab) throw UsageError("cutlass bf16 SwiGLU grouped GEMM: has no swap-AB form; run it with swap_ab = false");
   if (g.K % kAlign != 0 || g.N % kAlign != 0)
     throw UsageError("cutlass bf16 SwiGLU grouped GEMM: N=" + std::to_string(g.N) + " and K=" + std::to_string(g.K) +
                      " must be multiples of 8 (16-byte TMA rows)");

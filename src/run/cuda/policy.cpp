@@ -31,6 +31,17 @@ bool use_cutlass(RunnerEngine engine, WeightFormat wf, double expected_rows, int
   return expected_rows >= double(min_rows);
 }
 
+int swap_tile_n(CutlassSwap swap, double expected_rows) {
+  const int by_rows = expected_rows <= kSwapNarrowMaxRows ? 64 : 128;
+  switch (swap) {
+    case CutlassSwap::off: return 0;
+    case CutlassSwap::on: return by_rows;
+    case CutlassSwap::n64: return 64;
+    case CutlassSwap::n128: return 128;
+    default: return expected_rows <= kSwapMaxRows ? by_rows : 0;
+  }
+}
+
 DecodeEngines decode_engines(bool wgmma_decode, int bm, WeightFormat wf, ActFormat act, IntermediateQuant iq,
                              int hidden, int intermediate) {
   const bool decode = wgmma_decode && bm == kWgmmaBlockM;
@@ -51,10 +62,11 @@ int decode_max_rows(WeightFormat wf, const DecodeEngines& d32, int tuned) {
   return 0;
 }
 
-const char* path_name(CutlassPath p, WeightFormat wf) {
-  if (p == CutlassPath::fp8) return "cutlass-fp8";
-  if (p == CutlassPath::bf16) return "cutlass-bf16";
-  return wf == WeightFormat::nvfp4 ? "cutlass-bf16(widened nvfp4)" : "cutlass-bf16(widened fp8)";
+std::string path_name(CutlassPath p, WeightFormat wf, int swap_tile_n) {
+  std::string s = p == CutlassPath::fp8 ? "cutlass-fp8" : "cutlass-bf16";
+  if (swap_tile_n) s += "-swap" + std::to_string(swap_tile_n);
+  if (p == CutlassPath::widened) s += wf == WeightFormat::nvfp4 ? "(widened nvfp4)" : "(widened fp8)";
+  return s;
 }
 
 size_t CutlassPlan::scratch_bytes() const {
@@ -63,7 +75,7 @@ size_t CutlassPlan::scratch_bytes() const {
 }
 
 CutlassPlan cutlass_plan(const DispatchOutput& in, const ExpertWeights& w, IntermediateQuant iq, bool fused_swiglu,
-                         size_t widen_scratch_bytes) {
+                         int swap_tile_n, size_t widen_scratch_bytes) {
   const int E = in.num_local_experts, H = in.hidden, I = w.intermediate;
   const WeightFormat wf = w.w13.format;
   const bool iq8 = iq == IntermediateQuant::fp8;
@@ -76,7 +88,8 @@ CutlassPlan cutlass_plan(const DispatchOutput& in, const ExpertWeights& w, Inter
   CutlassPlan p;
   p.gemm1 = wf == WeightFormat::bf16 ? CutlassPath::bf16 : fp8_1 ? CutlassPath::fp8 : CutlassPath::widened;
   p.gemm2 = wf == WeightFormat::bf16 ? CutlassPath::bf16 : fp8_2 ? CutlassPath::fp8 : CutlassPath::widened;
-  p.fused_swiglu = fused_swiglu && p.gemm1 != CutlassPath::fp8 && !iq8;
+  p.swap_tile_n = swap_tile_n;
+  p.fused_swiglu = fused_swiglu && !swap_tile_n && p.gemm1 != CutlassPath::fp8 && !iq8;
   p.expert_bytes1 = widen::expert_bytes(w.w13);
   p.expert_bytes2 = widen::expert_bytes(w.w2);
   p.chunk1 = std::min(widen::chunk_experts(widen_scratch_bytes, p.expert_bytes1, E), 65535);

@@ -5,6 +5,7 @@
 // captured CUDA graph replays the choice it was captured with. The measured thresholds live here.
 #pragma once
 #include <cstddef>
+#include <string>
 #include <vector>
 
 #include "epmoe/config.h"
@@ -43,6 +44,27 @@ constexpr int kCutlassMinRowsNvfp4 = 128;
 // decode_max_rows > 0 (tuning.decode_max_rows) replaces the crossover: CUTLASS above that many
 // rows per expert.
 bool use_cutlass(RunnerEngine engine, WeightFormat wf, double expected_rows, int decode_max_rows = 0);
+
+// ---- swap-AB (CUTLASS) ---------------------------------------------------------------------------
+// Up to this many expected rows per expert the CUTLASS GEMMs run swapped (engine_cutlass.h): the
+// weights' output dimension fills the 128-row tile and the expert's rows a 64-wide one. Unswapped,
+// an expert with up to 128 rows is one 128-row m-tile whose cluster partner (2x1, for the weight
+// multicast) has nothing to do, so half the SMs idle: measured 3.92 ms (bf16) and 3.02 ms (fp8) at
+// 64 rows per expert, 4.30 / 3.17 ms at 128, against a weight-streaming floor of 2.98 / 1.48 ms
+// (DeepSeek-V3, 128 local experts, H200); at 256 rows (two busy m-tiles, 4.93 ms = 0.84 of the
+// floor) the unswapped 128x256 tiles do more work per byte read than 128x64 ones. 192 = three
+// token tiles, between the two: an estimate, not yet measured against the swapped kernels
+// (`epmoe bench runner --cutlass-swap 0` / `1` shows both; tuning.cutlass_swap forces either).
+constexpr double kSwapMaxRows = 192.0;
+// Token-tile width of the swapped GEMMs: 64 up to this many expected rows per expert (one tile, no
+// padding), 128 above (one or two tiles instead of two or three 64-wide ones, each of which would
+// read every weight tile again from L2; engine_cutlass_swap.cuh). Not yet measured either.
+constexpr double kSwapNarrowMaxRows = 64.0;
+// 0 = unswapped, else the token-tile width (64 or 128). automatic: by kSwapNarrowMaxRows up to
+// kSwapMaxRows, 0 above; on: by kSwapNarrowMaxRows whatever the rows; n64 / n128: that width;
+// off: 0.
+int swap_tile_n(CutlassSwap swap, double expected_rows);
+inline bool use_swap_ab(CutlassSwap swap, double expected_rows) { return swap_tile_n(swap, expected_rows) != 0; }
 
 // ---- decode engines (m-tile 32) ------------------------------------------------------------------
 // Per GEMM (1: W13, 2: W2), whether it runs on a wgmma engine; a GEMM with none set runs on the
@@ -83,14 +105,20 @@ int decode_max_rows(WeightFormat wf, const DecodeEngines& d32, int tuned);
 // bf16 operand keeps its numerics (never requantized to e4m3); otherwise (fp8 with a bf16 operand,
 // nvfp4 always) widened to bf16 in a scratch buffer and run on the bf16 GEMM.
 enum class CutlassPath { bf16, fp8, widened };
-// "cutlass-bf16", "cutlass-fp8", "cutlass-bf16(widened fp8)", "cutlass-bf16(widened nvfp4)".
-const char* path_name(CutlassPath p, WeightFormat wf);
+// "cutlass-bf16", "cutlass-fp8", "cutlass-bf16(widened fp8)", "cutlass-bf16(widened nvfp4)"; swapped
+// (swap_tile_n 64 or 128) with "-swap64" / "-swap128" after "cutlass-bf16" / "cutlass-fp8", e.g.
+// "cutlass-fp8-swap64", "cutlass-bf16-swap128(widened nvfp4)".
+std::string path_name(CutlassPath p, WeightFormat wf, int swap_tile_n = 0);
 
 struct CutlassPlan {
   CutlassPath gemm1 = CutlassPath::bf16, gemm2 = CutlassPath::bf16;
   // GEMM1 as its gate half and its up half with SwiGLU in the epilogue: asked for
   // (tuning.fused_swiglu) and possible (GEMM1 on the bf16 GEMM, the intermediate stays bf16).
   bool fused_swiglu = false;
+  // Both GEMMs swap-AB with this token-tile width (swap_tile_n; asked for by the caller), 0 =
+  // unswapped. The SwiGLU epilogue has no swapped form, so a swapped plan never fuses: GEMM1
+  // writes [rows][2I] and the SwiGLU pass follows.
+  int swap_tile_n = 0;
   // Widened weights: bytes of one expert of W13 / W2 in bf16, and experts per widen-and-GEMM chunk,
   // as many whole experts as fit in the scratch bound (at least one, at most 65535), from the
   // configuration alone so that graph replays see the same chunks.
@@ -100,7 +128,7 @@ struct CutlassPlan {
   size_t scratch_bytes() const;
 };
 CutlassPlan cutlass_plan(const DispatchOutput& in, const ExpertWeights& w, IntermediateQuant iq, bool fused_swiglu,
-                         size_t widen_scratch_bytes);
+                         int swap_tile_n, size_t widen_scratch_bytes);
 
 // ---- configuration limits --------------------------------------------------------------------------
 // The engines' limits on a configuration (RunnerInfo::check of runner "cuda", called by

@@ -36,7 +36,8 @@ CudaRunner::CudaRunner(const MoeConfig& cfg, int device_index)
       engine_(cfg.tuning.engine),
       wgmma_defer_(cfg.tuning.wgmma_defer),
       widen_scratch_(size_t(cfg.tuning.widen_scratch_mb) << 20),
-      fused_swiglu_(cfg.tuning.fused_swiglu) {}
+      fused_swiglu_(cfg.tuning.fused_swiglu),
+      cutlass_swap_(cfg.tuning.cutlass_swap) {}
 
 size_t CudaRunner::prepare(ExpertWeights& w, Stream stream) {
   if (!cfg_.tuning.nvfp4_prepare || w.w13.format != WeightFormat::nvfp4) return 0;
@@ -117,6 +118,7 @@ void CudaRunner::run(const DispatchOutput& in, const ExpertWeights& w, bf16_raw*
   const int64_t max_tiles = (max_rows + bm - 1) / bm + E;
   if (max_rows > INT32_MAX) throw UsageError("runner cuda: R*C*K=" + std::to_string(max_rows) + " rows exceed 2^31");
   if (policy::use_cutlass(engine_, w.w13.format, avg, decode_limit)) return run_cutlass(in, w, y, st);
+  last_swap_tile_n_ = 0;
 
   reserve_routing(E, max_tiles, max_rows);
   a_.reserve(size_t(max_rows) * H * 2);

@@ -38,7 +38,8 @@ namespace epmoe::cuda {
 
 class CudaRunner final : public Runner {
  public:
-  // Tuning from cfg.tuning: engine, wgmma_defer, fused_swiglu, widen_scratch_mb, nvfp4_prepare.
+  // Tuning from cfg.tuning: engine, wgmma_defer, fused_swiglu, widen_scratch_mb, nvfp4_prepare,
+  // cutlass_swap, decode_max_rows.
   // cfg is expected to have passed validate() (policy::check_config holds this runner's limits);
   // the constructor touches no GPU and throws nothing.
   CudaRunner(const MoeConfig& cfg, int device_index);
@@ -60,6 +61,10 @@ class CudaRunner final : public Runner {
   int last_widen_chunks() const { return last_widen_chunks_; }
   // Whether a CUTLASS run fused SwiGLU into GEMM1 (policy::CutlassPlan::fused_swiglu).
   bool last_swiglu_fused() const { return last_swiglu_fused_; }
+  // Whether a CUTLASS run's GEMMs ran swap-AB, and their token-tile width (64 or 128; 0 unswapped
+  // or after a decode run; policy::CutlassPlan::swap_tile_n).
+  bool last_swap_ab() const { return last_swap_tile_n_ != 0; }
+  int last_swap_tile_n() const { return last_swap_tile_n_; }
 
   // ---- test and benchmark hooks: override cfg.tuning / the policy for this runner ----------------
   // The engine choice (policy::use_cutlass); the name CudaRunner::Engine is kept for callers.
@@ -77,6 +82,10 @@ class CudaRunner final : public Runner {
   // CUTLASS GEMM1 as gate half + up half with SwiGLU in the epilogue (tuning.fused_swiglu).
   void set_fused_swiglu(bool on) { fused_swiglu_ = on; }
   bool fused_swiglu() const { return fused_swiglu_; }
+  // CUTLASS GEMMs swap-AB: automatic (policy::swap_tile_n), off, on, or on with a token-tile width
+  // (tuning.cutlass_swap).
+  void set_cutlass_swap(CutlassSwap s) { cutlass_swap_ = s; }
+  CutlassSwap cutlass_swap() const { return cutlass_swap_; }
   // Bound of the widening scratch in bytes (tuning.widen_scratch_mb MiB); tests shrink it to force
   // several chunks. 0 throws UsageError.
   void set_widen_scratch_bytes(size_t bytes);
@@ -108,6 +117,8 @@ class CudaRunner final : public Runner {
   size_t widen_scratch_ = size_t(1) << 30;
   int last_widen_chunks_ = 0;
   bool fused_swiglu_ = false, last_swiglu_fused_ = false;
+  CutlassSwap cutlass_swap_ = CutlassSwap::automatic;
+  int last_swap_tile_n_ = 0;
   std::string engines_;  // last_engines() when built per run
   DeviceBuffer prep13_, prep2_;  // prepare(): nvfp4 weights in the decode engine's load order
 };

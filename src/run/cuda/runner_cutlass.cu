@@ -73,6 +73,9 @@ int CudaRunner::run_widened(const cutlass_engine::Grouped& g, const MatrixView& 
 // existing instantiation), so it multiplies the fp32 accumulator before the one bf16 rounding,
 // exactly as the mma.sync and wgmma engines do; applying it later (in the SwiGLU pass, or in the
 // weighted sum, which would need each row's expert) would scale an already rounded value.
+// With few rows per expert (policy::use_swap_ab) both GEMMs, widened chunks included, run their
+// swap-AB instantiation: the same operands and output bytes, the weights in the 128-row tile; the
+// SwiGLU then always runs as its own pass (the fused epilogue has no swapped form).
 // Widened GEMMs run as all GEMM1 chunks, the SwiGLU pass once over all rows, then all GEMM2 chunks:
 // the SwiGLU pass and the intermediate's fp8 quantization stay one launch each, and both GEMMs
 // share one scratch buffer (W13 chunks, then W2 chunks).
@@ -84,16 +87,18 @@ void CudaRunner::run_cutlass(const DispatchOutput& in, const ExpertWeights& w, b
   const WeightFormat wf = w.w13.format;
   const IntermediateQuant iq = cfg_.effective_intermediate_quant();
   const bool iq8 = iq == IntermediateQuant::fp8;
-  const policy::CutlassPlan plan = policy::cutlass_plan(in, w, iq, fused_swiglu_, widen_scratch_);
+  const int swap_n = policy::swap_tile_n(cutlass_swap_, policy::expected_rows(cfg_, in));
+  const policy::CutlassPlan plan = policy::cutlass_plan(in, w, iq, fused_swiglu_, swap_n, widen_scratch_);
   const CutlassPath p1 = plan.gemm1, p2 = plan.gemm2;
   const bool fp8_1 = p1 == CutlassPath::fp8, fp8_2 = p2 == CutlassPath::fp8;
   const bool nvfp4 = wf == WeightFormat::nvfp4;
   const bool fuse = plan.fused_swiglu;
   last_swiglu_fused_ = fuse;
+  last_swap_tile_n_ = plan.swap_tile_n;
   const int bm = 128;  // the offsets kernel also writes an m-tile table; CUTLASS does not read it
   const int64_t max_tiles = (max_rows + bm - 1) / bm + E;
   last_bm_ = bm;
-  engines_ = std::string(policy::path_name(p1, wf)) + "/" + policy::path_name(p2, wf);
+  engines_ = policy::path_name(p1, wf, plan.swap_tile_n) + "/" + policy::path_name(p2, wf, plan.swap_tile_n);
   last_engines_ = engines_.c_str();
 
   if (sms_ == 0) EPMOE_CUDA_CHECK(cudaDeviceGetAttribute(&sms_, cudaDevAttrMultiProcessorCount, device_));
@@ -101,8 +106,13 @@ void CudaRunner::run_cutlass(const DispatchOutput& in, const ExpertWeights& w, b
   // group count; a chunk has fewer groups).
   const bool any_fp8 = p1 == CutlassPath::fp8 || p2 == CutlassPath::fp8;
   const bool any_bf16 = p1 != CutlassPath::fp8 || p2 != CutlassPath::fp8;
-  cws_.reserve(std::max({any_fp8 ? cutlass_engine::fp8_workspace_bytes(E, sms_) : 0,
-                         any_bf16 ? cutlass_engine::bf16_workspace_bytes(E, sms_) : 0,
+  const int sw = plan.swap_tile_n;
+  cws_.reserve(std::max({any_fp8 ? (sw ? cutlass_engine::fp8_swap_workspace_bytes(E, sms_, sw)
+                                       : cutlass_engine::fp8_workspace_bytes(E, sms_))
+                                 : 0,
+                         any_bf16 ? (sw ? cutlass_engine::bf16_swap_workspace_bytes(E, sms_, sw)
+                                        : cutlass_engine::bf16_workspace_bytes(E, sms_))
+                                  : 0,
                          fuse ? cutlass_engine::swiglu_workspace_bytes(E, sms_) : 0}));
   const int chunk1 = plan.chunk1, chunk2 = plan.chunk2;
   scratch_.reserve(plan.scratch_bytes());
@@ -149,6 +159,8 @@ void CudaRunner::run_cutlass(const DispatchOutput& in, const ExpertWeights& w, b
   g1.out = gu_.get<bf16_raw>();
   g1.workspace = cws_.get();
   g1.sms = sms_;
+  g1.swap_ab = sw != 0;  // g2 and the widened chunks copy both
+  g1.swap_tile_n = sw ? sw : 64;
   if (p1 == CutlassPath::fp8) {
     g1.A = a8_.get<uint8_t>();
     g1.sfa = as_.get<float>();

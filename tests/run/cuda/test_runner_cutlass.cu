@@ -8,8 +8,11 @@
 // experts with no rows, everything on one expert (odd m-tile counts, so a cluster of two m-tiles
 // has an empty half), T = 1 and tokens with no expert. Large M at DeepSeek-V3 expert shapes: the
 // whole output against the mma engine (itself checked against the reference in
-// test_runner.cpp) and the first tokens against the reference. Also the engine rule (policy.h)
-// and the tuning options the engine reads.
+// test_runner.cpp) and the first tokens against the reference. Every runner problem runs
+// unswapped and swap-AB with 64- and 128-wide token tiles (tuning.cutlass_swap 0, 64, 128), each
+// against the reference and the swapped ones against the unswapped within the same bound; SwapAbRowsPerExpert adds exact per-expert loads of
+// 0, 1, 33, 64, 100 and 257 rows and DeepSeek-V3 shapes at 64 rows per expert. Also the engine
+// and swap rules (policy.h) and the tuning options the engine reads.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -23,6 +26,7 @@
 #include "epmoe/quant.h"
 #include "common/gpu_test_util.h"
 #include "run/cuda/engine_cutlass.h"
+#include "run/cuda/policy.h"
 #include "run/cuda/runner.h"
 #include "run/cuda/runner_test_util.h"
 #include "run/cuda/widen.h"
@@ -38,7 +42,10 @@ using Engine = cuda::CudaRunner::Engine;
     if (!cuda::cutlass_engine::available()) GTEST_SKIP() << "built without CUTLASS"; \
   } while (0)
 
-enum class Load { uniform, uneven, one_expert };
+// listed: top_k 1 and exactly kListedRows[e] rows on expert e (E = 8), the tokens shuffled;
+// tokens past their sum route nowhere.
+enum class Load { uniform, uneven, one_expert, listed };
+const std::vector<int> kListedRows = {0, 1, 33, 64, 100, 257, 0, 64};
 
 struct Problem {
   int H, I, E, K, C;
@@ -60,6 +67,15 @@ struct Problem {
 // last two experts (groups with no rows); 5% of the (token, k) entries are -1.
 std::vector<int32_t> make_ids(const Problem& p, int64_t T, std::mt19937& rng) {
   std::vector<int32_t> ids(size_t(T) * p.K, -1);
+  if (p.load == Load::listed) {
+    EXPECT_EQ(p.K, 1);
+    EXPECT_EQ(p.E, int(kListedRows.size()));
+    int64_t t = 0;
+    for (int e = 0; e < p.E; ++e)
+      for (int r = 0; r < kListedRows[e] && t < T; ++r) ids[t++] = e;
+    std::shuffle(ids.begin(), ids.end(), rng);
+    return ids;
+  }
   std::uniform_real_distribution<float> u(0.f, 1.f);
   const int usable = p.load == Load::uneven && p.E > p.K + 2 ? p.E - 2 : p.E;
   std::vector<double> wts(usable);
@@ -78,6 +94,27 @@ std::vector<int32_t> make_ids(const Problem& p, int64_t T, std::mt19937& rng) {
     }
   }
   return ids;
+}
+
+// The engine names of a swap-AB run with token tiles `tile_n` wide: "-swap<tile_n>" after each
+// GEMM's "cutlass-bf16" / "cutlass-fp8".
+std::string swapped_engines(const std::string& s, int tile_n) {
+  std::string out;
+  for (size_t i = 0; i < s.size();) {
+    bool hit = false;
+    for (const char* stem : {"cutlass-bf16", "cutlass-fp8"}) {
+      const size_t n = std::strlen(stem);
+      if (s.compare(i, n, stem) == 0) {
+        out += stem;
+        out += "-swap" + std::to_string(tile_n);
+        i += n;
+        hit = true;
+        break;
+      }
+    }
+    if (!hit) out += s[i++];
+  }
+  return out;
 }
 
 void run_problem(const Problem& p, uint32_t seed) {
@@ -103,57 +140,74 @@ void run_problem(const Problem& p, uint32_t seed) {
   DevDispatch dd(recv, cfg.quant_params());
   const DispatchOutput& dout = dd.view;
 
-  bool fused = false;  // SwiGLU in GEMM1's epilogue in the last run_engine call
+  bool fused = false, swapped = false;  // what the last run_engine call chose
   auto run_engine = [&](Engine eng, std::string* engines, size_t scratch = 0, int* chunks = nullptr,
-                        bool fuse = true) {
+                        bool fuse = true, CutlassSwap swap = CutlassSwap::off) {
     Dev<bf16_raw> y(size_t(C) * H);
     y.poison();
     cuda::CudaRunner runner(cfg, 0);
     runner.set_engine(eng);
     runner.set_fused_swiglu(fuse);
+    runner.set_cutlass_swap(swap);
     if (scratch) runner.set_widen_scratch_bytes(scratch);
     runner.run(dout, dw, y.get(), nullptr);
     EPMOE_CUDA_CHECK(cudaDeviceSynchronize());
     *engines = runner.last_engines();
     fused = runner.last_swiglu_fused();
+    swapped = runner.last_swap_ab();
     if (chunks) *chunks = runner.last_widen_chunks();
     return y.download();
   };
-  std::string engines;
-  int chunks = -1;
-  const auto yc = run_engine(Engine::cutlass, &engines, 0, &chunks);
-  EXPECT_EQ(engines, p.expect);
-  // SwiGLU goes into GEMM1's epilogue exactly when GEMM1 runs on the bf16 GEMM (bf16 or widened
-  // weights) and the intermediate stays bf16; then the unfused path must agree within the bound
-  // (it rounds the up half to bf16 before the product, the fused one does not).
-  const bool expect_fused = std::string(p.expect).rfind("cutlass-bf16", 0) == 0 && p.iq == IntermediateQuant::none;
-  EXPECT_EQ(fused, expect_fused);
-  if (expect_fused) {
-    std::string eu;
-    const auto yu = run_engine(Engine::cutlass, &eu, 0, nullptr, false);
-    EXPECT_FALSE(fused);
-    const Diff d = compare_rows(yc, yu, n, H);
-    std::printf("[cutlass] %-24s SwiGLU fused vs pass   n=%d  max|a-b|/max|ref| %.3e  1-cos %.3e\n", p.name, n, d.rel(),
-                d.one_minus_cos);
-    expect_within_bound(d);
-    expect_poison_after(yu, n, H);
+  // The CUTLASS engine unswapped and swap-AB with 64- and 128-wide token tiles (tuning.cutlass_swap
+  // 0, 64, 128), each checked on its own below, then the swapped ones against the unswapped.
+  constexpr int kForms = 3;
+  const CutlassSwap forms[kForms] = {CutlassSwap::off, CutlassSwap::n64, CutlassSwap::n128};
+  const int tiles[kForms] = {0, 64, 128};
+  std::vector<bf16_raw> ycs[kForms];
+  std::string names[kForms];
+  for (int f = 0; f < kForms; ++f) {
+    const CutlassSwap sw = forms[f];
+    const bool swap = tiles[f] != 0;
+    SCOPED_TRACE(std::string("cutlass_swap ") + cutlass_swap_name(sw));
+    std::string& engines = names[f];
+    int chunks = -1;
+    const auto yc = run_engine(Engine::cutlass, &engines, 0, &chunks, true, sw);
+    const std::string expect = swap ? swapped_engines(p.expect, tiles[f]) : std::string(p.expect);
+    EXPECT_EQ(engines, expect);
+    EXPECT_EQ(swapped, swap);
+    // SwiGLU goes into GEMM1's epilogue exactly when GEMM1 runs unswapped on the bf16 GEMM (bf16 or
+    // widened weights) and the intermediate stays bf16; then the unfused path must agree within the
+    // bound (it rounds the up half to bf16 before the product, the fused one does not).
+    const bool expect_fused =
+        !swap && expect.rfind("cutlass-bf16", 0) == 0 && p.iq == IntermediateQuant::none;
+    EXPECT_EQ(fused, expect_fused);
+    if (expect_fused) {
+      std::string eu;
+      const auto yu = run_engine(Engine::cutlass, &eu, 0, nullptr, false, sw);
+      EXPECT_FALSE(fused);
+      const Diff d = compare_rows(yc, yu, n, H);
+      std::printf("[cutlass] %-24s SwiGLU fused vs pass   n=%d  max|a-b|/max|ref| %.3e  1-cos %.3e\n", p.name, n,
+                  d.rel(), d.one_minus_cos);
+      expect_within_bound(d);
+      expect_poison_after(yu, n, H);
+    }
+    // One chunk per widened GEMM with the default 1 GiB scratch (these problems are far smaller).
+    const bool wide1 = expect.find("(widened") < expect.find('/');
+    const bool wide2 = expect.find("(widened", expect.find('/')) != std::string::npos;
+    EXPECT_EQ(chunks, int(wide1) + int(wide2));
+    if (p.chunk_check) {
+      // Scratch = one W13 expert: W13 goes one expert per chunk, W2 (half the size) two.
+      std::string e2;
+      int small_chunks = -1;
+      const auto ys = run_engine(Engine::cutlass, &e2, size_t(2) * I * H * sizeof(bf16_raw), &small_chunks, true, sw);
+      EXPECT_EQ(e2, expect);
+      EXPECT_EQ(small_chunks, (wide1 ? E : 0) + (wide2 ? (E + 1) / 2 : 0));
+      EXPECT_GT(small_chunks, 1);
+      EXPECT_EQ(first_diff(ys, yc), -1) << "several widening chunks differ from one chunk";
+    }
+    expect_poison_after(yc, n, H);
+    ycs[f] = yc;
   }
-  // One chunk per widened GEMM with the default 1 GiB scratch (these problems are far smaller).
-  const std::string expect(p.expect);
-  const bool wide1 = expect.rfind("cutlass-bf16(widened", 0) == 0;
-  const bool wide2 = expect.find("/cutlass-bf16(widened") != std::string::npos;
-  EXPECT_EQ(chunks, int(wide1) + int(wide2));
-  if (p.chunk_check) {
-    // Scratch = one W13 expert: W13 goes one expert per chunk, W2 (half the size) two.
-    std::string e2;
-    int small_chunks = -1;
-    const auto ys = run_engine(Engine::cutlass, &e2, size_t(2) * I * H * sizeof(bf16_raw), &small_chunks);
-    EXPECT_EQ(e2, p.expect);
-    EXPECT_EQ(small_chunks, (wide1 ? E : 0) + (wide2 ? (E + 1) / 2 : 0));
-    EXPECT_GT(small_chunks, 1);
-    EXPECT_EQ(first_diff(ys, yc), -1) << "several widening chunks differ from one chunk";
-  }
-  expect_poison_after(yc, n, H);
 
   // Reference on the first ref_tokens slots (a slot's result does not depend on the others).
   const int nref = p.ref_tokens < 0 ? n : std::min(n, p.ref_tokens);
@@ -163,18 +217,34 @@ void run_problem(const Problem& p, uint32_t seed) {
     std::vector<bf16_raw> y_ref(size_t(C) * H, 0);
     detail::ReferenceRunner ref(cfg);
     ref.run(sub.view(cfg.quant_params()), hw, y_ref.data(), nullptr);
-    const Diff d = compare_rows(yc, y_ref, nref, H);
-    std::printf("[cutlass] %-24s act %-5s w %-5s %-26s n=%d ref=%d  max|a-b|/max|ref| %.3e  1-cos %.3e\n", p.name,
-                format_name(p.act), format_name(p.wf), engines.c_str(), n, nref, d.rel(), d.one_minus_cos);
+    for (int f = 0; f < kForms; ++f) {
+      const Diff d = compare_rows(ycs[f], y_ref, nref, H);
+      std::printf("[cutlass] %-24s act %-5s w %-5s %-40s n=%d ref=%d  max|a-b|/max|ref| %.3e  1-cos %.3e\n", p.name,
+                  format_name(p.act), format_name(p.wf), names[f].c_str(), n, nref, d.rel(), d.one_minus_cos);
+      SCOPED_TRACE(names[f]);
+      expect_within_bound(d, p.iq);
+    }
+  }
+  // Swapped against unswapped: the same products per output element, but the tensor cores may sum
+  // a wgmma's K slice in another order, so they agree within the bound rather than bitwise (the
+  // share of identical elements is printed).
+  for (int f = 1; f < kForms; ++f) {
+    const Diff d = compare_rows(ycs[f], ycs[0], n, H);
+    size_t same = 0;
+    for (size_t i = 0; i < size_t(n) * H; ++i) same += ycs[f][i] == ycs[0][i];
+    std::printf("[cutlass] %-24s swap-AB %3d vs unswapped  n=%d  max|a-b|/max|ref| %.3e  1-cos %.3e  identical %.4f\n",
+                p.name, tiles[f], n, d.rel(), d.one_minus_cos, n ? double(same) / (double(n) * H) : 1.0);
     expect_within_bound(d, p.iq);
   }
   if (p.vs_mma) {
     std::string mma_engines;
     const auto ym = run_engine(Engine::mma, &mma_engines);
-    const Diff d = compare_rows(yc, ym, n, H);
-    std::printf("[cutlass] %-24s vs %-20s n=%d  max|a-b|/max|ref| %.3e  1-cos %.3e\n", p.name, mma_engines.c_str(), n,
-                d.rel(), d.one_minus_cos);
-    expect_within_bound(d, p.iq);
+    for (int f = 0; f < kForms; ++f) {
+      const Diff d = compare_rows(ycs[f], ym, n, H);
+      std::printf("[cutlass] %-24s %-40s vs %-20s n=%d  max|a-b|/max|ref| %.3e  1-cos %.3e\n", p.name,
+                  names[f].c_str(), mma_engines.c_str(), n, d.rel(), d.one_minus_cos);
+      expect_within_bound(d, p.iq);
+    }
   }
 }
 
@@ -224,6 +294,31 @@ TEST(CutlassEngine, MatchesReference) {
       {1024, 512, 8, 2, 16, A::fp8, W::fp8, kFp8, Load::uniform, 1, -1, false, kFp8Both, "T=1"},
       {1024, 512, 8, 2, 16, A::bf16, W::bf16, kNone, Load::uniform, 1, -1, false, kBf16, "T=1"},
       {1024, 512, 8, 2, 16, A::bf16, W::nvfp4, kNone, Load::uniform, 1, -1, false, kW4, "T=1"},
+  };
+  for (const Problem& p : problems) run_problem(p, seed++);
+}
+
+// Swap-AB where it is made for and at its edges: exactly 0, 1, 33, 64, 100 and 257 rows on the
+// experts of one call (Load::listed: empty experts, one row, partial 64-wide token tiles, several
+// token tiles per weight tile) on every operand path, partial 128-row weight tiles (H 2880), and
+// DeepSeek-V3 expert shapes at about 64 rows per expert (uniform and skewed), the first tokens
+// against the reference. run_problem runs each problem unswapped and swapped (both token-tile
+// widths) and checks each against the reference and the swapped ones against the unswapped.
+TEST(CutlassEngine, SwapAbRowsPerExpert) {
+  EPMOE_REQUIRE_GPU();
+  EPMOE_REQUIRE_CUTLASS();
+  uint32_t seed = std::random_device{}();
+  const int C = 519 + 9;  // the listed rows plus tokens that route nowhere
+  const std::vector<Problem> problems = {
+      {1024, 512, 8, 1, C, A::bf16, W::bf16, kNone, Load::listed, -1, -1, false, kBf16, "listed rows"},
+      {1024, 512, 8, 1, C, A::fp8, W::fp8, kFp8, Load::listed, -1, -1, false, kFp8Both, "listed rows"},
+      {1024, 512, 8, 1, C, A::fp8, W::fp8, kNone, Load::listed, -1, -1, false, kFp8W2, "listed rows"},
+      {1024, 512, 8, 1, C, A::bf16, W::fp8, kFp8, Load::listed, -1, -1, false, kW8Fp8, "listed rows iq=fp8"},
+      {1024, 512, 8, 1, C, A::bf16, W::nvfp4, kNone, Load::listed, -1, -1, true, kW4, "listed rows", true},
+      // GEMM2's weight rows H = 2880 are 22.5 tiles of 128, GEMM1's 2I = 1152 nine.
+      {2880, 576, 8, 1, C, A::bf16, W::bf16, kNone, Load::listed, -1, -1, false, kBf16, "listed odd tiles"},
+      {7168, 2048, 8, 4, 128, A::fp8, W::fp8, kFp8, Load::uniform, -1, 8, false, kFp8Both, "deepseek-v3 64 rows"},
+      {7168, 2048, 8, 4, 128, A::bf16, W::bf16, kNone, Load::uneven, -1, 8, false, kBf16, "deepseek-v3 skewed"},
   };
   for (const Problem& p : problems) run_problem(p, seed++);
 }
@@ -337,6 +432,7 @@ TEST(CutlassEngine, AutomaticChoice) {
       // policy::kDecodeMaxRowsNvfp4 (192) rows per expert, CUTLASS (widened) above.
       {386, A::fp8, W::nvfp4, true},  {384, A::fp8, W::nvfp4, false}, {256, A::fp8, W::nvfp4, false},
       {66, A::nvfp4, W::bf16, true},
+      {386, A::bf16, W::bf16, true},  // 193 rows per expert: past policy::kSwapMaxRows, unswapped
   };
   std::mt19937 rng(7);
   for (const Case& c : cases) {
@@ -363,6 +459,12 @@ TEST(CutlassEngine, AutomaticChoice) {
     const std::string engines = runner.last_engines();
     EXPECT_EQ(engines.rfind("cutlass", 0) == 0, c.cutlass)
         << "C=" << c.C << " act " << format_name(c.act) << " weights " << format_name(c.wf) << ": " << engines;
+    // tuning.cutlass_swap auto: swap-AB up to kSwapMaxRows expected rows per expert, 64-wide token
+    // tiles up to kSwapNarrowMaxRows.
+    const double rows = double(c.C) * K / E;
+    EXPECT_EQ(runner.last_swap_ab(), c.cutlass && rows <= cuda::policy::kSwapMaxRows) << engines;
+    if (runner.last_swap_ab())
+      EXPECT_EQ(runner.last_swap_tile_n(), rows <= cuda::policy::kSwapNarrowMaxRows ? 64 : 128) << engines;
     runner.set_engine(Engine::mma);
     runner.run(dout, dw, y.get(), nullptr);
     EPMOE_CUDA_CHECK(cudaDeviceSynchronize());
@@ -424,15 +526,17 @@ TEST(CutlassEngine, DecodeMaxRowsMovesTheCrossover) {
   }
 }
 
-// The grouped GEMMs alone, against a float64 product of the same operands: groups with 0 rows
-// (first and last), one row, partial m/n tiles; out rows outside the groups must stay untouched.
+// The grouped GEMMs alone, unswapped and swap-AB, against a float64 product of the same operands:
+// groups with 0 rows (first, middle and last), one row, partial m/n tiles (33, 100, 130, 257 rows:
+// partial 128-row tiles unswapped, partial 64-wide token tiles swapped); out rows outside the
+// groups must stay untouched.
 TEST(CutlassEngine, GroupedGemmDirect) {
   EPMOE_REQUIRE_GPU();
   EPMOE_REQUIRE_CUTLASS();
   std::mt19937 rng(11);
   std::normal_distribution<float> nd(0.f, 1.f);
   std::uniform_real_distribution<float> us(0.5f, 2.f);
-  const std::vector<int32_t> rows = {0, 130, 1, 257, 0};
+  const std::vector<int32_t> rows = {0, 130, 1, 33, 64, 0, 100, 257, 0};
   const int E = int(rows.size()), N = 384, K = 256;
   std::vector<int32_t> offs(E);
   int total = 0;
@@ -477,49 +581,68 @@ TEST(CutlassEngine, GroupedGemmDirect) {
     Dev<float> dsa(sa), dsw(sw);
     Dev<bf16_raw> out(size_t(total + 8) * N);
     out.poison();
-    cuda::cutlass_engine::Grouped g;
-    g.experts = E;
-    g.N = N;
-    g.K = K;
-    g.rows = drows.get();
-    g.offsets = doffs.get();
-    g.A = fp8 ? static_cast<const void*>(da8.get()) : da16.get();
-    g.sfa = fp8 ? dsa.get() : nullptr;
-    g.W = fp8 ? static_cast<const void*>(dw8.get()) : dw16.get();
-    g.sfw = fp8 ? dsw.get() : nullptr;
-    g.out = out.get();
-    g.sms = sms;
-    const size_t ws = fp8 ? cuda::cutlass_engine::fp8_workspace_bytes(E, sms)
-                          : cuda::cutlass_engine::bf16_workspace_bytes(E, sms);
-    cuda::DeviceBuffer wsb(ws);
-    g.workspace = wsb.get();
-    if (fp8)
-      cuda::cutlass_engine::grouped_gemm_fp8(g, nullptr);
-    else
-      cuda::cutlass_engine::grouped_gemm_bf16(g, nullptr);
-    EPMOE_CUDA_CHECK(cudaDeviceSynchronize());
-    const auto o = out.download();
-    double worst = 0, scale = 0;
-    for (int e = 0; e < E; ++e)
-      for (int r = 0; r < rows[e]; ++r)
-        for (int n = 0; n < N; ++n) {
-          double ref = 0;
-          const float* ar = &a[size_t(offs[e] + r) * K];
-          const float* wr = &w[(size_t(e) * N + n) * K];
-          for (int k = 0; k < K; ++k) ref += double(ar[k]) * wr[k];
-          const double got = num::bf16_to_f32(o[size_t(offs[e] + r) * N + n]);
-          worst = std::max(worst, std::fabs(got - ref));
-          scale = std::max(scale, std::fabs(ref));
+    std::vector<bf16_raw> outs[3];
+    for (const int tile_n : {0, 64, 128}) {
+      const bool swap = tile_n != 0;
+      SCOPED_TRACE("swap_tile_n " + std::to_string(tile_n));
+      out.poison();
+      cuda::cutlass_engine::Grouped g;
+      g.experts = E;
+      g.N = N;
+      g.K = K;
+      g.rows = drows.get();
+      g.offsets = doffs.get();
+      g.A = fp8 ? static_cast<const void*>(da8.get()) : da16.get();
+      g.sfa = fp8 ? dsa.get() : nullptr;
+      g.W = fp8 ? static_cast<const void*>(dw8.get()) : dw16.get();
+      g.sfw = fp8 ? dsw.get() : nullptr;
+      g.out = out.get();
+      g.sms = sms;
+      g.swap_ab = swap;
+      g.swap_tile_n = swap ? tile_n : 64;
+      namespace ce = cuda::cutlass_engine;
+      const size_t ws = fp8 ? (swap ? ce::fp8_swap_workspace_bytes(E, sms, tile_n) : ce::fp8_workspace_bytes(E, sms))
+                            : (swap ? ce::bf16_swap_workspace_bytes(E, sms, tile_n) : ce::bf16_workspace_bytes(E, sms));
+      cuda::DeviceBuffer wsb(ws);
+      g.workspace = wsb.get();
+      if (fp8)
+        ce::grouped_gemm_fp8(g, nullptr);
+      else
+        ce::grouped_gemm_bf16(g, nullptr);
+      EPMOE_CUDA_CHECK(cudaDeviceSynchronize());
+      const auto o = out.download();
+      outs[tile_n / 64] = o;
+      double worst = 0, scale = 0;
+      for (int e = 0; e < E; ++e)
+        for (int r = 0; r < rows[e]; ++r)
+          for (int n = 0; n < N; ++n) {
+            double ref = 0;
+            const float* ar = &a[size_t(offs[e] + r) * K];
+            const float* wr = &w[(size_t(e) * N + n) * K];
+            for (int k = 0; k < K; ++k) ref += double(ar[k]) * wr[k];
+            const double got = num::bf16_to_f32(o[size_t(offs[e] + r) * N + n]);
+            worst = std::max(worst, std::fabs(got - ref));
+            scale = std::max(scale, std::fabs(ref));
+          }
+      std::printf("[cutlass] grouped %s swap_tile_n %3d rows {0,130,1,33,64,0,100,257,0} N %d K %d: "
+                  "max|a-b|/max|ref| %.3e\n",
+                  fp8 ? "fp8" : "bf16", tile_n, N, K, worst / scale);
+      // bf16 output rounding (2^-9 relative) dominates; fp32 accumulation order adds far less.
+      EXPECT_LE(worst / scale, 4e-3);
+      for (size_t i = size_t(total) * N; i < o.size(); ++i)
+        if (o[i] != 0xffff) {
+          ADD_FAILURE() << "row " << i / N << " past the groups was written";
+          break;
         }
-    std::printf("[cutlass] grouped %s rows {0,130,1,257,0} N %d K %d: max|a-b|/max|ref| %.3e\n", fp8 ? "fp8" : "bf16",
-                N, K, worst / scale);
-    // bf16 output rounding (2^-9 relative) dominates; fp32 accumulation order adds far less.
-    EXPECT_LE(worst / scale, 4e-3);
-    for (size_t i = size_t(total) * N; i < o.size(); ++i)
-      if (o[i] != 0xffff) {
-        ADD_FAILURE() << "row " << i / N << " past the groups was written";
-        break;
-      }
+    }
+    // Swapped vs unswapped: both within the bound above of the exact product; how many outputs are
+    // bitwise the same says whether the tensor cores summed in the same order (informational).
+    for (const int t : {1, 2}) {
+      size_t same = 0;
+      for (size_t i = 0; i < size_t(total) * N; ++i) same += outs[0][i] == outs[t][i];
+      std::printf("[cutlass] grouped %s swap-AB %d vs unswapped: %zu of %zu outputs identical\n", fp8 ? "fp8" : "bf16",
+                  64 * t, same, size_t(total) * N);
+    }
   }
 }
 
@@ -574,39 +697,45 @@ TEST(CutlassEngine, GraphReplayEqualsEager) {
     d.local_ids = lid.get();
     d.weights = wts.get();
     d.counts = cnt.get();
-    cuda::CudaRunner runner(cfg, 0);
-    runner.set_engine(Engine::cutlass);
-    if (c.scratch) runner.set_widen_scratch_bytes(c.scratch);
-    Dev<bf16_raw> y(size_t(p.C) * p.H);
-    cudaStream_t st;
-    EPMOE_CUDA_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
-    auto eager = [&] {
+    for (const CutlassSwap sw : {CutlassSwap::off, CutlassSwap::n64, CutlassSwap::n128}) {
+      SCOPED_TRACE(cutlass_swap_name(sw));
+      lid.upload(ids1);
+      cuda::CudaRunner runner(cfg, 0);
+      runner.set_engine(Engine::cutlass);
+      runner.set_cutlass_swap(sw);
+      if (c.scratch) runner.set_widen_scratch_bytes(c.scratch);
+      Dev<bf16_raw> y(size_t(p.C) * p.H);
+      cudaStream_t st;
+      EPMOE_CUDA_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+      auto eager = [&] {
+        runner.run(d, dw, y.get(), st);
+        EPMOE_CUDA_CHECK(cudaStreamSynchronize(st));
+        return y.download();
+      };
+      const auto e1 = eager();  // also grows every workspace to this step's size
+      if (c.scratch) EXPECT_GT(runner.last_widen_chunks(), 2);
+      cudaGraph_t graph;
+      cudaGraphExec_t exec;
+      EPMOE_CUDA_CHECK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
       runner.run(d, dw, y.get(), st);
+      EPMOE_CUDA_CHECK(cudaStreamEndCapture(st, &graph));
+      EPMOE_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+      y.poison();
+      EPMOE_CUDA_CHECK(cudaGraphLaunch(exec, st));
       EPMOE_CUDA_CHECK(cudaStreamSynchronize(st));
-      return y.download();
-    };
-    const auto e1 = eager();  // also grows every workspace to this step's size
-    if (c.scratch) EXPECT_GT(runner.last_widen_chunks(), 2);
-    cudaGraph_t graph;
-    cudaGraphExec_t exec;
-    EPMOE_CUDA_CHECK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
-    runner.run(d, dw, y.get(), st);
-    EPMOE_CUDA_CHECK(cudaStreamEndCapture(st, &graph));
-    EPMOE_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
-    y.poison();
-    EPMOE_CUDA_CHECK(cudaGraphLaunch(exec, st));
-    EPMOE_CUDA_CHECK(cudaStreamSynchronize(st));
-    EXPECT_EQ(first_diff(y.download(), e1), -1);
-    lid.upload(ids2);  // new routing in place: other counts per expert, same pointers
-    const auto e2 = eager();
-    y.poison();
-    EPMOE_CUDA_CHECK(cudaGraphLaunch(exec, st));
-    EPMOE_CUDA_CHECK(cudaStreamSynchronize(st));
-    EXPECT_EQ(first_diff(y.download(), e2), -1);
-    EXPECT_NE(first_diff(e1, e2), -1);
-    EPMOE_CUDA_CHECK(cudaGraphExecDestroy(exec));
-    EPMOE_CUDA_CHECK(cudaGraphDestroy(graph));
-    EPMOE_CUDA_CHECK(cudaStreamDestroy(st));
+      EXPECT_EQ(first_diff(y.download(), e1), -1);
+      lid.upload(ids2);  // new routing in place: other counts per expert, same pointers
+      const auto e2 = eager();
+      y.poison();
+      EPMOE_CUDA_CHECK(cudaGraphLaunch(exec, st));
+      EPMOE_CUDA_CHECK(cudaStreamSynchronize(st));
+      EXPECT_EQ(first_diff(y.download(), e2), -1);
+      EXPECT_NE(first_diff(e1, e2), -1);
+      EXPECT_EQ(runner.last_swap_tile_n(), sw == CutlassSwap::n64 ? 64 : sw == CutlassSwap::n128 ? 128 : 0);
+      EPMOE_CUDA_CHECK(cudaGraphExecDestroy(exec));
+      EPMOE_CUDA_CHECK(cudaGraphDestroy(graph));
+      EPMOE_CUDA_CHECK(cudaStreamDestroy(st));
+    }
   }
 }
 
@@ -638,6 +767,46 @@ TEST(CutlassEngine, EngineNames) {
     EXPECT_EQ(is[0].field, "tuning.widen_scratch_mb");
     EXPECT_NE(is[0].message.find(std::to_string(bad)), std::string::npos) << is[0].message;
   }
+}
+
+// The swap-AB rule (policy.h) and the crossover override, on the host: tuning.cutlass_swap auto
+// swaps up to kSwapMaxRows expected rows per expert (64-wide token tiles up to kSwapNarrowMaxRows,
+// else 128), 0/1 force it off/on, 64/128 on with that width; a positive decode limit
+// (tuning.decode_max_rows) moves engine auto's CUTLASS crossover to above that many rows. Both reach the runner from the configuration.
+TEST(CutlassEngine, SwapAndCrossoverRules) {
+  namespace pol = cuda::policy;
+  EXPECT_TRUE(pol::use_swap_ab(CutlassSwap::automatic, 1));
+  EXPECT_TRUE(pol::use_swap_ab(CutlassSwap::automatic, pol::kSwapMaxRows));
+  EXPECT_FALSE(pol::use_swap_ab(CutlassSwap::automatic, pol::kSwapMaxRows + 0.5));
+  EXPECT_TRUE(pol::use_swap_ab(CutlassSwap::on, 1e6));
+  EXPECT_FALSE(pol::use_swap_ab(CutlassSwap::off, 1));
+  EXPECT_EQ(pol::swap_tile_n(CutlassSwap::automatic, pol::kSwapNarrowMaxRows), 64);
+  EXPECT_EQ(pol::swap_tile_n(CutlassSwap::automatic, pol::kSwapNarrowMaxRows + 1), 128);
+  EXPECT_EQ(pol::swap_tile_n(CutlassSwap::automatic, pol::kSwapMaxRows + 1), 0);
+  EXPECT_EQ(pol::swap_tile_n(CutlassSwap::on, 1e6), 128);
+  EXPECT_EQ(pol::swap_tile_n(CutlassSwap::on, 3), 64);
+  EXPECT_EQ(pol::swap_tile_n(CutlassSwap::n64, 1e6), 64);
+  EXPECT_EQ(pol::swap_tile_n(CutlassSwap::n128, 1), 128);
+  EXPECT_EQ(pol::path_name(pol::CutlassPath::fp8, WeightFormat::fp8, 64), "cutlass-fp8-swap64");
+  EXPECT_EQ(pol::path_name(pol::CutlassPath::widened, WeightFormat::nvfp4, 128), "cutlass-bf16-swap128(widened nvfp4)");
+  EXPECT_EQ(pol::path_name(pol::CutlassPath::widened, WeightFormat::fp8), "cutlass-bf16(widened fp8)");
+  EXPECT_EQ(swapped_engines(kW8Fp8, 64), "cutlass-bf16-swap64(widened fp8)/cutlass-fp8-swap64");
+  const Problem p{1024, 512, 8, 2, 16, ActFormat::bf16, WeightFormat::bf16, kNone, Load::uniform, -1, -1, false, kBf16,
+                  "switch"};
+  for (const CutlassSwap sw :
+       {CutlassSwap::automatic, CutlassSwap::off, CutlassSwap::on, CutlassSwap::n64, CutlassSwap::n128}) {
+    MoeConfig cfg = make_cfg(p);
+    cfg.tuning.cutlass_swap = sw;
+    EXPECT_TRUE(validate(cfg.tuning).empty());
+    EXPECT_EQ(cuda::CudaRunner(cfg, 0).cutlass_swap(), sw);
+  }
+  if (!cuda::cutlass_engine::available()) GTEST_SKIP() << "built without CUTLASS (the crossover needs it)";
+  EXPECT_FALSE(pol::use_cutlass(Engine::automatic, WeightFormat::bf16, pol::kCutlassMinRows - 1));
+  EXPECT_TRUE(pol::use_cutlass(Engine::automatic, WeightFormat::bf16, pol::kCutlassMinRows));
+  EXPECT_TRUE(pol::use_cutlass(Engine::automatic, WeightFormat::bf16, 17, 16));
+  EXPECT_FALSE(pol::use_cutlass(Engine::automatic, WeightFormat::bf16, 63, 63));
+  EXPECT_TRUE(pol::use_cutlass(Engine::automatic, WeightFormat::nvfp4, 64, 63));
+  EXPECT_FALSE(pol::use_cutlass(Engine::mma, WeightFormat::bf16, 1000, 1));
 }
 
 // tuning.fused_swiglu reaches the runner (the constructor touches no GPU and throws nothing);

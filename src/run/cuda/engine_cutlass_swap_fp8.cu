@@ -1,0 +1,50 @@
+// CUTLASS engine, fp8 block-scaled swap-AB with 64-wide token tiles (engine_cutlass_swap.cuh), and
+// the entry points that pick the token-tile width (the 128-wide one is
+// engine_cutlass_swap_fp8_n128.cu).
+#define EPMOE_CUTLASS_GROUPED_IMPL 1
+#include "run/cuda/engine_cutlass_swap.cuh"
+
+#include <string>
+
+#include "epmoe/error.h"
+
+namespace epmoe::cuda::cutlass_engine {
+
+namespace {
+void check_tile(int tile_n) {
+  if (tile_n != 64 && tile_n != 128)
+    throw UsageError("cutlass fp8 swap-AB grouped GEMM: swap_tile_n=" + std::to_string(tile_n) +
+                     " has no instantiation; use 64 or 128");
+}
+}  // namespace
+
+#if defined(EPMOE_WITH_CUTLASS)
+
+size_t fp8_swap_workspace_bytes(int experts, int sms, int tile_n) {
+  check_tile(tile_n);
+  if (tile_n == 128) return detail::fp8_swap_n128_workspace_bytes(experts, sms);
+  return detail::workspace_bytes<swap::Fp8<64>::Gemm, true, false, true>(experts, sms);
+}
+
+void grouped_gemm_fp8_swap(const Grouped& g, cudaStream_t stream) {
+  check_tile(g.swap_tile_n);
+  if (g.K % 128 != 0 || g.N % 128 != 0)
+    throw UsageError("cutlass fp8 swap-AB grouped GEMM: N=" + std::to_string(g.N) + " and K=" + std::to_string(g.K) +
+                     " must be multiples of 128 (whole 128x128 weight scale tiles)");
+  if (!g.sfa || !g.sfw)
+    throw UsageError("cutlass fp8 swap-AB grouped GEMM: activation and weight scales must be non-null");
+  if (g.swap_tile_n == 128) return detail::grouped_gemm_fp8_swap_n128(g, stream);
+  detail::run<swap::Fp8<64>::Gemm, true, false, true>(g, "fp8 swap-AB", stream);
+}
+
+#else  // built without the CUTLASS headers
+
+size_t fp8_swap_workspace_bytes(int, int, int) { return 0; }
+void grouped_gemm_fp8_swap(const Grouped&, cudaStream_t) {
+  throw UsageError("runner cuda: engine cutlass is not available (built without CUTLASS headers; run scripts/setup.sh "
+                   "and re-run cmake), use EPMOE_RUNNER_ENGINE=mma or auto");
+}
+
+#endif
+
+}  // namespace epmoe::cuda::cutlass_engine
