@@ -58,7 +58,6 @@ DecodeEngines decode_engines(bool wgmma_decode, int bm, WeightFormat wf, ActForm
 int decode_max_rows(WeightFormat wf, const DecodeEngines& d32, int tuned) {
   if (tuned > 0) return tuned;
   if (wf == WeightFormat::nvfp4 && d32.nvfp4_1 && d32.nvfp4_2) return kDecodeMaxRowsNvfp4;
-  if (wf == WeightFormat::fp8 && d32.fp8_1 && d32.fp8_2) return kDecodeMaxRowsFp8;
   return 0;
 }
 

@@ -53,12 +53,14 @@ bool use_cutlass(RunnerEngine engine, WeightFormat wf, double expected_rows, int
 // 64 rows per expert, 4.30 / 3.17 ms at 128, against a weight-streaming floor of 2.98 / 1.48 ms
 // (DeepSeek-V3, 128 local experts, H200); at 256 rows (two busy m-tiles, 4.93 ms = 0.84 of the
 // floor) the unswapped 128x256 tiles do more work per byte read than 128x64 ones. 192 = three
-// token tiles, between the two: an estimate, not yet measured against the swapped kernels
+// token tiles, between the two. Swapped, measured: bf16 3.02 / 3.29 ms at 64 / 128 rows (0.98 /
+// 0.90 of the floor), fp8 1.61 / 2.01 ms; 192 itself, and 256 swapped, are not measured yet
 // (`epmoe bench runner --cutlass-swap 0` / `1` shows both; tuning.cutlass_swap forces either).
 constexpr double kSwapMaxRows = 192.0;
 // Token-tile width of the swapped GEMMs: 64 up to this many expected rows per expert (one tile, no
 // padding), 128 above (one or two tiles instead of two or three 64-wide ones, each of which would
-// read every weight tile again from L2; engine_cutlass_swap.cuh). Not yet measured either.
+// read every weight tile again from L2; engine_cutlass_swap.cuh). The width at equal rows is not
+// compared yet (cutlass_swap 64 / 128 forces either).
 constexpr double kSwapNarrowMaxRows = 64.0;
 // 0 = unswapped, else the token-tile width (64 or 128). automatic: by kSwapNarrowMaxRows up to
 // kSwapMaxRows, 0 above; on: by kSwapNarrowMaxRows whatever the rows; n64 / n128: that width;
@@ -83,19 +85,18 @@ DecodeEngines decode_engines(bool wgmma_decode, int bm, WeightFormat wf, ActForm
 
 // ---- the decode engines past one m-tile -----------------------------------------------------------
 // The decode engines stream an expert's weights once per 32-row m-tile, so their time grows with
-// the m-tiles; where both GEMMs of an fp8 or nvfp4 expert run on wgmma they still beat the other
-// engines well past one m-tile. Measured on an H200, DeepSeek-V3 experts, 128 local
-// (bench/results/2026-12-01-session10-h200.md), time at 64 / 128 / 256 rows per expert:
-//   nvfp4: decode 2.74 / 5.47 / 11.0 ms; mma.sync 7.18 (64); widened CUTLASS 9.98 / 10.3 (128, 256)
-//   fp8 x fp8: decode 2.45 / 4.47 ms; CUTLASS fp8 3.02 / 3.17 ms
-//   bf16: decode 4.88 ms at 64 against CUTLASS 3.92: one m-tile stays the limit (kCutlassMinRows).
-// Crossovers where the decode line meets the other engine's time: nvfp4 ~236 rows, fp8 ~80.
+// the m-tiles. Where both GEMMs of an nvfp4 expert run on the register-decode wgmma engine they
+// still beat every other engine well past one m-tile, since CUTLASS has to widen nvfp4 first.
+// Measured on an H200, DeepSeek-V3 experts, 128 local (bench/results/2026-12-01-session10-h200.md),
+// at 64 / 128 / 256 rows per expert: nvfp4 decode 2.74 / 5.47 / 11.0 ms; mma.sync 7.18 (64);
+// widened CUTLASS 9.98 / 10.3 (128, 256), swap-AB widened 8.58 / 8.96 (64, 128): crossover ~236
+// rows. fp8 x fp8 and bf16 keep one m-tile: swap-AB CUTLASS beats their decode engines from two
+// (fp8 1.61 vs 2.38 ms, bf16 3.02 vs 4.88 at 64 rows).
 constexpr int kDecodeMaxRowsNvfp4 = 192;
-constexpr int kDecodeMaxRowsFp8 = 72;
 // The expected rows per expert up to which the decode engines run (and CUTLASS above): the
-// tuned value (tuning.decode_max_rows > 0), else the measured crossover above where both GEMMs of
-// `d32` (decode_engines at bm 32) are wgmma engines for fp8 or nvfp4 weights, else 0: the
-// built-in one-m-tile rules (kDecodeMaxRows, kCutlassMinRows, kCutlassMinRowsNvfp4).
+// tuned value (tuning.decode_max_rows > 0), else kDecodeMaxRowsNvfp4 where both GEMMs of `d32`
+// (decode_engines at bm 32) are nvfp4 wgmma engines, else 0: the built-in one-m-tile rules
+// (kDecodeMaxRows, kCutlassMinRows, kCutlassMinRowsNvfp4).
 int decode_max_rows(WeightFormat wf, const DecodeEngines& d32, int tuned);
 
 // ---- CUTLASS engine (large M) --------------------------------------------------------------------
