@@ -126,6 +126,17 @@ struct MoeLayer::Impl {
     if (!local_error.empty()) throw UsageError(local_error);
   }
 
+  // The scan of a forward's hidden rows; the caller adds logits or ids and weights.
+  detail::FaultScan hidden_scan(int64_t T, const TensorView& hidden) const {
+    detail::FaultScan scan;
+    scan.tokens = T;
+    scan.hidden = cfg.hidden;
+    scan.x = hidden.as<const uint16_t>();
+    scan.num_experts = cfg.num_experts;
+    scan.top_k = cfg.top_k;
+    return scan;
+  }
+
   // Counts the data faults of this forward's inputs (DESIGN.md §7): on the device without host
   // synchronization, or on the host for the CPU backend.
   void scan_faults(const detail::FaultScan& scan, Stream stream) {
@@ -279,14 +290,9 @@ void MoeLayer::forward(const TensorView& hidden, const TensorView& router_logits
   }
   s.agree_on_input(err);
   s.refuse_capture_in_raise_mode(stream);
-  detail::FaultScan scan;
-  scan.tokens = T;
-  scan.hidden = c.hidden;
-  scan.x = hidden.as<const uint16_t>();
+  detail::FaultScan scan = s.hidden_scan(T, hidden);
   scan.logits = router_logits.data;
   scan.logits_bf16 = router_logits.dtype == DType::bf16;
-  scan.num_experts = c.num_experts;
-  scan.top_k = K;
 
   if (s.device == DeviceKind::cpu) {
     s.ids_host.resize(size_t(T) * K);
@@ -339,14 +345,9 @@ void MoeLayer::forward_routed(const TensorView& hidden, const TensorView& topk_i
   }
   s.agree_on_input(err);
   s.refuse_capture_in_raise_mode(stream);
-  detail::FaultScan scan;
-  scan.tokens = T;
-  scan.hidden = c.hidden;
-  scan.x = hidden.as<const uint16_t>();
-  scan.num_experts = c.num_experts;
+  detail::FaultScan scan = s.hidden_scan(T, hidden);
   scan.ids = topk_ids.as<const int32_t>();
   scan.weights = topk_weights.as<const float>();
-  scan.top_k = c.top_k;
   s.scan_faults(scan, stream);
   s.step(T, hidden, topk_ids.as<const int32_t>(), topk_weights.as<const float>(), out, stream);
   s.raise_on_faults("forward_routed", stream);
