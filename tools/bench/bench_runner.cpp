@@ -16,6 +16,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <functional>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -28,6 +29,7 @@
 #include "epmoe/error.h"
 #include "epmoe/presets.h"
 #include "epmoe/quant.h"
+#include "epmoe/router.h"
 #include "harness/cuda/synthetic.h"
 #include "run/cuda/runner.h"
 
@@ -70,7 +72,10 @@ struct Opts {
   IntermediateQuant iq = IntermediateQuant::automatic;
   // nvfp4 weights in their natural layout and/or prepared for the decode engine.
   bool nvfp4_natural = false, nvfp4_prepared = true;
-  bool skew = false;  // half of the rows on a tenth of the experts (else rows spread evenly)
+  // How rows spread over the local experts: evenly; skewed (half of the rows on a tenth of the
+  // experts); or as the preset's router sends tokens with random N(0, 1) logits (the local experts
+  // are the first E of the model's).
+  enum class Routing { uniform, skew, router } routing = Routing::uniform;
   MoeConfig flags_cfg;                // the shared configuration and tuning flags, applied
   const Flags* flags_given = nullptr;
 };
@@ -89,6 +94,27 @@ std::string iq_header(const Opts& o, const MoeConfig& shape) {
          intermediate_quant_name(c.effective_intermediate_quant());
   }
   return s + ")";
+}
+
+// The local expert of each of `rows` rows as the preset's router sends tokens with random N(0, 1)
+// logits: tokens are routed (top K of all the model's experts) until `rows` (token, k) pairs have
+// landed on the first `local` experts, kept in token order. The first M rows serve a call of M.
+std::vector<int32_t> router_rows(const MoeConfig& model, int local, long long rows, uint64_t seed) {
+  const int E = model.num_experts, K = model.top_k;
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> nd(0.f, 1.f);
+  std::vector<int32_t> out;
+  out.reserve(size_t(rows));
+  const int64_t T = 4096;
+  std::vector<float> logits(size_t(T) * E, 0.f), w(size_t(T) * K);
+  std::vector<int32_t> ids(size_t(T) * K);
+  while (int64_t(out.size()) < rows) {
+    for (auto& l : logits) l = nd(rng);
+    route_cpu(model.router, TensorView::of(logits.data(), DType::f32, {T, E}), nullptr, K, ids.data(), w.data());
+    for (size_t i = 0; i < ids.size() && int64_t(out.size()) < rows; ++i)
+      if (ids[i] >= 0 && ids[i] < local) out.push_back(ids[i]);
+  }
+  return out;
 }
 
 // One preset: the runner for every weight format and M, the cuBLAS loop, the table.
@@ -113,8 +139,11 @@ void bench_preset(const Opts& o, const ModelPreset& given, double hbm_gbs, const
       wts(size_t(maxM) * 4), counts(4), y(size_t(maxM) * H * 2);
   const int hot = std::max(1, E / 10);
   // The expert of slot j when the call has M valid slots (the first M of the buffer).
+  const std::vector<int32_t> routed =
+      o.routing == Opts::Routing::router ? router_rows(pre.config, E, maxM, 4242) : std::vector<int32_t>{};
   auto expert_of = [&](long long j, long long M) {
-    return int32_t(o.skew && j < M / 2 ? j % hot : j % E);
+    if (o.routing == Opts::Routing::router) return routed[size_t(j)];
+    return int32_t(o.routing == Opts::Routing::skew && j < M / 2 ? j % hot : j % E);
   };
   std::vector<int32_t> hid(maxM);
   {
@@ -176,7 +205,7 @@ void bench_preset(const Opts& o, const ModelPreset& given, double hbm_gbs, const
       cfg.capacity = int(M);
       const int32_t m32 = int32_t(M);
       EPMOE_CUDA_CHECK(cudaMemcpy(counts.get(), &m32, 4, cudaMemcpyHostToDevice));
-      if (o.skew) {  // the hot half depends on M
+      if (o.routing == Opts::Routing::skew) {  // the hot half depends on M
         for (long long j = 0; j < M; ++j) hid[j] = expert_of(j, M);
         EPMOE_CUDA_CHECK(cudaMemcpy(ids.get(), hid.data(), size_t(M) * 4, cudaMemcpyHostToDevice));
       }
@@ -295,7 +324,10 @@ void bench_preset(const Opts& o, const ModelPreset& given, double hbm_gbs, const
   std::printf("\nHBM copy %.0f GB/s. TFLOP/s counts 2*M*3*H*I; weight GB/s counts the weights (and scales) of the "
               "experts that received rows, once; floor = max(those bytes / (0.9 x HBM copy), FLOPs / P), P = 700 "
               "TFLOP/s (bf16, nvfp4 weights) or 1100 (fp8); routing %s.\n",
-              hbm_gbs, o.skew ? "skewed (half of the rows on a tenth of the experts)" : "uniform");
+              hbm_gbs,
+              o.routing == Opts::Routing::skew     ? "skewed (half of the rows on a tenth of the experts)"
+              : o.routing == Opts::Routing::router ? "the preset's router on random N(0, 1) logits (rows for local experts)"
+                                                   : "uniform");
   std::fflush(stdout);
 }
 
@@ -308,7 +340,9 @@ int bench_runner(const std::vector<std::string>& args) {
   flags.add("quick", "", "M = 128,2048,32768 and fewer repetitions");
   flags.add("reps", "N", "timed repetitions per point (median reported; default 7, quick 3)");
   flags.add("no-cublas", "", "skip the cuBLAS baseline");
-  flags.add("skew", "", "skewed routing: half of the rows on a tenth of the experts (default: rows spread evenly)");
+  flags.add("routing", "NAME", "how rows spread over the experts: uniform (default), skew (half of the rows on a tenth "
+                               "of the experts) or router (the preset's router on random logits)");
+  flags.add("skew", "", "short for --routing skew");
   // The configuration fields a runner-only bench leaves free, and every tuning option (--engine:
   // auto, mma or cutlass, CUTLASS where the format allows; --intermediate-quant fp8: fp8 weights
   // then run GEMM2 on fp8 too).
@@ -332,7 +366,14 @@ int bench_runner(const std::vector<std::string>& args) {
   if (flags.has("local-experts") && o.local_experts <= 0)
     throw UsageError("--local-experts: " + std::to_string(o.local_experts) + " must be positive");
   const bool quick = flags.get_bool("quick", false);
-  o.skew = flags.get_bool("skew", false);
+  if (flags.get_bool("skew", false)) o.routing = Opts::Routing::skew;
+  if (flags.has("routing")) {
+    const std::string r = flags.get("routing");
+    if (r == "uniform") o.routing = Opts::Routing::uniform;
+    else if (r == "skew") o.routing = Opts::Routing::skew;
+    else if (r == "router") o.routing = Opts::Routing::router;
+    else throw UsageError("--routing=" + r + " is not a routing; use uniform, skew or router");
+  }
   o.reps = flags.get_int("reps", quick ? 3 : 7);
   if (o.reps <= 0) throw UsageError("--reps: " + std::to_string(o.reps) + " must be positive");
   o.Ms = quick ? std::vector<long long>{128, 2048, 32768}
