@@ -8,7 +8,10 @@
 
 #include "core/parallel.h"
 #include "harness/counter_hash.h"
+#include "epmoe/error.h"
 #include "epmoe/numeric.h"
+#include "epmoe/router.h"
+#include "epmoe/tensor.h"
 
 namespace epmoe::harness {
 
@@ -118,6 +121,27 @@ std::vector<bf16_raw> uniform_bf16(size_t n, float amplitude, uint64_t seed) {
   const float a = hash::amplitude_step(amplitude);
   std::vector<bf16_raw> out(n);
   for (size_t i = 0; i < n; ++i) out[i] = num::f32_to_bf16(hash::element(base, a, i));
+  return out;
+}
+
+std::vector<int32_t> router_rows(const MoeConfig& model, int local, int64_t rows, uint64_t seed) {
+  const int E = model.num_experts, K = model.top_k;
+  if (local < 1 || local > E)
+    throw UsageError("router_rows: local=" + std::to_string(local) + " experts, but the model has " +
+                     std::to_string(E) + "; give 1..num_experts");
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> nd(0.f, 1.f);
+  std::vector<int32_t> out;
+  out.reserve(size_t(std::max<int64_t>(rows, 0)));
+  const int64_t T = 4096;
+  std::vector<float> logits(size_t(T) * E), w(size_t(T) * K);
+  std::vector<int32_t> ids(size_t(T) * K);
+  while (int64_t(out.size()) < rows) {
+    for (auto& l : logits) l = nd(rng);
+    route_cpu(model.router, TensorView::of(logits.data(), DType::f32, {T, E}), nullptr, K, ids.data(), w.data());
+    for (size_t i = 0; i < ids.size() && int64_t(out.size()) < rows; ++i)
+      if (ids[i] >= 0 && ids[i] < local) out.push_back(ids[i]);
+  }
   return out;
 }
 

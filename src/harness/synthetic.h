@@ -49,6 +49,12 @@ std::vector<bf16_raw> random_hidden(int64_t T, int H, uint64_t seed);
 // hash of (seed, i): the benches' activations, which harness/cuda/synthetic.h draws on the device.
 std::vector<bf16_raw> uniform_bf16(size_t n, float amplitude, uint64_t seed);
 
+// The local expert of each of `rows` routed rows as the model's own router (model.router, top_k
+// of model.num_experts) sends tokens with random N(0, 1) logits from `seed`: tokens are routed
+// until `rows` (token, k) pairs have landed on the first `local` experts, kept in token order (the
+// first M rows serve a call of M rows). The benches' realistic load (`bench runner --routing router`).
+std::vector<int32_t> router_rows(const MoeConfig& model, int local, int64_t rows, uint64_t seed);
+
 // Elements of one matrix of the model (the unit the generator works in), for size estimates.
 inline double expert_elements(const MoeConfig& c) { return 3.0 * c.hidden * double(c.intermediate); }
 

@@ -3,9 +3,12 @@
 // (tests/harness/cuda) compares against fixed values.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 
+#include "epmoe/error.h"
 #include "epmoe/numeric.h"
+#include "epmoe/presets.h"
 #include "harness/counter_hash.h"
 #include "harness/synthetic.h"
 
@@ -72,3 +75,32 @@ TEST(CounterHash, UniformBf16IsReproducibleAndInRange) {
 
 }  // namespace
 }  // namespace epmoe
+
+namespace epmoe::harness {
+namespace {
+
+// router_rows: the model's router on random logits, rows kept for the first `local` experts: the
+// count asked for, ids in range, reproducible from the seed, a prefix for fewer rows, and a load
+// that is uneven (not every expert equal) but touches every local expert.
+TEST(RouterRows, ModelRouterOnRandomLogitsKeepsLocalRows) {
+  const MoeConfig m = preset("deepseek-v3").config;
+  const int local = m.num_experts / 2;
+  const std::vector<int32_t> r = router_rows(m, local, 20000, 7);
+  ASSERT_EQ(r.size(), 20000u);
+  std::vector<int> per(local, 0);
+  for (const int32_t e : r) {
+    ASSERT_GE(e, 0);
+    ASSERT_LT(e, local);
+    ++per[e];
+  }
+  const auto [lo, hi] = std::minmax_element(per.begin(), per.end());
+  EXPECT_GT(*lo, 0);
+  EXPECT_GT(*hi, *lo);
+  EXPECT_EQ(router_rows(m, local, 20000, 7), r);
+  const std::vector<int32_t> few = router_rows(m, local, 100, 7);
+  EXPECT_TRUE(std::equal(few.begin(), few.end(), r.begin()));
+  EXPECT_THROW(router_rows(m, m.num_experts + 1, 10, 7), UsageError);
+}
+
+}  // namespace
+}  // namespace epmoe::harness

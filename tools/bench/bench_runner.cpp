@@ -16,7 +16,6 @@
 #include <algorithm>
 #include <cstdio>
 #include <functional>
-#include <random>
 #include <string>
 #include <vector>
 
@@ -29,8 +28,8 @@
 #include "epmoe/error.h"
 #include "epmoe/presets.h"
 #include "epmoe/quant.h"
-#include "epmoe/router.h"
 #include "harness/cuda/synthetic.h"
+#include "harness/synthetic.h"
 #include "run/cuda/runner.h"
 
 namespace epmoe::cli {
@@ -96,27 +95,6 @@ std::string iq_header(const Opts& o, const MoeConfig& shape) {
   return s + ")";
 }
 
-// The local expert of each of `rows` rows as the preset's router sends tokens with random N(0, 1)
-// logits: tokens are routed (top K of all the model's experts) until `rows` (token, k) pairs have
-// landed on the first `local` experts, kept in token order. The first M rows serve a call of M.
-std::vector<int32_t> router_rows(const MoeConfig& model, int local, long long rows, uint64_t seed) {
-  const int E = model.num_experts, K = model.top_k;
-  std::mt19937_64 rng(seed);
-  std::normal_distribution<float> nd(0.f, 1.f);
-  std::vector<int32_t> out;
-  out.reserve(size_t(rows));
-  const int64_t T = 4096;
-  std::vector<float> logits(size_t(T) * E, 0.f), w(size_t(T) * K);
-  std::vector<int32_t> ids(size_t(T) * K);
-  while (int64_t(out.size()) < rows) {
-    for (auto& l : logits) l = nd(rng);
-    route_cpu(model.router, TensorView::of(logits.data(), DType::f32, {T, E}), nullptr, K, ids.data(), w.data());
-    for (size_t i = 0; i < ids.size() && int64_t(out.size()) < rows; ++i)
-      if (ids[i] >= 0 && ids[i] < local) out.push_back(ids[i]);
-  }
-  return out;
-}
-
 // One preset: the runner for every weight format and M, the cuBLAS loop, the table.
 void bench_preset(const Opts& o, const ModelPreset& given, double hbm_gbs, const char* gpu) {
   ModelPreset pre = given;
@@ -140,7 +118,7 @@ void bench_preset(const Opts& o, const ModelPreset& given, double hbm_gbs, const
   const int hot = std::max(1, E / 10);
   // The expert of slot j when the call has M valid slots (the first M of the buffer).
   const std::vector<int32_t> routed =
-      o.routing == Opts::Routing::router ? router_rows(pre.config, E, maxM, 4242) : std::vector<int32_t>{};
+      o.routing == Opts::Routing::router ? harness::router_rows(pre.config, E, maxM, 4242) : std::vector<int32_t>{};
   auto expert_of = [&](long long j, long long M) {
     if (o.routing == Opts::Routing::router) return routed[size_t(j)];
     return int32_t(o.routing == Opts::Routing::skew && j < M / 2 ? j % hot : j % E);
