@@ -44,8 +44,9 @@ struct TensorView {
 };
 
 // Throws UsageError naming `what` unless `t` has this dtype, this shape (-1 = any extent), is
-// contiguous and lives on `device`. `data` may be null only when numel() == 0.
+// contiguous and lives on `device` (on cuda with device_index >= 0: on that GPU, unless empty).
+// `data` may be null only when numel() == 0.
 void check_tensor(const TensorView& t, std::string_view what, DType dtype,
-                  std::initializer_list<int64_t> shape, DeviceKind device);
+                  std::initializer_list<int64_t> shape, DeviceKind device, int device_index = -1);
 
 }  // namespace epmoe

@@ -111,7 +111,7 @@ std::string TensorView::describe() const {
 }
 
 void check_tensor(const TensorView& t, std::string_view what, DType dtype, std::initializer_list<int64_t> shape,
-                  DeviceKind device) {
+                  DeviceKind device, int device_index) {
   int64_t want[4] = {0, 0, 0, 0};
   const int want_ndim = static_cast<int>(shape.size());
   int i = 0;
@@ -124,6 +124,11 @@ void check_tensor(const TensorView& t, std::string_view what, DType dtype, std::
     if (want[d] >= 0 && t.shape[d] != want[d]) ok = false;
   }
   if (ok && t.data == nullptr && t.numel() != 0) ok = false;
+  if (ok && device == DeviceKind::cuda && device_index >= 0 && t.device_index != device_index && t.numel() != 0)
+    // Kernels of device_index's context would read another GPU's memory.
+    throw UsageError(std::string(what) + " is on cuda:" + std::to_string(t.device_index) +
+                     " but this rank's layer works on cuda:" + std::to_string(device_index) +
+                     "; move it there (torch: .to('cuda:" + std::to_string(device_index) + "'))");
   if (ok) return;
 
   // Expected with '-1' shown as the symbolic extent T for the first dimension, '*' otherwise, so the

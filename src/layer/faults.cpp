@@ -3,17 +3,6 @@
 
 namespace epmoe::detail {
 
-namespace {
-
-bool bf16_nonfinite(uint16_t b) { return (b & 0x7f80u) == 0x7f80u; }
-bool f32_nonfinite(const float* p) {
-  uint32_t b;
-  __builtin_memcpy(&b, p, 4);
-  return (b & 0x7f800000u) == 0x7f800000u;
-}
-
-}  // namespace
-
 void scan_faults_host(const FaultScan& s, int64_t* counts) {
   for (int64_t t = 0; t < s.tokens; ++t) {
     if (s.x) {
@@ -26,12 +15,12 @@ void scan_faults_host(const FaultScan& s, int64_t* counts) {
       bool bad = false;
       for (int e = 0; e < s.num_experts && !bad; ++e)
         bad = s.logits_bf16 ? bf16_nonfinite(static_cast<const uint16_t*>(s.logits)[t * s.num_experts + e])
-                            : f32_nonfinite(static_cast<const float*>(s.logits) + t * s.num_experts + e);
+                            : f32_nonfinite(num::f32_bits(static_cast<const float*>(s.logits)[t * s.num_experts + e]));
       counts[kNonfiniteLogits] += bad;
     }
     if (s.weights) {
       bool bad = false;
-      for (int k = 0; k < s.top_k && !bad; ++k) bad = f32_nonfinite(s.weights + t * s.top_k + k);
+      for (int k = 0; k < s.top_k && !bad; ++k) bad = f32_nonfinite(num::f32_bits(s.weights[t * s.top_k + k]));
       counts[kNonfiniteWeights] += bad;
     }
     if (s.ids) {

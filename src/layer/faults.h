@@ -5,7 +5,13 @@
 #include <cstdint>
 #include <string>
 
+#include "epmoe/numeric.h"
+
 namespace epmoe::detail {
+
+// What the scans call a fault: a NaN or +-inf (all exponent bits set), on the bits.
+EPMOE_HD bool bf16_nonfinite(uint32_t bf16_bits) { return (bf16_bits & 0x7f80u) == 0x7f80u; }
+EPMOE_HD bool f32_nonfinite(uint32_t f32_bits) { return (f32_bits & 0x7f800000u) == 0x7f800000u; }
 
 enum FaultKind : int {
   kNonfiniteHidden = 0,   // tokens with a NaN or +-inf hidden value

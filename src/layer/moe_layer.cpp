@@ -59,14 +59,6 @@ void check_weights(const MoeConfig& cfg, const ExpertWeights& w, DeviceKind devi
   }
 }
 
-// A device tensor on another GPU than this rank's would be read by kernels of the wrong device.
-void check_device_index(const TensorView& t, const char* what, DeviceKind device, int index) {
-  if (device != DeviceKind::cuda || t.numel() == 0 || t.device_index == index) return;
-  throw UsageError(std::string(what) + " is on cuda:" + std::to_string(t.device_index) +
-                   " but this rank's layer works on cuda:" + std::to_string(index) + "; move it there (torch: .to('cuda:" +
-                   std::to_string(index) + "'))");
-}
-
 #if defined(EPMOE_WITH_CUDA)
 // Grows `buf` to `bytes` on device `dev`, whatever device is current.
 void reserve_on(cuda::DeviceBuffer& buf, size_t bytes, int dev) {
@@ -276,15 +268,12 @@ void MoeLayer::forward(const TensorView& hidden, const TensorView& router_logits
   std::string err;
   int64_t T = 0;
   try {
-    check_tensor(hidden, "hidden", DType::bf16, {-1, c.hidden}, s.device);
+    const int index = s.comm.device_index();
+    check_tensor(hidden, "hidden", DType::bf16, {-1, c.hidden}, s.device, index);
     T = hidden.size(0);
     check_tensor(router_logits, "router_logits", router_logits.dtype == DType::bf16 ? DType::bf16 : DType::f32,
-                 {T, c.num_experts}, s.device);
-    check_tensor(out, "out", DType::bf16, {T, c.hidden}, s.device);
-    const int index = s.comm.device_index();
-    check_device_index(hidden, "hidden", s.device, index);
-    check_device_index(out, "out", s.device, index);
-    check_device_index(router_logits, "router_logits", s.device, index);
+                 {T, c.num_experts}, s.device, index);
+    check_tensor(out, "out", DType::bf16, {T, c.hidden}, s.device, index);
   } catch (const UsageError& e) {
     err = e.what();
   }
@@ -327,16 +316,12 @@ void MoeLayer::forward_routed(const TensorView& hidden, const TensorView& topk_i
   std::string err;
   int64_t T = 0;
   try {
-    check_tensor(hidden, "hidden", DType::bf16, {-1, c.hidden}, s.device);
-    T = hidden.size(0);
-    check_tensor(topk_ids, "topk_ids", DType::i32, {T, c.top_k}, s.device);
-    check_tensor(topk_weights, "topk_weights", DType::f32, {T, c.top_k}, s.device);
-    check_tensor(out, "out", DType::bf16, {T, c.hidden}, s.device);
     const int index = s.comm.device_index();
-    check_device_index(hidden, "hidden", s.device, index);
-    check_device_index(topk_ids, "topk_ids", s.device, index);
-    check_device_index(topk_weights, "topk_weights", s.device, index);
-    check_device_index(out, "out", s.device, index);
+    check_tensor(hidden, "hidden", DType::bf16, {-1, c.hidden}, s.device, index);
+    T = hidden.size(0);
+    check_tensor(topk_ids, "topk_ids", DType::i32, {T, c.top_k}, s.device, index);
+    check_tensor(topk_weights, "topk_weights", DType::f32, {T, c.top_k}, s.device, index);
+    check_tensor(out, "out", DType::bf16, {T, c.hidden}, s.device, index);
     // Host ids are checked here so the message names the token; the dispatcher checks again
     // (collectively, and on devices where the ids cannot be read from the host).
     if (s.device == DeviceKind::cpu) check_topk_ids(topk_ids.as<const int32_t>(), T, c.top_k, c.num_experts);

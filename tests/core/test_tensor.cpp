@@ -12,9 +12,9 @@ namespace {
 using namespace epmoe;
 
 std::string check_message(const TensorView& t, std::string_view what, DType d, std::initializer_list<int64_t> shape,
-                          DeviceKind dev) {
+                          DeviceKind dev, int device_index = -1) {
   try {
-    check_tensor(t, what, d, shape, dev);
+    check_tensor(t, what, d, shape, dev, device_index);
   } catch (const UsageError& e) {
     return e.what();
   }
@@ -81,6 +81,15 @@ TEST(CoreTensor, CheckTensorMessages) {
             std::string::npos);
   TensorView empty = TensorView::of(nullptr, DType::bf16, {0, 7168}, DeviceKind::cuda);
   check_tensor(empty, "hidden", DType::bf16, {-1, 7168}, DeviceKind::cuda);  // T = 0 with no buffer is fine
+
+  // A device index, when given, must match (an empty tensor may live anywhere).
+  TensorView other = TensorView::of(buf, DType::bf16, {4, 7168}, DeviceKind::cuda, 1);
+  check_tensor(other, "hidden", DType::bf16, {-1, 7168}, DeviceKind::cuda);     // no index asked: fine
+  check_tensor(other, "hidden", DType::bf16, {-1, 7168}, DeviceKind::cuda, 1);  // the same GPU: fine
+  EXPECT_EQ(check_message(other, "hidden", DType::bf16, {-1, 7168}, DeviceKind::cuda, 0),
+            "hidden is on cuda:1 but this rank's layer works on cuda:0; move it there (torch: .to('cuda:0'))");
+  TensorView empty1 = TensorView::of(nullptr, DType::bf16, {0, 7168}, DeviceKind::cuda, 1);
+  check_tensor(empty1, "hidden", DType::bf16, {-1, 7168}, DeviceKind::cuda, 0);
 }
 
 TEST(CoreFormat, NamesParseAndSizes) {

@@ -14,9 +14,9 @@ namespace {
 
 constexpr int kWarps = 8;
 
-__device__ bool bf16_bad(uint32_t b) { return (b & 0x7f80u) == 0x7f80u; }
-__device__ bool bf16x2_bad(uint32_t w) { return bf16_bad(w & 0xffffu) || bf16_bad(w >> 16); }
-__device__ bool f32_bad(uint32_t b) { return (b & 0x7f800000u) == 0x7f800000u; }
+using detail::bf16_nonfinite;
+using detail::f32_nonfinite;
+__device__ bool bf16x2_bad(uint32_t w) { return bf16_nonfinite(w & 0xffffu) || bf16_nonfinite(w >> 16); }
 
 __global__ void __launch_bounds__(kWarps * 32) scan_kernel(detail::FaultScan s, bool vec_x,
                                                           unsigned long long* counters) {
@@ -35,17 +35,17 @@ __global__ void __launch_bounds__(kWarps * 32) scan_kernel(detail::FaultScan s, 
           x_bad |= bf16x2_bad(q.x) || bf16x2_bad(q.y) || bf16x2_bad(q.z) || bf16x2_bad(q.w);
         }
       } else {
-        for (int i = lane; i < s.hidden; i += 32) x_bad |= bf16_bad(row[i]);
+        for (int i = lane; i < s.hidden; i += 32) x_bad |= bf16_nonfinite(row[i]);
       }
     }
     if (s.logits) {
       for (int e = lane; e < s.num_experts; e += 32) {
-        l_bad |= s.logits_bf16 ? bf16_bad(static_cast<const uint16_t*>(s.logits)[t * s.num_experts + e])
-                               : f32_bad(static_cast<const uint32_t*>(s.logits)[t * s.num_experts + e]);
+        l_bad |= s.logits_bf16 ? bf16_nonfinite(static_cast<const uint16_t*>(s.logits)[t * s.num_experts + e])
+                               : f32_nonfinite(static_cast<const uint32_t*>(s.logits)[t * s.num_experts + e]);
       }
     }
     for (int k = lane; k < s.top_k; k += 32) {
-      if (s.weights) w_bad |= f32_bad(reinterpret_cast<const uint32_t*>(s.weights)[t * s.top_k + k]);
+      if (s.weights) w_bad |= f32_nonfinite(reinterpret_cast<const uint32_t*>(s.weights)[t * s.top_k + k]);
       if (s.ids) {
         const int32_t id = s.ids[t * s.top_k + k];
         ids_bad += (id < -1 || id >= s.num_experts);

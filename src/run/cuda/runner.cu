@@ -110,9 +110,10 @@ void CudaRunner::run(const DispatchOutput& in, const ExpertWeights& w, bf16_raw*
   const int64_t max_rows = S * in.top_k;
   const double avg = policy::expected_rows(cfg_, in);
   const IntermediateQuant iq = cfg_.effective_intermediate_quant();
-  const int decode_limit = policy::decode_max_rows(
-      w.w13.format, policy::decode_engines(wgmma_decode_, kWgmmaBlockM, w.w13.format, in.format, iq, H, w.intermediate),
-      cfg_.tuning.decode_max_rows);
+  // The engines a 32-row m-tile would get: they decide how far the decode engines reach.
+  const policy::DecodeEngines d32 =
+      policy::decode_engines(wgmma_decode_, kWgmmaBlockM, w.w13.format, in.format, iq, H, I);
+  const int decode_limit = policy::decode_max_rows(w.w13.format, d32, cfg_.tuning.decode_max_rows);
   const int bm = policy::block_m(avg, force_bm_, decode_limit);
   last_bm_ = bm;
   const int64_t max_tiles = (max_rows + bm - 1) / bm + E;
@@ -125,8 +126,7 @@ void CudaRunner::run(const DispatchOutput& in, const ExpertWeights& w, bf16_raw*
   h_.reserve(size_t(max_rows) * I * 2);
   o_.reserve(size_t(max_rows) * H * 2);
 
-  const policy::DecodeEngines d =
-      policy::decode_engines(wgmma_decode_, bm, w.w13.format, in.format, cfg_.effective_intermediate_quant(), H, I);
+  const policy::DecodeEngines d = bm == kWgmmaBlockM ? d32 : policy::DecodeEngines{};  // none at m-tile 128
   static const char* const kEngines[2][2][2] = {
       {{"mma/mma", "mma/wgmma-fp8"}, {"wgmma-fp8/mma", "wgmma-fp8/wgmma-fp8"}},
       {{"wgmma-bf16/wgmma-bf16", "wgmma-bf16/wgmma-bf16"}, {"wgmma-bf16/wgmma-bf16", "wgmma-bf16/wgmma-bf16"}}};
@@ -180,7 +180,7 @@ void CudaRunner::run(const DispatchOutput& in, const ExpertWeights& w, bf16_raw*
   if (d.fp8_2) {
     launch_intermediate_to_fp8(h_.get<bf16_raw>(), offsets_.get<int32_t>(), cnt_.get<int32_t>(), E, I, in.quant.ue8m0,
                                max_rows, h8_.get<uint8_t>(), hs_.get<float>(), st);
-  } else if (cfg_.effective_intermediate_quant() == IntermediateQuant::fp8) {
+  } else if (iq == IntermediateQuant::fp8) {
     launch_intermediate_fp8(h_.get<bf16_raw>(), offsets_.get<int32_t>(), cnt_.get<int32_t>(), E, I, in.quant.ue8m0,
                             max_rows, st);
   }
