@@ -73,7 +73,12 @@ void kperm_nvfp4_tokens(bf16_raw* A, const int32_t* offsets, const int32_t* cnt,
 void launch_grouped_gemm_wgmma_nvfp4_prepared(const GemmArgs& a, cudaStream_t stream);
 size_t nvfp4_prepared_bytes(const MatrixView& m, bool fused, int N);
 void prepare_nvfp4_weights(const MatrixView& m, bool fused, int N, void* out, cudaStream_t stream);
+// The same engine with token tiles of up to kWgmmaWideBlockM rows, each running the narrowest wgmma width that
+// covers its rows (engine_wgmma_nvfp4_wide.cu): many rows per expert. Prepared weights, tile table
+// of kWgmmaWideBlockM rows; the same arithmetic, so the same bits as the 32-row engines.
+void launch_grouped_gemm_wgmma_nvfp4_wide(const GemmArgs& a, cudaStream_t stream);
 constexpr int kWgmmaBlockM = 32;
+constexpr int kWgmmaWideBlockM = 64;
 
 inline void launch_grouped_gemm(const GemmArgs& a, int bm, cudaStream_t stream) {
   switch (a.W.format) {

@@ -170,11 +170,14 @@ __device__ __forceinline__ void wgmma_bf16(float (&d)[16], uint64_t da, uint64_t
 // up half 1, written in the nvfp4 engine's K order when `kperm`. The volume is tokens x N (small
 // in decode), so plain 2-byte stores are fine; it touches no shared memory, so the loads of the
 // next tile's stages keep running. Layout of acc: see below.
-__device__ __forceinline__ void store_tile(const GemmArgs& p, const TileWalk::Tile& cur, const float (&acc)[2][16],
+// NR = accumulators per half: 16 (m64n32) or 64 (m64n128, the wide nvfp4 engine); the fragment
+// layout is the same, NR / 4 groups of 8 tokens.
+template <int NR>
+__device__ __forceinline__ void store_tile(const GemmArgs& p, const TileWalk::Tile& cur, const float (&acc)[2][NR],
                                            int warp, int lane, float scale, bool kperm) {
   const int g = lane >> 2;
 #pragma unroll
-  for (int j = 0; j < 4; ++j)
+  for (int j = 0; j < NR / 4; ++j)
 #pragma unroll
     for (int q = 0; q < 2; ++q) {
       const int tok = 8 * j + 2 * (lane & 3) + q;

@@ -13,6 +13,7 @@ constexpr int kBT = 32;       // tokens per m-tile (wgmma N)
 constexpr int kRowsW = 128;   // weight rows per CTA tile
 constexpr int kKS = 128;      // K values per stage
 constexpr int kThreads = 128;
+constexpr int kPreparedBlock = 9216;  // prepared bytes per (weight tile, 128-K stage): 8 KB codes + 1 KB scales
 static_assert(kThreads == wg::kThreads && kRowsW == wg::kRowsW, "wg::persistent_grid sizes these kernels' grids too");
 
 __device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {

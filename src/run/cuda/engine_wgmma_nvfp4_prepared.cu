@@ -48,7 +48,7 @@ using gemm::cp_commit;
 using gemm::cp_wait;
 using gemm::smem_u32;
 
-constexpr int kBlock = 9216;          // prepared bytes per (tile, stage)
+constexpr int kBlock = kPreparedBlock;
 constexpr int kAheadA = 1;            // token stages loaded ahead
 constexpr int kSlotsA = kAheadA + 2;  // token ring slots (the batches of step s - 1 may still run)
 constexpr int kAtoms = 2 * kBT * 128;  // one token stage: two SW128 atoms [32][128 B]

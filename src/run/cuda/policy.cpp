@@ -55,10 +55,17 @@ DecodeEngines decode_engines(bool wgmma_decode, int bm, WeightFormat wf, ActForm
   return d;
 }
 
-int decode_max_rows(WeightFormat wf, const DecodeEngines& d32, int tuned) {
+int decode_max_rows(WeightFormat wf, const DecodeEngines& d32, int tuned, bool prepared) {
   if (tuned > 0) return tuned;
-  if (wf == WeightFormat::nvfp4 && d32.nvfp4_1 && d32.nvfp4_2) return kDecodeMaxRowsNvfp4;
+  if (wf == WeightFormat::nvfp4 && d32.nvfp4_1 && d32.nvfp4_2)
+    return prepared ? kDecodeMaxRowsNvfp4Wide : kDecodeMaxRowsNvfp4;
   return 0;
+}
+
+bool use_nvfp4_wide(RunnerEngine engine, const DecodeEngines& d32, bool prepared, double expected_rows,
+                    int decode_max_rows) {
+  return engine != RunnerEngine::cutlass && prepared && d32.nvfp4_1 && d32.nvfp4_2 && decode_max_rows > 0 &&
+         expected_rows > double(decode_max_rows);
 }
 
 std::string path_name(CutlassPath p, WeightFormat wf, int swap_tile_n) {

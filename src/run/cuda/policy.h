@@ -93,11 +93,23 @@ DecodeEngines decode_engines(bool wgmma_decode, int bm, WeightFormat wf, ActForm
 // rows. fp8 x fp8 and bf16 keep one m-tile: swap-AB CUTLASS beats their decode engines from two
 // (fp8 1.61 vs 2.38 ms, bf16 3.02 vs 4.88 at 64 rows).
 constexpr int kDecodeMaxRowsNvfp4 = 192;
-// The expected rows per expert up to which the decode engines run (and CUTLASS above): the
-// tuned value (tuning.decode_max_rows > 0), else kDecodeMaxRowsNvfp4 where both GEMMs of `d32`
-// (decode_engines at bm 32) are nvfp4 wgmma engines, else 0: the built-in one-m-tile rules
-// (kDecodeMaxRows, kCutlassMinRows, kCutlassMinRowsNvfp4).
-int decode_max_rows(WeightFormat wf, const DecodeEngines& d32, int tuned);
+// With prepared nvfp4 weights both GEMMs have the wide engine past one 32-row m-tile
+// (use_nvfp4_wide), which decodes each weight once per kWgmmaWideBlockM rows instead of once per 32.
+constexpr int kDecodeMaxRowsNvfp4Wide = 32;
+// The expected rows per expert up to which the decode engines run (and CUTLASS, or the wide nvfp4
+// engine, above): the tuned value (tuning.decode_max_rows > 0), else, where both GEMMs of `d32`
+// (decode_engines at bm 32) are nvfp4 wgmma engines, kDecodeMaxRowsNvfp4Wide on prepared weights
+// and kDecodeMaxRowsNvfp4 on natural ones, else 0: the built-in one-m-tile rules (kDecodeMaxRows,
+// kCutlassMinRows, kCutlassMinRowsNvfp4).
+int decode_max_rows(WeightFormat wf, const DecodeEngines& d32, int tuned, bool prepared = false);
+
+// ---- the wide nvfp4 engine (m-tile kWgmmaWideBlockM, engine.h) -----------------------------------
+// engine_wgmma_nvfp4_wide.cu: the prepared register-decode engine with token tiles of up to
+// kWgmmaWideBlockM rows. Used for both GEMMs above decode_max_rows expected rows per expert where
+// both have the nvfp4 decode engine (d32) on prepared weights, unless the engine is forced to
+// cutlass (which widens nvfp4 to bf16 in scratch instead).
+bool use_nvfp4_wide(RunnerEngine engine, const DecodeEngines& d32, bool prepared, double expected_rows,
+                    int decode_max_rows);
 
 // ---- CUTLASS engine (large M) --------------------------------------------------------------------
 // Operand path of one GEMM on the CUTLASS engine: bf16 weights on the bf16 GEMM; fp8 weights on

@@ -20,8 +20,10 @@ std::string mat_desc(const MatrixView& m) {
 }
 
 // One grouped GEMM on the engine chosen for it (decode wgmma variants, else mma.sync).
-void launch_on_engine(const GemmArgs& g, bool wgmma_fp8, bool wgmma_bf16, bool wgmma_nvfp4, int bm, cudaStream_t st) {
-  if (wgmma_fp8) launch_grouped_gemm_wgmma_fp8(g, st);
+void launch_on_engine(const GemmArgs& g, bool wgmma_fp8, bool wgmma_bf16, bool wgmma_nvfp4, bool wide, int bm,
+                      cudaStream_t st) {
+  if (wide) launch_grouped_gemm_wgmma_nvfp4_wide(g, st);
+  else if (wgmma_fp8) launch_grouped_gemm_wgmma_fp8(g, st);
   else if (wgmma_bf16) launch_grouped_gemm_wgmma_bf16(g, st);
   else if (wgmma_nvfp4 && g.W.prepared) launch_grouped_gemm_wgmma_nvfp4_prepared(g, st);
   else if (wgmma_nvfp4) launch_grouped_gemm_wgmma_nvfp4(g, st);
@@ -113,12 +115,14 @@ void CudaRunner::run(const DispatchOutput& in, const ExpertWeights& w, bf16_raw*
   // The engines a 32-row m-tile would get: they decide how far the decode engines reach.
   const policy::DecodeEngines d32 =
       policy::decode_engines(wgmma_decode_, kWgmmaBlockM, w.w13.format, in.format, iq, H, I);
-  const int decode_limit = policy::decode_max_rows(w.w13.format, d32, cfg_.tuning.decode_max_rows);
-  const int bm = policy::block_m(avg, force_bm_, decode_limit);
+  const bool prepared = w.w13.prepared && w.w2.prepared;
+  const int decode_limit = policy::decode_max_rows(w.w13.format, d32, cfg_.tuning.decode_max_rows, prepared);
+  const bool wide = force_bm_ == 0 && policy::use_nvfp4_wide(engine_, d32, prepared, avg, decode_limit);
+  const int bm = wide ? kWgmmaWideBlockM : policy::block_m(avg, force_bm_, decode_limit);
   last_bm_ = bm;
   const int64_t max_tiles = (max_rows + bm - 1) / bm + E;
   if (max_rows > INT32_MAX) throw UsageError("runner cuda: R*C*K=" + std::to_string(max_rows) + " rows exceed 2^31");
-  if (policy::use_cutlass(engine_, w.w13.format, avg, decode_limit)) return run_cutlass(in, w, y, st);
+  if (!wide && policy::use_cutlass(engine_, w.w13.format, avg, decode_limit)) return run_cutlass(in, w, y, st);
   last_swap_tile_n_ = 0;
 
   reserve_routing(E, max_tiles, max_rows);
@@ -126,13 +130,16 @@ void CudaRunner::run(const DispatchOutput& in, const ExpertWeights& w, bf16_raw*
   h_.reserve(size_t(max_rows) * I * 2);
   o_.reserve(size_t(max_rows) * H * 2);
 
-  const policy::DecodeEngines d = bm == kWgmmaBlockM ? d32 : policy::DecodeEngines{};  // none at m-tile 128
+  // The decode engines at m-tile 32, the wide nvfp4 engine for both GEMMs, else none (m-tile 128).
+  const policy::DecodeEngines d = bm == kWgmmaBlockM || wide ? d32 : policy::DecodeEngines{};
   static const char* const kEngines[2][2][2] = {
       {{"mma/mma", "mma/wgmma-fp8"}, {"wgmma-fp8/mma", "wgmma-fp8/wgmma-fp8"}},
       {{"wgmma-bf16/wgmma-bf16", "wgmma-bf16/wgmma-bf16"}, {"wgmma-bf16/wgmma-bf16", "wgmma-bf16/wgmma-bf16"}}};
   last_engines_ = kEngines[d.bf16][d.fp8_1][d.fp8_2];
   if (d.nvfp4_1 || d.nvfp4_2) {
-    auto name = [](bool wg, const MatrixView& m) { return !wg ? "mma" : m.prepared ? "wgmma-nvfp4p" : "wgmma-nvfp4"; };
+    auto name = [wide](bool wg, const MatrixView& m) {
+      return !wg ? "mma" : wide ? "wgmma-nvfp4w" : m.prepared ? "wgmma-nvfp4p" : "wgmma-nvfp4";
+    };
     engines_ = std::string(name(d.nvfp4_1, w.w13)) + "/" + name(d.nvfp4_2, w.w2);
     last_engines_ = engines_.c_str();
   }
@@ -175,7 +182,7 @@ void CudaRunner::run(const DispatchOutput& in, const ExpertWeights& w, bf16_raw*
   // come that way out of GEMM1 when it ran on the same engine, else they are rewritten too.
   if (d.nvfp4_1) kperm_nvfp4_tokens(a_.get<bf16_raw>(), offsets_.get<int32_t>(), cnt_.get<int32_t>(), E, H, max_rows, st);
   g1.out_kperm = d.nvfp4_1 && d.nvfp4_2;
-  launch_on_engine(g1, d.fp8_1, d.bf16, d.nvfp4_1, bm, st);
+  launch_on_engine(g1, d.fp8_1, d.bf16, d.nvfp4_1, wide, bm, st);
 
   if (d.fp8_2) {
     launch_intermediate_to_fp8(h_.get<bf16_raw>(), offsets_.get<int32_t>(), cnt_.get<int32_t>(), E, I, in.quant.ue8m0,
@@ -203,7 +210,7 @@ void CudaRunner::run(const DispatchOutput& in, const ExpertWeights& w, bf16_raw*
   g2.out_kperm = false;
   if (d.nvfp4_2 && !d.nvfp4_1)
     kperm_nvfp4_tokens(h_.get<bf16_raw>(), offsets_.get<int32_t>(), cnt_.get<int32_t>(), E, I, max_rows, st);
-  launch_on_engine(g2, d.fp8_2, d.bf16, d.nvfp4_2, bm, st);
+  launch_on_engine(g2, d.fp8_2, d.bf16, d.nvfp4_2, wide, bm, st);
 
   launch_reduce(in, pair_pos_.get<int32_t>(), o_.get<bf16_raw>(), y, st);
 }

@@ -1,0 +1,178 @@
+// The wide nvfp4 engine (engine_wgmma_nvfp4_wide.cu): past one 32-row m-tile per expert, prepared
+// nvfp4 weights run on it by default (policy::use_nvfp4_wide). It must give the same bits as the
+// 32-row prepared decode engine on the same call (the same decode, K order and k16 steps), match
+// the CPU reference within the runner's bound, and leave invalid slots alone, on DeepSeek-V3,
+// Qwen3 and Mixtral expert shapes, with uneven and empty experts, every partial-tile width (1-31,
+// 33-63 rows in an expert's last tile) and T = 0 and 1. Shapes the decode engine cannot take
+// (gpt-oss, K % 128 != 0) never get it.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "common/gpu_test_util.h"
+#include "epmoe/quant.h"
+#include "run/cuda/engine.h"
+#include "run/cuda/runner.h"
+#include "run/cuda/runner_test_util.h"
+#include "run/reference.h"
+
+namespace epmoe::test {
+namespace {
+
+struct Problem {
+  int H, I, E, K, C;
+  ActFormat act;
+  WeightFormat wf = WeightFormat::nvfp4;
+  IntermediateQuant iq = IntermediateQuant::none;
+  int64_t T = -1;  // tokens (-1 = C)
+  const char* name = "";
+};
+
+// Token t picks K distinct experts with probability ~ (e + 1)^2 (uneven loads), never the last
+// expert where E > K + 1 (an empty group); 5% of the entries are -1.
+std::vector<int32_t> uneven_ids(std::mt19937& rng, int64_t T, int E, int K) {
+  std::vector<int32_t> ids(size_t(T) * K);
+  std::vector<double> wts(E);
+  for (int e = 0; e < E; ++e) wts[e] = e == E - 1 && E > K + 1 ? 0.0 : double(e + 1) * (e + 1);
+  std::uniform_real_distribution<float> u(0.f, 1.f);
+  for (int64_t t = 0; t < T; ++t) {
+    std::vector<double> w = wts;
+    for (int k = 0; k < K; ++k) {
+      std::discrete_distribution<int> pick(w.begin(), w.end());
+      const int e = pick(rng);
+      w[e] = 0.0;
+      ids[t * K + k] = u(rng) < 0.05f ? -1 : e;
+    }
+  }
+  return ids;
+}
+
+// Runs p twice on prepared weights: 32-row decode engine everywhere (decode_max_rows huge) and the
+// default choice (the wide engine when the rows per expert pass one m-tile), then compares.
+void run_problem(const Problem& p, uint32_t seed, bool expect_wide) {
+  SCOPED_TRACE(std::string(p.name) + " seed " + std::to_string(seed));
+  std::mt19937 rng(seed);
+  const int H = p.H, I = p.I, E = p.E, K = p.K, C = p.C;
+  const int64_t T = p.T < 0 ? C : p.T;
+  const TestWeights wt(rng, E, H, I, p.wf);
+  const auto x = random_bf16(rng, T, H);
+  const std::vector<int32_t> ids = uneven_ids(rng, T, E, K);
+  std::vector<float> tw(ids.size());
+  std::uniform_real_distribution<float> u(0.f, 1.f);
+  for (auto& v : tw) v = u(rng);
+  MoeConfig cfg = make_cfg(p);
+  const detail::HostRecvBuffers recv = local_receive(cfg, x, T, ids, tw);
+  const int n = recv.counts[0];
+  std::vector<bf16_raw> y_ref(size_t(C) * H, 0);
+  detail::ReferenceRunner ref(cfg);
+  ref.run(recv.view(cfg.quant_params()), wt.on_host, y_ref.data(), nullptr);
+  DevDispatch dd(recv, cfg.quant_params());
+
+  std::vector<bf16_raw> out[2];
+  std::string engines[2];
+  for (int wide = 0; wide < 2; ++wide) {
+    MoeConfig c = cfg;
+    c.tuning.decode_max_rows = wide ? 0 : 65536;
+    cuda::CudaRunner runner(c, 0);
+    ExpertWeights w = wt.on_device;
+    runner.prepare(w, nullptr);
+    Dev<bf16_raw> y(size_t(C) * H);
+    y.poison();
+    runner.run(dd.view, w, y.get(), nullptr);
+    EPMOE_CUDA_CHECK(cudaDeviceSynchronize());
+    out[wide] = y.download();
+    engines[wide] = runner.last_engines();
+    const Diff d = compare_rows(out[wide], y_ref, n, H);
+    std::printf("[nvfp4 wide] %-18s T=%-5lld %-28s bm %3d  max|a-b|/max|ref| %.3e  1-cos %.3e\n", p.name,
+                static_cast<long long>(T), engines[wide].c_str(), runner.last_block_m(), d.rel(), d.one_minus_cos);
+    if (n > 0) expect_within_bound(d, c.effective_intermediate_quant());
+    expect_poison_after(out[wide], n, H);
+  }
+  EXPECT_EQ(engines[1] == "wgmma-nvfp4w/wgmma-nvfp4w", expect_wide) << engines[1];
+  if (expect_wide) EXPECT_EQ(engines[0], "wgmma-nvfp4p/wgmma-nvfp4p");
+  size_t differ = 0;
+  for (size_t i = 0; i < size_t(n) * H; ++i) differ += out[0][i] != out[1][i];
+  if (engines[0] == "wgmma-nvfp4p/wgmma-nvfp4p")
+    EXPECT_EQ(differ, 0u) << "of " << size_t(n) * H << " outputs differ between " << engines[0] << " and "
+                          << engines[1];
+}
+
+TEST(CudaRunnerNvfp4Wide, EqualsDecodeEngineAndReference) {
+  EPMOE_REQUIRE_GPU();
+  using A = ActFormat;
+  const std::vector<Problem> problems = {
+      // 50-150 rows per expert on average, 0 to ~2x that by expert: many partial last tiles.
+      {7168, 2048, 6, 4, 100, A::bf16, WeightFormat::nvfp4, IntermediateQuant::none, -1, "deepseek-v3"},
+      {2048, 768, 16, 8, 300, A::nvfp4, WeightFormat::nvfp4, IntermediateQuant::none, -1, "qwen3-30b nvfp4-act"},
+      {2048, 768, 16, 8, 300, A::bf16, WeightFormat::nvfp4, IntermediateQuant::fp8, -1, "qwen3-30b iq=fp8"},
+      {4096, 14336, 2, 1, 100, A::fp8, WeightFormat::nvfp4, IntermediateQuant::none, -1, "mixtral"},
+  };
+  uint32_t seed = 11;
+  for (const Problem& p : problems) run_problem(p, seed++, true);
+}
+
+TEST(CudaRunnerNvfp4Wide, EveryPartialTileWidth) {
+  EPMOE_REQUIRE_GPU();
+  // Expert 0 gets rows0 rows (around each boundary of the 32 / 64 token-tile widths, one and two
+  // tiles), experts 1-3 get 40 each.
+  const int H = 256, I = 128, E = 4, K = 1;
+  for (const int rows0 : {33, 63, 64, 65, 95, 97, 127, 128, 129, 160}) {
+    const int C = rows0 + 3 * 40;
+    Problem p{H, I, E, K, C, ActFormat::bf16};
+    p.name = "widths";
+    SCOPED_TRACE("expert 0 rows " + std::to_string(rows0));
+    std::mt19937 rng{static_cast<uint32_t>(rows0)};
+    const TestWeights wt(rng, E, H, I, p.wf);
+    const auto x = random_bf16(rng, C, H);
+    std::vector<int32_t> ids(C);
+    for (int t = 0; t < C; ++t) ids[t] = t < rows0 ? 0 : 1 + (t - rows0) % 3;
+    std::vector<float> tw(C, 0.75f);
+    const MoeConfig cfg = make_cfg(p);
+    const detail::HostRecvBuffers recv = local_receive(cfg, x, C, ids, tw);
+    std::vector<bf16_raw> y_ref(size_t(C) * H, 0);
+    detail::ReferenceRunner ref(cfg);
+    ref.run(recv.view(cfg.quant_params()), wt.on_host, y_ref.data(), nullptr);
+    DevDispatch dd(recv, cfg.quant_params());
+    std::vector<bf16_raw> out[2];
+    for (int wide = 0; wide < 2; ++wide) {
+      MoeConfig c = cfg;
+      c.tuning.decode_max_rows = wide ? 1 : 65536;
+      cuda::CudaRunner runner(c, 0);
+      ExpertWeights w = wt.on_device;
+      runner.prepare(w, nullptr);
+      Dev<bf16_raw> y(size_t(C) * H);
+      runner.run(dd.view, w, y.get(), nullptr);
+      EPMOE_CUDA_CHECK(cudaDeviceSynchronize());
+      out[wide] = y.download();
+      EXPECT_EQ(std::string(runner.last_engines()), wide ? "wgmma-nvfp4w/wgmma-nvfp4w" : "wgmma-nvfp4p/wgmma-nvfp4p");
+      expect_within_bound(compare_rows(out[wide], y_ref, C, H));
+    }
+    size_t differ = 0;
+    for (size_t i = 0; i < out[0].size(); ++i) differ += out[0][i] != out[1][i];
+    EXPECT_EQ(differ, 0u);
+  }
+}
+
+TEST(CudaRunnerNvfp4Wide, TinyAndUnsupported) {
+  EPMOE_REQUIRE_GPU();
+  using A = ActFormat;
+  uint32_t seed = 41;
+  // T = 0 and T = 1 (capacity 64: 32 expected rows per expert, so the decode engine runs): nothing
+  // is written past the valid rows.
+  for (const int64_t T : {int64_t(0), int64_t(1)}) {
+    Problem p{2048, 768, 16, 8, 64, A::bf16};
+    p.T = T;
+    p.name = T == 0 ? "T=0" : "T=1";
+    run_problem(p, seed++, false);
+  }
+  // gpt-oss (H = I = 2880, K % 128 != 0): the decode engine cannot take it, nor can the wide one.
+  Problem g{2880, 2880, 4, 4, 64, A::bf16};
+  g.name = "gpt-oss (mma)";
+  run_problem(g, seed++, false);
+}
+
+}  // namespace
+}  // namespace epmoe::test
