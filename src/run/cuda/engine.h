@@ -78,7 +78,7 @@ void prepare_nvfp4_weights(const MatrixView& m, bool fused, int N, void* out, cu
 // of kWgmmaWideBlockM rows; the same arithmetic, so the same bits as the 32-row engines.
 void launch_grouped_gemm_wgmma_nvfp4_wide(const GemmArgs& a, cudaStream_t stream);
 constexpr int kWgmmaBlockM = 32;
-constexpr int kWgmmaWideBlockM = 64;
+constexpr int kWgmmaWideBlockM = 128;
 
 inline void launch_grouped_gemm(const GemmArgs& a, int bm, cudaStream_t stream) {
   switch (a.W.format) {

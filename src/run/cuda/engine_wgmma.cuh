@@ -90,23 +90,29 @@ __device__ __forceinline__ void reg_fence(float (&d)[16]) {
 // 64-127 up I+n0.. (N = I, a multiple of 64, so every row exists), so each thread holds gate and up
 // of the same (column, token) and SwiGLU needs no exchange. A 64-row half never straddles a
 // 128-row scale block because n0 and I are multiples of 64.
+// `group` weight tiles side by side per CTA tile (the wide nvfp4 engine: one per warpgroup): the
+// walk then lists (m-tile, group of weight tiles), n0 the first tile's; the last group of an odd
+// NT has tiles past N, which that engine skips.
 struct TileWalk {
   struct Tile {
     MTile mt;
     int n0;
   };
   const MTile* tiles;
-  int N, n_per_tile, NT, my_tiles;
+  int N, n_per_tile, NT, NG, my_tiles;
   bool fused;
-  __device__ __forceinline__ explicit TileWalk(const GemmArgs& p)
+  __device__ __forceinline__ explicit TileWalk(const GemmArgs& p, int group = 1)
       : tiles(p.tiles), N(p.N), n_per_tile(p.fused ? kRowsW / 2 : kRowsW), fused(p.fused) {
     NT = (N + n_per_tile - 1) / n_per_tile;
-    const int total = *p.num_tiles * NT;
+    NG = (NT + group - 1) / group;
+    const int total = *p.num_tiles * NG;
     my_tiles = int(blockIdx.x) < total ? (total - 1 - int(blockIdx.x)) / int(gridDim.x) + 1 : 0;
+    n_group = group * n_per_tile;
   }
+  int n_group;
   __device__ __forceinline__ Tile at(int local) const {
     const int tile = int(blockIdx.x) + local * int(gridDim.x);
-    return Tile{tiles[tile / NT], (tile % NT) * n_per_tile};
+    return Tile{tiles[tile / NG], (tile % NG) * n_group};
   }
   // Tile row r -> weight row, and whether it exists.
   __device__ __forceinline__ int w_row(int n0, int r) const { return fused ? (r < 64 ? n0 + r : N + n0 + r - 64) : n0 + r; }

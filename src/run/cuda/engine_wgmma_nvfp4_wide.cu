@@ -40,31 +40,28 @@ using gemm::smem_u32;
 
 constexpr int kTN = kWgmmaWideBlockM;  // tokens per m-tile at most (the tile table's bm)
 constexpr int kNR = kTN / 2;           // accumulators per m64 half and thread
-constexpr int kAheadA = 1;             // token stages loaded ahead
-constexpr int kSlotsA = kAheadA + 2;   // the batches of step s - 1 may still read their slot
-constexpr int kAtom = kTN * 128;       // one 64-K sub-block of tokens: [128 rows][128 B], SW128
-constexpr int kSmem = 2 * kAtom * kSlotsA + 1024;
-constexpr int kAheadW = 1;             // weight stages loaded ahead (register ring of 2 sets)
-constexpr int kMinBlocks = 2;
+constexpr int kGroups = 2;             // warpgroups per CTA, each on its own 128-row weight tile
+constexpr int kCtaThreads = kGroups * kThreads;
+constexpr int kAtom = kTN * 128;       // one 64-K sub-block of tokens: [kTN rows][128 B], SW128
+constexpr int kTokBytes = 2 * kAtom;   // a stage's tokens
+constexpr int kSlot = kTokBytes + kGroups * kPreparedBlock;  // + each warpgroup's prepared block
+constexpr int kAhead = 2;              // stages loaded ahead of the one computed
+constexpr int kSlots = kAhead + 2;     // + the stage computed and the previous one (its last wgmmas)
+constexpr int kSmem = kSlot * kSlots + 1024;
 static_assert(kTN == 64 || kTN == 128, "token-tile widths the issue switch covers");
+static_assert(kTN % (kCtaThreads / 4) == 0, "whole passes of token rows");
+static_assert(kSlot % 1024 == 0, "SW128 token atoms need 1024-byte alignment");
 
-__device__ __forceinline__ uint4 ldg_stream16(const uint8_t* p) {
+__device__ __forceinline__ uint4 lds16(uint32_t a) {
   uint4 v;
-  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-               : "l"(p));
+  asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(a));
   return v;
 }
-__device__ __forceinline__ uint2 ldg_stream8(const uint8_t* p) {
+__device__ __forceinline__ uint2 lds8(uint32_t a) {
   uint2 v;
-  asm volatile("ld.global.nc.L1::no_allocate.v2.u32 {%0, %1}, [%2];\n" : "=r"(v.x), "=r"(v.y) : "l"(p));
+  asm volatile("ld.shared.v2.u32 {%0, %1}, [%2];\n" : "=r"(v.x), "=r"(v.y) : "r"(a));
   return v;
 }
-
-struct WeightRegs {
-  uint4 c[4];  // codes, i = 2 sb + h (prepared layout)
-  uint2 s;     // scales
-};
 
 __device__ __forceinline__ void zero(float (&acc)[2][kNR]) {
 #pragma unroll
@@ -106,88 +103,74 @@ __device__ __forceinline__ void issue_batch(float (&acc)[2][kNR], const uint32_t
 
 __device__ __forceinline__ int tile_width(int rows) { return min(kTN, (rows + 31) & ~31); }
 
-__global__ void __launch_bounds__(kThreads, kMinBlocks) nvfp4_wide_kernel(GemmArgs p) {
-  constexpr int kRing = kAheadW + 1;
+__global__ void __launch_bounds__(kCtaThreads, 1) nvfp4_wide_kernel(GemmArgs p) {
   extern __shared__ uint8_t smem_raw[];
   const uint32_t raw = smem_u32(smem_raw);
   const uint32_t base = (raw + 1023u) & ~1023u;
 
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  // Warpgroup wgi works on weight tile (the group's first n-tile) + wgi; inside it, thread tid
+  // plays the prepared kernel's thread tid (its rows, its bytes of each prepared block).
+  const int cta_tid = threadIdx.x, wgi = cta_tid / kThreads, tid = cta_tid % kThreads, lane = tid & 31,
+            warp = tid >> 5;
   const int K = p.K, KT = K / kKS;
-  const wg::TileWalk walk(p);
+  const wg::TileWalk walk(p, kGroups);
   const int my_tiles = walk.my_tiles;
   const int64_t steps = int64_t(my_tiles) * KT;
   using Cur = wg::TileWalk::Tile;
   const uint8_t* prep = static_cast<const uint8_t*>(p.W.prepared);
 
-  // Token loads: thread (row tr + 32 i, quarter tq) copies four 16-byte chunks of its row per
-  // row group i < width / 32: quarter tq is bytes 64 tq .. of the stage's 256-byte row, i.e.
+  // Token loads (both warpgroups): thread (row tr + 64 i, quarter tq) copies four 16-byte chunks
+  // of its row per pass i: quarter tq is bytes 64 tq .. of the stage's 256-byte row, i.e.
   // sub-block tq / 2, chunks 4 (tq % 2) .. +3. Rows past the tile's rows are zero-filled up to
-  // its width (their token columns are computed and never stored); wider groups are not loaded.
-  const int tr = tid >> 2, tq = tid & 3;
+  // its width (their token columns are computed and never stored); rows past the width are not
+  // loaded.
+  constexpr int kRowsPerPass = kCtaThreads / 4;
+  const int tr = cta_tid >> 2, tq = cta_tid & 3;
   const uint32_t a_off = uint32_t((tq >> 1) * kAtom + tr * 128);
   const int a_m0 = 4 * (tq & 1), a_sw = tr & 7;
+  const int64_t a_pass = int64_t(kRowsPerPass) * K * 2;  // bytes between rows tr and tr + kRowsPerPass
+  // Weight loads: this warpgroup's prepared block of the stage, copied as it is: thread tid its own
+  // four 16-byte code chunks (the ones it decodes), threads 0-63 the 1 KB of scales.
+  const uint32_t w_off = uint32_t(kTokBytes + wgi * kPreparedBlock);
   const uint8_t* la = nullptr;  // row tr of the tile, quarter tq, at k = 0
-  int a_rows = 0, a_groups = 0;
-  const int64_t a_group = int64_t(32) * K * 2;  // bytes between rows tr and tr + 32
-  auto enter_tokens = [&](const Cur& c) {
+  const uint8_t* lw = nullptr;  // this warpgroup's weight tile, stage 0
+  int a_rows = 0, a_width = 0;
+  auto enter = [&](const Cur& c) {
     a_rows = c.mt.rows;
-    a_groups = tile_width(c.mt.rows) / 32;
+    a_width = tile_width(c.mt.rows);
     la = reinterpret_cast<const uint8_t*>(p.A + int64_t(c.mt.row0 + tr) * K) + tq * 64;
+    // Past NT (the odd last group) this warpgroup re-reads tile NT - 1 and stores nothing.
+    const int nt = min(c.n0 / walk.n_per_tile + wgi, walk.NT - 1);
+    lw = prep + (int64_t(c.mt.expert) * walk.NT + nt) * int64_t(KT) * kPreparedBlock;
   };
   wg::LoadCursor lc;
-  lc.start(walk, enter_tokens);
-  auto load_tokens = [&]() {
-    const uint32_t st = base + uint32_t(lc.slot) * (2 * kAtom);
+  lc.start(walk, enter);
+  auto load_stage = [&]() {
+    const uint32_t st = base + uint32_t(lc.slot) * kSlot;
     const uint8_t* A = la + int64_t(lc.kt) * kKS * 2;
 #pragma unroll
-    for (int g = 0; g < kTN / 32; ++g) {
-      if (g < a_groups) {
-        const bool ok = tr + 32 * g < a_rows;
-        const uint8_t* src = ok ? A + g * a_group : A;  // a masked copy reads nothing
+    for (int g = 0; g < kTN / kRowsPerPass; ++g) {
+      const int row = tr + kRowsPerPass * g;
+      if (row < a_width) {
+        const bool ok = row < a_rows;
+        const uint8_t* src = ok ? A + g * a_pass : A;  // a masked copy reads nothing
 #pragma unroll
         for (int i = 0; i < 4; ++i)
-          cp_async16(st + a_off + g * 32 * 128 + (((a_m0 + i) ^ a_sw) << 4), src + i * 16, ok);
+          cp_async16(st + a_off + g * kRowsPerPass * 128 + (((a_m0 + i) ^ a_sw) << 4), src + i * 16, ok);
       }
     }
-    lc.advance(KT, kSlotsA, walk, enter_tokens);
-  };
-
-  const int64_t tile_blocks = int64_t(KT) * kPreparedBlock;
-  auto block_of = [&](const Cur& c) {
-    return prep + (int64_t(c.mt.expert) * walk.NT + c.n0 / walk.n_per_tile) * tile_blocks + tid * 16;
-  };
-  int w_local = 0, w_kt = 0;
-  const uint8_t* wp = nullptr;
-  Cur w_next{};
-  if (my_tiles > 0) {
-    wp = block_of(walk.at(0));
-    if (my_tiles > 1) w_next = walk.at(1);
-  }
-  WeightRegs ring[kRing];
-  auto load_weights = [&](WeightRegs& r) {
-    if (w_local >= my_tiles) return;
+    const uint8_t* W = lw + int64_t(lc.kt) * kPreparedBlock;
 #pragma unroll
-    for (int i = 0; i < 4; ++i) r.c[i] = ldg_stream16(wp + i * 2048);
-    r.s = ldg_stream8(wp + 8192 - tid * 8);
-    wp += kPreparedBlock;
-    if (++w_kt == KT) {
-      w_kt = 0;
-      if (++w_local < my_tiles) {
-        wp = block_of(w_next);
-        if (w_local + 1 < my_tiles) w_next = walk.at(w_local + 1);
-      }
-    }
+    for (int i = 0; i < 4; ++i) cp_async16(st + w_off + i * 2048 + tid * 16, W + i * 2048 + tid * 16, true);
+    if (tid < 64) cp_async16(st + w_off + 8192 + tid * 16, W + 8192 + tid * 16, true);
+    lc.advance(KT, kSlots, walk, enter);
   };
 
   float acc[2][kNR];
   zero(acc);
-
 #pragma unroll
-  for (int j = 0; j < kAheadW; ++j) load_weights(ring[j]);
-#pragma unroll
-  for (int s = 0; s < kAheadA; ++s) {
-    if (s < steps) load_tokens();
+  for (int s = 0; s < kAhead; ++s) {
+    if (s < steps) load_stage();
     cp_commit();
   }
 
@@ -195,51 +178,53 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) nvfp4_wide_kernel(GemmAr
   int width = my_tiles > 0 ? tile_width(cur.mt.rows) : 0;
   int c_kt = 0, c_slot = 0, c_local = 0;
   uint32_t wa[2][2][8];
-  for (int64_t s0 = 0; s0 < steps; s0 += kRing) {
+  for (int64_t s = 0; s < steps; ++s) {
+    const int kt = c_kt, slot = c_slot;
+    if (++c_kt == KT) c_kt = 0;
+    if (++c_slot == kSlots) c_slot = 0;
+    cp_wait<kAhead - 1>();
+    wg::fence_proxy_async();
+    // Stage s is visible to all; every warp has waited for the wgmmas of step s - 2, whose slot
+    // the load below takes.
+    __syncthreads();
+    if (s + kAhead < steps) load_stage();
+    cp_commit();
+    const uint32_t st = base + uint32_t(slot) * kSlot;
+    const uint32_t w = st + w_off;
+    uint4 c[4];
 #pragma unroll
-    for (int j = 0; j < kRing; ++j) {
-      const int64_t s = s0 + j;
-      if (s >= steps) break;
-      load_weights(ring[(j + kAheadW) % kRing]);
-      const int kt = c_kt, slot = c_slot;
-      if (++c_kt == KT) c_kt = 0;
-      if (++c_slot == kSlotsA) c_slot = 0;
-      cp_wait<kAheadA - 1>();
-      wg::fence_proxy_async();
-      __syncthreads();
-      if (s + kAheadA < steps) load_tokens();
-      cp_commit();
-      const uint32_t st = base + uint32_t(slot) * (2 * kAtom);
-      const WeightRegs& r = ring[j];
-      uint32_t scl[2][2][2];
+    for (int i = 0; i < 4; ++i) c[i] = lds16(w + i * 2048 + tid * 16);
+    const uint2 sc = lds8(w + 8192 + tid * 8);
+    uint32_t scl[2][2][2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+#pragma unroll
+      for (int q = 0; q < 2; ++q) scale_pair((h ? sc.y : sc.x) >> (16 * q), scl[h][q]);
+#pragma unroll
+    for (int sb = 0; sb < 2; ++sb) {
+      wg::wgmma_wait0();  // the previous batch still reads wa
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const uint4 v = c[2 * sb + h];
+        decode16<true>(v.x, v.y, scl[h][0][sb], wa[h][0]);
+        decode16<true>(v.z, v.w, scl[h][1][sb], wa[h][1]);
+      }
+      issue_batch(acc, wa, st + sb * kAtom, width);
+    }
+    if (kt == KT - 1) {
+      wg::wgmma_wait0();
 #pragma unroll
       for (int h = 0; h < 2; ++h)
 #pragma unroll
-        for (int q = 0; q < 2; ++q) scale_pair((h ? r.s.y : r.s.x) >> (16 * q), scl[h][q]);
-#pragma unroll
-      for (int sb = 0; sb < 2; ++sb) {
-        wg::wgmma_wait0();  // the previous batch still reads wa
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const uint4 v = r.c[2 * sb + h];
-          decode16<true>(v.x, v.y, scl[h][0][sb], wa[h][0]);
-          decode16<true>(v.z, v.w, scl[h][1][sb], wa[h][1]);
-        }
-        issue_batch(acc, wa, st + sb * kAtom, width);
-      }
-      if (kt == KT - 1) {
-        wg::wgmma_wait0();
-#pragma unroll
-        for (int h = 0; h < 2; ++h)
-#pragma unroll
-          for (int i = 0; i < kNR; ++i) asm volatile("" : "+f"(acc[h][i])::"memory");
-        wg::store_tile(p, cur, acc, warp, lane, nvfp4_layout::kAccScale / p.W.global_scale[cur.mt.expert],
+        for (int i = 0; i < kNR; ++i) asm volatile("" : "+f"(acc[h][i])::"memory");
+      const Cur mine{cur.mt, cur.n0 + wgi * walk.n_per_tile};
+      if (mine.n0 / walk.n_per_tile < walk.NT)
+        wg::store_tile(p, mine, acc, warp, lane, nvfp4_layout::kAccScale / p.W.global_scale[cur.mt.expert],
                        p.out_kperm);
-        zero(acc);
-        if (++c_local < my_tiles) {
-          cur = walk.at(c_local);
-          width = tile_width(cur.mt.rows);
-        }
+      zero(acc);
+      if (++c_local < my_tiles) {
+        cur = walk.at(c_local);
+        width = tile_width(cur.mt.rows);
       }
     }
   }
@@ -256,9 +241,12 @@ void launch_grouped_gemm_wgmma_nvfp4_wide(const GemmArgs& a, cudaStream_t stream
   using namespace wgf4w;
   if (!a.W.prepared || !a.W.global_scale || !a.A)
     throw UsageError("cuda runner (wgmma nvfp4, wide): needs prepared weights, global_scale and bf16 A");
-  const int grid = wg::persistent_grid(a, reinterpret_cast<const void*>(nvfp4_wide_kernel), kSmem);
+  const KernelFit fit = fit_kernel(reinterpret_cast<const void*>(nvfp4_wide_kernel), kCtaThreads, kSmem);
+  const int n_per_tile = a.fused ? wgf4::kRowsW / 2 : wgf4::kRowsW;
+  const int64_t groups = ((a.N + n_per_tile - 1) / n_per_tile + kGroups - 1) / kGroups;
+  const int grid = static_cast<int>(std::min<int64_t>(int64_t(a.max_tiles) * groups, int64_t(fit.sms) * fit.per_sm));
   if (grid <= 0) return;
-  nvfp4_wide_kernel<<<grid, kThreads, kSmem, stream>>>(a);
+  nvfp4_wide_kernel<<<grid, kCtaThreads, kSmem, stream>>>(a);
   EPMOE_CUDA_CHECK_LAUNCH();
 }
 
