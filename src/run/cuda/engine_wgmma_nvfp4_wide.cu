@@ -1,31 +1,39 @@
 // The nvfp4 register-decode wgmma engine for many rows per expert ("wide"): the prepared kernel's
-// weights, decode, K order and epilogue (engine_wgmma_nvfp4_prepared.cu), but m-tiles of up to 128
-// tokens, each weight tile decoded once per 128 tokens instead of once per 32.
+// weight blocks, decode, K order and epilogue (engine_wgmma_nvfp4_prepared.cu), but token tiles of
+// up to 128 rows, so each weight is decoded once per 128 tokens instead of once per 32.
 //
-// Why (measured, bench/results/2026-12-01-session10-h200.md): the 32-token decode engine streams
-// and decodes an expert's weights once per 32 rows, so at 128 rows per expert (DeepSeek-V3, M
-// 16384) it takes 5.47 ms, and above 192 rows the runner widened nvfp4 to bf16 in scratch for
-// CUTLASS (10.3 ms at M 32768, 22.4 at 131072, against 4.9 / 19.5 for bf16 weights). Here the
-// weights are still read from the prepared copy straight into registers and decoded there (no
-// widened copy), and each decoded A fragment feeds m64nNk16 wgmmas with N up to 128: per 128-K
-// stage a CTA does 4x the MMA work of the decode engine for the same decode and weight bytes.
+// Why (bench/results/2026-12-01-session10-h200.md): the 32-token decode engine streams and decodes
+// an expert's weights once per 32 rows, 5.5 ms at 128 rows per expert (DeepSeek-V3, M 16384), and
+// above 192 rows the runner widened nvfp4 to bf16 in scratch for CUTLASS (10.3 ms at M 32768,
+// against 4.9 for bf16 weights). Here the weights are never widened into memory.
 //
-// Token-tile width per tile: the tile table is built with 128-row m-tiles, and each tile runs the
-// narrowest of N = 32, 64, 96, 128 that covers its rows (wgrs::wgmma_bf16_rA<N>), so an expert's
-// last, partial m-tile costs at most 31 padded token columns of MMA rather than up to 127. The
-// choice is per tile and uniform across the CTA, and every width reads the same accumulator
-// registers (the m64nN fragment is a prefix of the m64n128 one).
+// CTA: two warpgroups, each on its own 128-row weight tile (the prepared layout's tiles, thread tid
+// of a warpgroup playing the prepared kernel's thread tid), sharing one token tile. Per tile the
+// wgmmas run the narrowest width N = 32, 64, 96 or 128 that covers its rows (wgrs::wgmma_bf16_rA<N>),
+// so an expert's last, partial tile costs at most 31 padded token columns; every width reads a
+// prefix of the same accumulators. Fused GEMM1: each weight tile is 64 gate + 64 up rows of the
+// same columns, so each warpgroup applies SwiGLU to its own accumulators.
 //
-// Arithmetic: the same A fragments (decoded weights times block scale, times 2^-8), the same
-// token K order, the same k16 steps in the same order into fp32 accumulators, the same epilogue
-// scale: the outputs equal the 32-token engines' bit for bit (tested), as long as a wgmma's sum
-// for one output column does not depend on N (which the test checks on the hardware it runs on).
+// Pipeline: a 4-slot shared-memory ring, 2 stages ahead; a slot holds a 128-K stage of the tokens
+// ([2 sub-blocks][128 rows][128 B], SW128) and both warpgroups' prepared weight blocks (9 KB each,
+// copied as they are), all by cp.async. Slots are guarded by mbarriers: `full` completes when every
+// thread's copies of the stage landed (cp.async.mbarrier.arrive.noinc), `empty` when both
+// warpgroups' wgmmas that read it are done; no __syncthreads in the loop. Two sets of A registers:
+// a sub-block is decoded while the previous sub-block's wgmmas run (wait_group 1).
 //
-// Pipeline (one warpgroup, 128 weight rows, 2 CTAs per SM): token stages [2 sub-blocks][128 rows]
-// [128 B] SW128 (32 KB) in a cp.async ring of 3 slots, one stage ahead; weights one stage ahead
-// in a register ring of two sets (128 accumulators leave room for no more); one A-register set,
-// so a sub-block's decode waits for the previous sub-block's wgmmas, and the other CTA on the SM
-// keeps the tensor cores busy meanwhile.
+// How it got here (DeepSeek-V3, 128 local experts, H200, ms at M 8192 / 32768 / 131072; session 11):
+//   one warpgroup, 64 tokens, weights in registers       2.27 / 8.64 / 35.0  (~330 TFLOP/s)
+//   two warpgroups, 128 tokens, weights via the ring     2.55 / 7.63 / 30.1  (+ two A sets: 29.0)
+//   + mbarriers instead of the per-stage barrier         2.48 / 6.64 / 26.0  (~440 TFLOP/s)
+// ncu before the mbarriers (M 32768): tensor pipe ~42% busy, issue slots 26%, L2 28%, DRAM 12%;
+// warps mostly stalled on the per-stage barrier (2.0 of 7.3 cycles per instruction), fixed-latency
+// dependencies of the decode (1.4) and the shared-memory queue (1.1). Still below CUTLASS on bf16
+// (~600 TFLOP/s), so above policy::kNvfp4WideMaxRows rows per expert the widened copy wins.
+//
+// Arithmetic: the same A fragments (decoded weights times block scale, times 2^-8), the same token K
+// order, the same k16 steps in the same order into fp32 accumulators, the same epilogue scale: the
+// outputs equal the 32-row engines' bit for bit (tested on the H200: the hardware's sum for one
+// output column does not depend on N).
 #include "run/cuda/engine_wgmma_nvfp4.cuh"
 #include "run/cuda/wgmma_rs.cuh"
 
@@ -38,19 +46,46 @@ using gemm::cp_commit;
 using gemm::cp_wait;
 using gemm::smem_u32;
 
-constexpr int kTN = kWgmmaWideBlockM;  // tokens per m-tile at most (the tile table's bm)
-constexpr int kNR = kTN / 2;           // accumulators per m64 half and thread
 constexpr int kGroups = 2;             // warpgroups per CTA, each on its own 128-row weight tile
 constexpr int kCtaThreads = kGroups * kThreads;
-constexpr int kAtom = kTN * 128;       // one 64-K sub-block of tokens: [kTN rows][128 B], SW128
-constexpr int kTokBytes = 2 * kAtom;   // a stage's tokens
-constexpr int kSlot = kTokBytes + kGroups * kPreparedBlock;  // + each warpgroup's prepared block
 constexpr int kAhead = 2;              // stages loaded ahead of the one computed
 constexpr int kSlots = kAhead + 2;     // + the stage computed and the previous one (its last wgmmas)
-constexpr int kSmem = kSlot * kSlots + 1024;
-static_assert(kTN == 64 || kTN == 128, "token-tile widths the issue switch covers");
-static_assert(kTN % (kCtaThreads / 4) == 0, "whole passes of token rows");
-static_assert(kSlot % 1024 == 0, "SW128 token atoms need 1024-byte alignment");
+
+// Geometry for token tiles of up to TN rows.
+template <int TN>
+struct Geo {
+  static constexpr int kNR = TN / 2;          // accumulators per m64 half and thread
+  static constexpr int kAtom = TN * 128;      // one 64-K sub-block of tokens: [TN rows][128 B], SW128
+  static constexpr int kTokBytes = 2 * kAtom; // a stage's tokens
+  static constexpr int kSlot = kTokBytes + kGroups * kPreparedBlock;  // + each warpgroup's prepared block
+  static constexpr int kBars = kSlot * kSlots;  // MB: full[kSlots] then empty[kSlots] mbarriers
+  static constexpr int kSmem = kBars + 16 * kSlots + 1024;
+  static_assert(TN == 64 || TN == 128, "token-tile widths the issue switch covers");
+  static_assert(TN % (kCtaThreads / 4) == 0, "whole passes of token rows");
+  static_assert(kSlot % 1024 == 0, "SW128 token atoms need 1024-byte alignment");
+};
+
+// mbarriers of the MB pipeline (shared memory, CTA scope).
+__device__ __forceinline__ void mbar_init(uint32_t bar, int count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
+  asm volatile("{\n.reg .b64 st;\nmbarrier.arrive.shared::cta.b64 st, [%0];\n}\n" ::"r"(bar) : "memory");
+}
+// Arrives once every cp.async this thread issued before has landed (counts as one of the arrivals).
+__device__ __forceinline__ void mbar_arrive_cp_async(uint32_t bar) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
+}
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+  uint32_t done = 0;
+  do {
+    asm volatile(
+        "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done)
+        : "r"(bar), "r"(parity)
+        : "memory");
+  } while (!done);
+}
 
 __device__ __forceinline__ uint4 lds16(uint32_t a) {
   uint4 v;
@@ -63,15 +98,16 @@ __device__ __forceinline__ uint2 lds8(uint32_t a) {
   return v;
 }
 
-__device__ __forceinline__ void zero(float (&acc)[2][kNR]) {
+template <int NR>
+__device__ __forceinline__ void zero(float (&acc)[2][NR]) {
 #pragma unroll
   for (int h = 0; h < 2; ++h)
 #pragma unroll
-    for (int i = 0; i < kNR; ++i) acc[h][i] = 0.f;
+    for (int i = 0; i < NR; ++i) acc[h][i] = 0.f;
 }
 
-template <int N>
-__device__ __forceinline__ void issue_n(float (&acc)[2][kNR], const uint32_t (&wa)[2][2][8], uint32_t tokens) {
+template <int N, int NR>
+__device__ __forceinline__ void issue_n(float (&acc)[2][NR], const uint32_t (&wa)[2][2][8], uint32_t tokens) {
   wg::wgmma_fence();
 #pragma unroll
   for (int j = 0; j < 4; ++j) {
@@ -86,9 +122,10 @@ __device__ __forceinline__ void issue_n(float (&acc)[2][kNR], const uint32_t (&w
 }
 
 // The 8 wgmmas of one 64-K sub-block at the tile's width n (32, 64, 96 or 128).
-__device__ __forceinline__ void issue_batch(float (&acc)[2][kNR], const uint32_t (&wa)[2][2][8], uint32_t tokens,
+template <int NR>
+__device__ __forceinline__ void issue_batch(float (&acc)[2][NR], const uint32_t (&wa)[2][2][8], uint32_t tokens,
                                             int n) {
-  if constexpr (kTN == 64) {
+  if constexpr (NR == 32) {
     if (n == 32) issue_n<32>(acc, wa, tokens);
     else issue_n<64>(acc, wa, tokens);
   } else {
@@ -101,9 +138,19 @@ __device__ __forceinline__ void issue_batch(float (&acc)[2][kNR], const uint32_t
   }
 }
 
-__device__ __forceinline__ int tile_width(int rows) { return min(kTN, (rows + 31) & ~31); }
+template <int TN>
+__device__ __forceinline__ int tile_width(int rows) { return min(TN, (rows + 31) & ~31); }
 
+// TWO: two sets of A registers, so a sub-block's decode overlaps the previous sub-block's wgmmas
+// (wait for all but the last batch) instead of following them.
+// MB: the ring's slots guarded by mbarriers (full: the stage's copies landed, all threads' cp.async
+// arriving on it; empty: both warpgroups' wgmmas that read the slot are done) instead of one
+// __syncthreads per stage, so the warpgroups run out of phase (one decodes while the other's
+// wgmmas run) and wait on each other only when a slot is really not ready.
+template <int TN, bool TWO, bool MB>
 __global__ void __launch_bounds__(kCtaThreads, 1) nvfp4_wide_kernel(GemmArgs p) {
+  using G = Geo<TN>;
+  constexpr int kTN = TN, kNR = G::kNR, kAtom = G::kAtom, kTokBytes = G::kTokBytes, kSlot = G::kSlot;
   extern __shared__ uint8_t smem_raw[];
   const uint32_t raw = smem_u32(smem_raw);
   const uint32_t base = (raw + 1023u) & ~1023u;
@@ -137,7 +184,7 @@ __global__ void __launch_bounds__(kCtaThreads, 1) nvfp4_wide_kernel(GemmArgs p) 
   int a_rows = 0, a_width = 0;
   auto enter = [&](const Cur& c) {
     a_rows = c.mt.rows;
-    a_width = tile_width(c.mt.rows);
+    a_width = tile_width<kTN>(c.mt.rows);
     la = reinterpret_cast<const uint8_t*>(p.A + int64_t(c.mt.row0 + tr) * K) + tq * 64;
     // Past NT (the odd last group) this warpgroup re-reads tile NT - 1 and stores nothing.
     const int nt = min(c.n0 / walk.n_per_tile + wgi, walk.NT - 1);
@@ -166,29 +213,58 @@ __global__ void __launch_bounds__(kCtaThreads, 1) nvfp4_wide_kernel(GemmArgs p) 
     lc.advance(KT, kSlots, walk, enter);
   };
 
+  const uint32_t full0 = base + G::kBars, empty0 = full0 + 8 * kSlots;
+  if constexpr (MB) {
+    if (cta_tid == 0)
+      for (int i = 0; i < kSlots; ++i) {
+        mbar_init(full0 + 8 * i, kCtaThreads);
+        mbar_init(empty0 + 8 * i, kCtaThreads);
+      }
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    __syncthreads();
+  }
+  int64_t loaded = 0;  // stages whose copies are issued
+  auto produce = [&]() {
+    const int slot = lc.slot;
+    if constexpr (MB) {
+      // The slot's previous stage (loaded - kSlots) must be released by both warpgroups.
+      if (loaded >= kSlots) mbar_wait(empty0 + 8 * slot, uint32_t((loaded / kSlots) & 1) ^ 1u);
+    }
+    load_stage();
+    if constexpr (MB) mbar_arrive_cp_async(full0 + 8 * slot);
+    ++loaded;
+  };
+
   float acc[2][kNR];
   zero(acc);
 #pragma unroll
   for (int s = 0; s < kAhead; ++s) {
-    if (s < steps) load_stage();
-    cp_commit();
+    if (s < steps) produce();
+    if constexpr (!MB) cp_commit();
   }
 
   Cur cur = my_tiles > 0 ? walk.at(0) : Cur{};
-  int width = my_tiles > 0 ? tile_width(cur.mt.rows) : 0;
+  int width = my_tiles > 0 ? tile_width<kTN>(cur.mt.rows) : 0;
   int c_kt = 0, c_slot = 0, c_local = 0;
-  uint32_t wa[2][2][8];
+  uint32_t wa[TWO ? 2 : 1][2][2][8];
   for (int64_t s = 0; s < steps; ++s) {
     const int kt = c_kt, slot = c_slot;
     if (++c_kt == KT) c_kt = 0;
+    const int prev_slot = slot == 0 ? kSlots - 1 : slot - 1;
     if (++c_slot == kSlots) c_slot = 0;
-    cp_wait<kAhead - 1>();
-    wg::fence_proxy_async();
-    // Stage s is visible to all; every warp has waited for the wgmmas of step s - 2, whose slot
-    // the load below takes.
-    __syncthreads();
-    if (s + kAhead < steps) load_stage();
-    cp_commit();
+    if constexpr (MB) {
+      if (s + kAhead < steps) produce();
+      mbar_wait(full0 + 8 * slot, uint32_t((s / kSlots) & 1));
+      wg::fence_proxy_async();
+    } else {
+      cp_wait<kAhead - 1>();
+      wg::fence_proxy_async();
+      // Stage s is visible to all; every warp has waited for the wgmmas of step s - 2, whose slot
+      // the load below takes.
+      __syncthreads();
+      if (s + kAhead < steps) produce();
+      cp_commit();
+    }
     const uint32_t st = base + uint32_t(slot) * kSlot;
     const uint32_t w = st + w_off;
     uint4 c[4];
@@ -202,14 +278,21 @@ __global__ void __launch_bounds__(kCtaThreads, 1) nvfp4_wide_kernel(GemmArgs p) 
       for (int q = 0; q < 2; ++q) scale_pair((h ? sc.y : sc.x) >> (16 * q), scl[h][q]);
 #pragma unroll
     for (int sb = 0; sb < 2; ++sb) {
-      wg::wgmma_wait0();  // the previous batch still reads wa
+      auto& set = wa[TWO ? sb : 0];
+      // The batch that last read this set is done: with one set the previous batch, with two the
+      // one before it.
+      if constexpr (TWO) wg::wgmma_wait1();
+      else wg::wgmma_wait0();
+      // MB: from here on every wgmma of stage s - 1 is done (at sb 1: all but this stage's sb 0).
+      if constexpr (MB)
+        if (sb == 1 && s > 0) mbar_arrive(empty0 + 8 * prev_slot);
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const uint4 v = c[2 * sb + h];
-        decode16<true>(v.x, v.y, scl[h][0][sb], wa[h][0]);
-        decode16<true>(v.z, v.w, scl[h][1][sb], wa[h][1]);
+        decode16<true>(v.x, v.y, scl[h][0][sb], set[h][0]);
+        decode16<true>(v.z, v.w, scl[h][1][sb], set[h][1]);
       }
-      issue_batch(acc, wa, st + sb * kAtom, width);
+      issue_batch(acc, set, st + sb * kAtom, width);
     }
     if (kt == KT - 1) {
       wg::wgmma_wait0();
@@ -224,7 +307,7 @@ __global__ void __launch_bounds__(kCtaThreads, 1) nvfp4_wide_kernel(GemmArgs p) 
       zero(acc);
       if (++c_local < my_tiles) {
         cur = walk.at(c_local);
-        width = tile_width(cur.mt.rows);
+        width = tile_width<kTN>(cur.mt.rows);
       }
     }
   }
@@ -237,17 +320,25 @@ __global__ void __launch_bounds__(kCtaThreads, 1) nvfp4_wide_kernel(GemmArgs p) 
 
 namespace epmoe::cuda {
 
-void launch_grouped_gemm_wgmma_nvfp4_wide(const GemmArgs& a, cudaStream_t stream) {
+namespace {
+template <int TN, bool TWO, bool MB>
+void launch_wide(const GemmArgs& a, cudaStream_t stream) {
   using namespace wgf4w;
-  if (!a.W.prepared || !a.W.global_scale || !a.A)
-    throw UsageError("cuda runner (wgmma nvfp4, wide): needs prepared weights, global_scale and bf16 A");
-  const KernelFit fit = fit_kernel(reinterpret_cast<const void*>(nvfp4_wide_kernel), kCtaThreads, kSmem);
+  const void* k = reinterpret_cast<const void*>(nvfp4_wide_kernel<TN, TWO, MB>);
+  const KernelFit fit = fit_kernel(k, kCtaThreads, Geo<TN>::kSmem);
   const int n_per_tile = a.fused ? wgf4::kRowsW / 2 : wgf4::kRowsW;
   const int64_t groups = ((a.N + n_per_tile - 1) / n_per_tile + kGroups - 1) / kGroups;
   const int grid = static_cast<int>(std::min<int64_t>(int64_t(a.max_tiles) * groups, int64_t(fit.sms) * fit.per_sm));
   if (grid <= 0) return;
-  nvfp4_wide_kernel<<<grid, kCtaThreads, kSmem, stream>>>(a);
+  nvfp4_wide_kernel<TN, TWO, MB><<<grid, kCtaThreads, Geo<TN>::kSmem, stream>>>(a);
   EPMOE_CUDA_CHECK_LAUNCH();
+}
+}  // namespace
+
+void launch_grouped_gemm_wgmma_nvfp4_wide(const GemmArgs& a, cudaStream_t stream) {
+  if (!a.W.prepared || !a.W.global_scale || !a.A)
+    throw UsageError("cuda runner (wgmma nvfp4, wide): needs prepared weights, global_scale and bf16 A");
+  launch_wide<kWgmmaWideBlockM, true, true>(a, stream);
 }
 
 }  // namespace epmoe::cuda

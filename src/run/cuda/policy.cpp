@@ -65,7 +65,7 @@ int decode_max_rows(WeightFormat wf, const DecodeEngines& d32, int tuned, bool p
 bool use_nvfp4_wide(RunnerEngine engine, const DecodeEngines& d32, bool prepared, double expected_rows,
                     int decode_max_rows) {
   return engine != RunnerEngine::cutlass && prepared && d32.nvfp4_1 && d32.nvfp4_2 && decode_max_rows > 0 &&
-         expected_rows > double(decode_max_rows);
+         expected_rows > double(decode_max_rows) && expected_rows <= kNvfp4WideMaxRows;
 }
 
 std::string path_name(CutlassPath p, WeightFormat wf, int swap_tile_n) {

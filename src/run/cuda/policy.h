@@ -105,9 +105,14 @@ int decode_max_rows(WeightFormat wf, const DecodeEngines& d32, int tuned, bool p
 
 // ---- the wide nvfp4 engine (m-tile kWgmmaWideBlockM, engine.h) -----------------------------------
 // engine_wgmma_nvfp4_wide.cu: the prepared register-decode engine with token tiles of up to
-// kWgmmaWideBlockM rows. Used for both GEMMs above decode_max_rows expected rows per expert where
-// both have the nvfp4 decode engine (d32) on prepared weights, unless the engine is forced to
-// cutlass (which widens nvfp4 to bf16 in scratch instead).
+// kWgmmaWideBlockM rows. Used for both GEMMs above decode_max_rows and up to kNvfp4WideMaxRows
+// expected rows per expert where both have the nvfp4 decode engine (d32) on prepared weights,
+// unless the engine is forced to cutlass (which widens nvfp4 to bf16 in scratch instead).
+// Measured on an H200, DeepSeek-V3 experts, 128 local (bench/results/2026-12-01-session11-h200.md):
+// at 64 / 128 / 256 / 512 / 1024 rows per expert 2.48 / 3.37 / 6.64 / 13.06 / 26.0 ms, against the
+// 32-row decode engine's 2.75 / 5.53 at 64 / 128 and widened CUTLASS's 13.62 at 512 and 22.4 at
+// 1024 (~400 TFLOP/s here against ~600 for CUTLASS on the widened copy): crossover ~600 rows.
+constexpr double kNvfp4WideMaxRows = 640.0;
 bool use_nvfp4_wide(RunnerEngine engine, const DecodeEngines& d32, bool prepared, double expected_rows,
                     int decode_max_rows);
 

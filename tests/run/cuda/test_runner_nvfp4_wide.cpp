@@ -15,6 +15,8 @@
 #include "common/gpu_test_util.h"
 #include "epmoe/quant.h"
 #include "run/cuda/engine.h"
+#include "run/cuda/engine_cutlass.h"
+#include "run/cuda/policy.h"
 #include "run/cuda/runner.h"
 #include "run/cuda/runner_test_util.h"
 #include "run/reference.h"
@@ -98,6 +100,32 @@ void run_problem(const Problem& p, uint32_t seed, bool expect_wide) {
   if (engines[0] == "wgmma-nvfp4p/wgmma-nvfp4p")
     EXPECT_EQ(differ, 0u) << "of " << size_t(n) * H << " outputs differ between " << engines[0] << " and "
                           << engines[1];
+}
+
+// The choice itself (host rules, no GPU): past the decode engine's one m-tile and up to
+// kNvfp4WideMaxRows on prepared weights with both GEMMs on the nvfp4 decode engine; never when
+// CUTLASS is forced, on natural weights, or where a GEMM lacks the decode engine.
+TEST(CudaRunnerNvfp4WideRules, WhenTheWideEngineRuns) {
+  using cuda::policy::use_nvfp4_wide;
+  cuda::policy::DecodeEngines both;
+  both.nvfp4_1 = both.nvfp4_2 = true;
+  cuda::policy::DecodeEngines one = both;
+  one.nvfp4_2 = false;
+  const int limit = cuda::policy::decode_max_rows(WeightFormat::nvfp4, both, 0, true);
+  EXPECT_EQ(limit, cuda::policy::kDecodeMaxRowsNvfp4Wide);
+  EXPECT_EQ(cuda::policy::decode_max_rows(WeightFormat::nvfp4, both, 0, false), cuda::policy::kDecodeMaxRowsNvfp4);
+  const RunnerEngine a = RunnerEngine::automatic;
+  EXPECT_FALSE(use_nvfp4_wide(a, both, true, limit, limit));  // one 32-row m-tile: decode engine
+  EXPECT_TRUE(use_nvfp4_wide(a, both, true, limit + 1, limit));
+  EXPECT_TRUE(use_nvfp4_wide(a, both, true, cuda::policy::kNvfp4WideMaxRows, limit));
+  EXPECT_FALSE(use_nvfp4_wide(a, both, true, cuda::policy::kNvfp4WideMaxRows + 1, limit));  // widened CUTLASS
+  EXPECT_TRUE(use_nvfp4_wide(RunnerEngine::mma, both, true, 100, limit));
+  EXPECT_FALSE(use_nvfp4_wide(RunnerEngine::cutlass, both, true, 100, limit));
+  EXPECT_FALSE(use_nvfp4_wide(a, both, false, 100, limit));
+  EXPECT_FALSE(use_nvfp4_wide(a, one, true, 100, limit));
+  // Above the wide range CUTLASS takes the call (use_cutlass with the same limit).
+  EXPECT_TRUE(cuda::policy::use_cutlass(a, WeightFormat::nvfp4, cuda::policy::kNvfp4WideMaxRows + 1, limit) ||
+              !cuda::cutlass_engine::available());
 }
 
 TEST(CudaRunnerNvfp4Wide, EqualsDecodeEngineAndReference) {
