@@ -298,9 +298,13 @@ void layer_rank(Communicator& comm, const Opts& o) {
         in.topk_weights = wts.get<float>();
         in.stream = st;
         const DispatchOutput d = disp->dispatch(in);
-        for (int i = 0; i < 2; ++i) runner->run(d, dw.w, y.get<bf16_raw>(), st);
+        // With the prepare step MoeLayer runs (e.g. nvfp4 weights in the decode engines' layout),
+        // so that both columns time the same engines.
+        ExpertWeights w = dw.w;
+        runner->prepare(w, st);
+        for (int i = 0; i < 2; ++i) runner->run(d, w, y.get<bf16_raw>(), st);
         EPMOE_CUDA_CHECK(cudaStreamSynchronize(st));
-        runner_us = time_us(st, graph, o.reps, [&] { runner->run(d, dw.w, y.get<bf16_raw>(), st); });
+        runner_us = time_us(st, graph, o.reps, [&] { runner->run(d, w, y.get<bf16_raw>(), st); });
         CombineInput ci;
         ci.y = y.get<bf16_raw>();
         ci.stream = st;
