@@ -66,8 +66,10 @@ def main():
         for r in read_tables(path):
             try:
                 engine = r.get("engine", "mma")
-                # GEMM2 on fp8 operands means the intermediate was re-quantized (intermediate_quant fp8).
-                iq = engine.endswith("/wgmma-fp8") or engine.endswith("/cutlass-fp8")
+                # GEMM2 on fp8 operands means the intermediate was re-quantized (intermediate_quant fp8),
+                # swapped or not (cutlass-fp8-swap64 / -swap128).
+                g2 = engine.split("/")[-1]
+                iq = g2.startswith("wgmma-fp8") or g2.startswith("cutlass-fp8")
                 key = (int(r["M"]), r["format"] + (" (iq fp8)" if iq else ""))
                 ratio = float(r["floor / time"]) if r.get("floor / time") else None
                 latest[key] = (float(r["TFLOP/s"]), float(r["weight GB/s"]), engine,
