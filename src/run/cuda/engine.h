@@ -58,10 +58,11 @@ void launch_grouped_gemm_wgmma_fp8(const GemmArgs& a, cudaStream_t stream);
 // Their pipeline is GemmArgs::wgmma_defer (the runner passes MoeConfig::tuning.wgmma_defer).
 // nvfp4: W nvfp4 (e4m3 block-16 scales, per-expert global scale) x A bf16, the weights decoded to
 // bf16 in registers as wgmma's A operand (engine_wgmma_nvfp4.cu). Needs K % 128 == 0 (and N % 64
-// for the fused GEMM1): wgmma_nvfp4_supports says whether a GEMM qualifies. A must be in the
+// for the fused GEMM1), K % 64 == 0 on prepared weights (their engines run a last half stage):
+// wgmma_nvfp4_supports says whether a GEMM qualifies. A must be in the
 // engine's K order: rows rewritten by kperm_nvfp4_tokens, or GEMM1 output with out_kperm.
 void launch_grouped_gemm_wgmma_nvfp4(const GemmArgs& a, cudaStream_t stream);
-bool wgmma_nvfp4_supports(int K, int N, bool fused);
+bool wgmma_nvfp4_supports(int K, int N, bool fused, bool prepared = false);
 // In place: the rows [0, offsets[E-1] + cnt[E-1]) of A [max_rows][K] into the nvfp4 engine's K
 // order (per 64-K block, natural 4-byte word 8t + m to word 4m + t). K % 64 == 0.
 void kperm_nvfp4_tokens(bf16_raw* A, const int32_t* offsets, const int32_t* cnt, int E, int K, int64_t max_rows,

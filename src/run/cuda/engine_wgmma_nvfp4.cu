@@ -265,7 +265,10 @@ __global__ void __launch_bounds__(kThreads) nvfp4_wgmma_kernel(GemmArgs p) {
 
 namespace epmoe::cuda {
 
-bool wgmma_nvfp4_supports(int K, int N, bool fused) { return K % wgf4::kKS == 0 && (!fused || N % 64 == 0); }
+bool wgmma_nvfp4_supports(int K, int N, bool fused, bool prepared) {
+  // The prepared engines run a last half stage (K % 128 == 64); this natural-layout one does not.
+  return K % (prepared ? wgf4::kKS / 2 : wgf4::kKS) == 0 && (!fused || N % 64 == 0);
+}
 
 void kperm_nvfp4_tokens(bf16_raw* A, const int32_t* offsets, const int32_t* cnt, int E, int K, int64_t max_rows,
                         cudaStream_t stream) {

@@ -82,7 +82,9 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) nvfp4_prepared_kernel(Ge
   const uint32_t base = (raw + 1023u) & ~1023u;
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const int K = p.K, KT = K / kKS;
+  // K % 128 == 64 (prepared weights only): the last stage is half a stage, sub-block 0 alone.
+  const int K = p.K, KT = (K + kKS - 1) / kKS;
+  const bool half = K % kKS != 0;
   const wg::TileWalk walk(p);
   const int my_tiles = walk.my_tiles;
   const int64_t steps = int64_t(my_tiles) * KT;
@@ -102,7 +104,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) nvfp4_prepared_kernel(Ge
   wg::LoadCursor lc;
   lc.start(walk, enter_tokens);
   auto load_tokens = [&]() {
-    if (aok) {
+    if (aok && !(half && lc.kt == KT - 1 && tq >= 2)) {  // a half stage has no sub-block 1
       const uint32_t st = base + uint32_t(lc.slot) * kAtoms;
       const uint8_t* A = la + int64_t(lc.kt) * kKS * 2;
 #pragma unroll
@@ -177,6 +179,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) nvfp4_prepared_kernel(Ge
         for (int q = 0; q < 2; ++q) scale_pair((h ? r.s.y : r.s.x) >> (16 * q), scl[h][q]);
 #pragma unroll
       for (int sb = 0; sb < 2; ++sb) {
+        if (sb == 1 && half && kt == KT - 1) break;
         wg::wgmma_wait0();  // the previous batch still reads wa
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
@@ -200,7 +203,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) nvfp4_prepared_kernel(Ge
 // One thread per (expert, n-tile, k-stage, tid): the 64 code bytes and 8 scale bytes that thread
 // tid of the GEMM kernel loads for that step.
 __global__ void prepare_kernel(MatrixView m, bool fused, int N, int NT, int n_per_tile, uint8_t* out) {
-  const int K = m.cols, KT = K / kKS;
+  const int K = m.cols, KT = (K + kKS - 1) / kKS;  // the last stage half when K % 128 == 64
   const int64_t total = int64_t(m.experts) * NT * KT * kThreads;
   const int64_t w_row_bytes = K / 2, s_row_bytes = K / 16;
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < total; i += int64_t(gridDim.x) * blockDim.x) {
@@ -223,11 +226,12 @@ __global__ void prepare_kernel(MatrixView m, bool fused, int N, int NT, int n_pe
 #pragma unroll
         for (int sb = 0; sb < 2; ++sb) {
           const int blk16 = kt * 8 + sb * 4 + t;  // scale block of the row
-          uint2 v = ok ? *reinterpret_cast<const uint2*>(wrow + blk16 * 8) : make_uint2(0, 0);
+          const bool in = ok && blk16 < K / 16;   // a half last stage's sub-block 1 is zeros
+          uint2 v = in ? *reinterpret_cast<const uint2*>(wrow + blk16 * 8) : make_uint2(0, 0);
           v.x = nvfp4_layout::prepare_word(v.x);
           v.y = nvfp4_layout::prepare_word(v.y);
           *reinterpret_cast<uint2*>(dst + ((2 * sb + h) * kThreads + tid) * 16 + 8 * q) = v;
-          sc[2 * (2 * h + q) + sb] = ok ? srow[blk16] : uint8_t(0);
+          sc[2 * (2 * h + q) + sb] = in ? srow[blk16] : uint8_t(0);
         }
       }
     uint2 s;
@@ -244,20 +248,20 @@ namespace epmoe::cuda {
 size_t nvfp4_prepared_bytes(const MatrixView& m, bool fused, int N) {
   const int n_per_tile = fused ? wgf4::kRowsW / 2 : wgf4::kRowsW;
   const int64_t NT = (N + n_per_tile - 1) / n_per_tile;
-  return size_t(m.experts) * NT * (m.cols / wgf4::kKS) * wgf4p::kBlock;
+  return size_t(m.experts) * NT * ((m.cols + wgf4::kKS - 1) / wgf4::kKS) * wgf4p::kBlock;
 }
 
 void prepare_nvfp4_weights(const MatrixView& m, bool fused, int N, void* out, cudaStream_t stream) {
   const char* what = "prepare_nvfp4_weights";
   if (m.format != WeightFormat::nvfp4 || m.device != DeviceKind::cuda || !m.data || !m.scales)
     throw UsageError(std::string(what) + ": needs nvfp4 weights with scales on the device");
-  if (!wgmma_nvfp4_supports(m.cols, N, fused) || (fused ? m.rows != 2 * N : m.rows != N))
+  if (!wgmma_nvfp4_supports(m.cols, N, fused, true) || (fused ? m.rows != 2 * N : m.rows != N))
     throw UsageError(std::string(what) + ": shape rows=" + std::to_string(m.rows) + " K=" + std::to_string(m.cols) +
                      " N=" + std::to_string(N) + (fused ? " (fused: rows = 2N, N % 64 == 0)" : "") +
-                     " does not fit the engine (K % 128 == 0)");
+                     " does not fit the engine (K % 64 == 0)");
   const int n_per_tile = fused ? wgf4::kRowsW / 2 : wgf4::kRowsW;
   const int NT = (N + n_per_tile - 1) / n_per_tile;
-  const int64_t threads = int64_t(m.experts) * NT * (m.cols / wgf4::kKS) * wgf4::kThreads;
+  const int64_t threads = int64_t(m.experts) * NT * ((m.cols + wgf4::kKS - 1) / wgf4::kKS) * wgf4::kThreads;
   if (threads == 0) return;
   const int grid = static_cast<int>(std::min<int64_t>((threads + 255) / 256, 132 * 16));
   wgf4p::prepare_kernel<<<grid, 256, 0, stream>>>(m, fused, N, NT, n_per_tile, static_cast<uint8_t*>(out));

@@ -159,7 +159,10 @@ __global__ void __launch_bounds__(kCtaThreads, 1) nvfp4_wide_kernel(GemmArgs p) 
   // plays the prepared kernel's thread tid (its rows, its bytes of each prepared block).
   const int cta_tid = threadIdx.x, wgi = cta_tid / kThreads, tid = cta_tid % kThreads, lane = tid & 31,
             warp = tid >> 5;
-  const int K = p.K, KT = K / kKS;
+  // K % 128 == 64: the last stage is half a stage, sub-block 0 alone (its prepared blocks hold
+  // zeros for sub-block 1, and no token bytes past K are read).
+  const int K = p.K, KT = (K + kKS - 1) / kKS;
+  const bool half = K % kKS != 0;
   const wg::TileWalk walk(p, kGroups);
   const int my_tiles = walk.my_tiles;
   const int64_t steps = int64_t(my_tiles) * KT;
@@ -195,10 +198,11 @@ __global__ void __launch_bounds__(kCtaThreads, 1) nvfp4_wide_kernel(GemmArgs p) 
   auto load_stage = [&]() {
     const uint32_t st = base + uint32_t(lc.slot) * kSlot;
     const uint8_t* A = la + int64_t(lc.kt) * kKS * 2;
+    const bool no_sb1 = half && lc.kt == KT - 1 && tq >= 2;
 #pragma unroll
     for (int g = 0; g < kTN / kRowsPerPass; ++g) {
       const int row = tr + kRowsPerPass * g;
-      if (row < a_width) {
+      if (row < a_width && !no_sb1) {
         const bool ok = row < a_rows;
         const uint8_t* src = ok ? A + g * a_pass : A;  // a masked copy reads nothing
 #pragma unroll
@@ -286,6 +290,8 @@ __global__ void __launch_bounds__(kCtaThreads, 1) nvfp4_wide_kernel(GemmArgs p) 
       // MB: from here on every wgmma of stage s - 1 is done (at sb 1: all but this stage's sb 0).
       if constexpr (MB)
         if (sb == 1 && s > 0) mbar_arrive(empty0 + 8 * prev_slot);
+      // A half stage is always a tile's last: the epilogue below waits for its one batch.
+      if (sb == 1 && half && kt == KT - 1) continue;
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const uint4 v = c[2 * sb + h];

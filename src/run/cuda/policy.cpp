@@ -43,15 +43,15 @@ int swap_tile_n(CutlassSwap swap, double expected_rows) {
 }
 
 DecodeEngines decode_engines(bool wgmma_decode, int bm, WeightFormat wf, ActFormat act, IntermediateQuant iq,
-                             int hidden, int intermediate) {
+                             int hidden, int intermediate, bool prepared13, bool prepared2) {
   const bool decode = wgmma_decode && bm == kWgmmaBlockM;
   const int H = hidden, I = intermediate;
   DecodeEngines d;
   d.bf16 = decode && wf == WeightFormat::bf16;
   d.fp8_1 = decode && wf == WeightFormat::fp8 && act == ActFormat::fp8;
   d.fp8_2 = decode && wf == WeightFormat::fp8 && iq == IntermediateQuant::fp8;
-  d.nvfp4_1 = decode && wf == WeightFormat::nvfp4 && wgmma_nvfp4_supports(H, I, true);
-  d.nvfp4_2 = decode && wf == WeightFormat::nvfp4 && wgmma_nvfp4_supports(I, H, false);
+  d.nvfp4_1 = decode && wf == WeightFormat::nvfp4 && wgmma_nvfp4_supports(H, I, true, prepared13);
+  d.nvfp4_2 = decode && wf == WeightFormat::nvfp4 && wgmma_nvfp4_supports(I, H, false, prepared2);
   return d;
 }
 

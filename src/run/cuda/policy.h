@@ -73,7 +73,8 @@ inline bool use_swap_ab(CutlassSwap swap, double expected_rows) { return swap_ti
 // mma.sync engine (widened weights in its B fragments). bf16 weights: wgmma bf16; fp8 weights:
 // fp8 x fp8 wgmma where the operand arrives as fp8 (an fp8 dispatch for GEMM1,
 // intermediate_quant = fp8 for GEMM2); nvfp4 weights: wgmma with the weights decoded in registers
-// where K % 128 == 0 (wgmma_nvfp4_supports). Nothing is set unless `wgmma_decode` and bm == 32.
+// where K % 128 == 0, or K % 64 == 0 when that matrix has a prepared copy (prepared13 / prepared2;
+// wgmma_nvfp4_supports). Nothing is set unless `wgmma_decode` and bm == 32.
 // `iq` here and in cutlass_plan is the resolved MoeConfig::effective_intermediate_quant().
 struct DecodeEngines {
   bool bf16 = false;
@@ -81,7 +82,7 @@ struct DecodeEngines {
   bool nvfp4_1 = false, nvfp4_2 = false;
 };
 DecodeEngines decode_engines(bool wgmma_decode, int bm, WeightFormat wf, ActFormat act, IntermediateQuant iq,
-                             int hidden, int intermediate);
+                             int hidden, int intermediate, bool prepared13 = false, bool prepared2 = false);
 
 // ---- the decode engines past one m-tile -----------------------------------------------------------
 // The decode engines stream an expert's weights once per 32-row m-tile, so their time grows with

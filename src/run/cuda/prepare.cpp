@@ -9,14 +9,14 @@ size_t prepare_nvfp4_weights(ExpertWeights& w, DeviceBuffer& w13, DeviceBuffer& 
   if (w.w13.format != WeightFormat::nvfp4) return 0;
   const int H = w.hidden, I = w.intermediate;
   size_t bytes = 0;
-  if (wgmma_nvfp4_supports(H, I, true)) {
+  if (wgmma_nvfp4_supports(H, I, true, true)) {
     const size_t n = nvfp4_prepared_bytes(w.w13, true, I);
     w13.reserve(n);
     prepare_nvfp4_weights(w.w13, true, I, w13.get(), stream);
     w.w13.prepared = w13.get();
     bytes += n;
   }
-  if (w.w2.format == WeightFormat::nvfp4 && wgmma_nvfp4_supports(I, H, false)) {
+  if (w.w2.format == WeightFormat::nvfp4 && wgmma_nvfp4_supports(I, H, false, true)) {
     const size_t n = nvfp4_prepared_bytes(w.w2, false, H);
     w2.reserve(n);
     prepare_nvfp4_weights(w.w2, false, H, w2.get(), stream);

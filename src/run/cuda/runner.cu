@@ -114,7 +114,8 @@ void CudaRunner::run(const DispatchOutput& in, const ExpertWeights& w, bf16_raw*
   const IntermediateQuant iq = cfg_.effective_intermediate_quant();
   // The engines a 32-row m-tile would get: they decide how far the decode engines reach.
   const policy::DecodeEngines d32 =
-      policy::decode_engines(wgmma_decode_, kWgmmaBlockM, w.w13.format, in.format, iq, H, I);
+      policy::decode_engines(wgmma_decode_, kWgmmaBlockM, w.w13.format, in.format, iq, H, I, w.w13.prepared != nullptr,
+                             w.w2.prepared != nullptr);
   const bool prepared = w.w13.prepared && w.w2.prepared;
   const int decode_limit = policy::decode_max_rows(w.w13.format, d32, cfg_.tuning.decode_max_rows, prepared);
   const bool wide = force_bm_ == 0 && policy::use_nvfp4_wide(engine_, d32, prepared, avg, decode_limit);

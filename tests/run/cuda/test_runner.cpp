@@ -37,12 +37,16 @@ struct Problem {
 
 // The nvfp4 decode engine on prepared weights (cuda::prepare_nvfp4_weights) runs the same
 // arithmetic in the same order as on the natural layout: the same runner call must give the same
-// bits, and say so in its engine names.
+// bits, and say so in its engine names. Prepared copies also exist for K % 128 == 64 (the prepared
+// engines run a last half stage), where the natural layout ran mma.sync: there the prepared run is
+// held to the reference bound instead.
 void expect_prepared_equal(const Problem& p, cuda::CudaRunner& runner, const DispatchOutput& dout,
-                           const ExpertWeights& dw, const std::vector<bf16_raw>& natural, int n) {
+                           const ExpertWeights& dw, const std::vector<bf16_raw>& natural,
+                           const std::vector<bf16_raw>& y_ref, int n) {
   SCOPED_TRACE("prepared nvfp4 weights");
   const int H = p.H, I = p.I;
-  const bool ok1 = cuda::wgmma_nvfp4_supports(H, I, true), ok2 = cuda::wgmma_nvfp4_supports(I, H, false);
+  const bool nat1 = cuda::wgmma_nvfp4_supports(H, I, true), nat2 = cuda::wgmma_nvfp4_supports(I, H, false);
+  const bool ok1 = cuda::wgmma_nvfp4_supports(H, I, true, true), ok2 = cuda::wgmma_nvfp4_supports(I, H, false, true);
   if (!ok1 && !ok2) return;  // neither GEMM is on the engine
   // Through the public helper; its buffers are poisoned first so that every prepared byte it
   // leaves unwritten would show.
@@ -63,9 +67,16 @@ void expect_prepared_equal(const Problem& p, cuda::CudaRunner& runner, const Dis
   const auto yp = y.download();
   const std::string e = runner.last_engines();
   EXPECT_EQ(e, std::string(ok1 ? "wgmma-nvfp4p" : "mma") + "/" + (ok2 ? "wgmma-nvfp4p" : "mma"));
-  size_t differ = 0;
-  for (size_t i = 0; i < size_t(n) * H; ++i) differ += yp[i] != natural[i];
-  EXPECT_EQ(differ, 0u) << "of " << size_t(n) * H << " outputs differ from the natural-layout engine's";
+  if (nat1 == ok1 && nat2 == ok2) {
+    size_t differ = 0;
+    for (size_t i = 0; i < size_t(n) * H; ++i) differ += yp[i] != natural[i];
+    EXPECT_EQ(differ, 0u) << "of " << size_t(n) * H << " outputs differ from the natural-layout engine's";
+  } else {
+    const Diff d = compare_rows(yp, y_ref, n, H);
+    std::printf("[runner] %-22s prepared, half stage: %-26s max|a-b|/max|ref| %.3e  1-cos %.3e\n", p.name, e.c_str(),
+                d.rel(), d.one_minus_cos);
+    expect_within_bound(d, make_cfg(p).effective_intermediate_quant());
+  }
   expect_poison_after(yp, n, H);
 }
 
@@ -144,7 +155,7 @@ void run_problem(const Problem& p, uint32_t seed, bool both_decode_engines = fal
     }
     expect_within_bound(d, cfg.effective_intermediate_quant());
     expect_poison_after(yg, n, H);
-    if (p.wf == WeightFormat::nvfp4 && wgmma && runner.last_block_m() == 32) expect_prepared_equal(p, runner, dout, dw, yg, n);
+    if (p.wf == WeightFormat::nvfp4 && wgmma && runner.last_block_m() == 32) expect_prepared_equal(p, runner, dout, dw, yg, y_ref, n);
   }
 }
 

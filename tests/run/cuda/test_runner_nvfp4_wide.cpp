@@ -3,8 +3,8 @@
 // 32-row prepared decode engine on the same call (the same decode, K order and k16 steps), match
 // the CPU reference within the runner's bound, and leave invalid slots alone, on DeepSeek-V3,
 // Qwen3 and Mixtral expert shapes, with uneven and empty experts, every partial-tile width (1-31,
-// 33-63 rows in an expert's last tile) and T = 0 and 1. Shapes the decode engine cannot take
-// (gpt-oss, K % 128 != 0) never get it.
+// 33-63 rows in an expert's last tile) and T = 0 and 1; gpt-oss (K % 128 == 64: a last half stage,
+// an odd number of weight tiles per GEMM) too.
 #include <gtest/gtest.h>
 
 #include <cstdio>
@@ -137,6 +137,8 @@ TEST(CudaRunnerNvfp4Wide, EqualsDecodeEngineAndReference) {
       {2048, 768, 16, 8, 300, A::nvfp4, WeightFormat::nvfp4, IntermediateQuant::none, -1, "qwen3-30b nvfp4-act"},
       {2048, 768, 16, 8, 300, A::bf16, WeightFormat::nvfp4, IntermediateQuant::fp8, -1, "qwen3-30b iq=fp8"},
       {4096, 14336, 2, 1, 100, A::fp8, WeightFormat::nvfp4, IntermediateQuant::none, -1, "mixtral"},
+      // H = I = 2880: K % 128 == 64 in both GEMMs, 45 fused and 23 GEMM2 weight tiles (odd).
+      {2880, 2880, 4, 2, 100, A::bf16, WeightFormat::nvfp4, IntermediateQuant::none, -1, "gpt-oss"},
   };
   uint32_t seed = 11;
   for (const Problem& p : problems) run_problem(p, seed++, true);
@@ -184,7 +186,7 @@ TEST(CudaRunnerNvfp4Wide, EveryPartialTileWidth) {
   }
 }
 
-TEST(CudaRunnerNvfp4Wide, TinyAndUnsupported) {
+TEST(CudaRunnerNvfp4Wide, TinyBatches) {
   EPMOE_REQUIRE_GPU();
   using A = ActFormat;
   uint32_t seed = 41;
@@ -196,10 +198,6 @@ TEST(CudaRunnerNvfp4Wide, TinyAndUnsupported) {
     p.name = T == 0 ? "T=0" : "T=1";
     run_problem(p, seed++, false);
   }
-  // gpt-oss (H = I = 2880, K % 128 != 0): the decode engine cannot take it, nor can the wide one.
-  Problem g{2880, 2880, 4, 4, 64, A::bf16};
-  g.name = "gpt-oss (mma)";
-  run_problem(g, seed++, false);
 }
 
 }  // namespace
