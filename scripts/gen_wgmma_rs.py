@@ -9,10 +9,11 @@ WIDTHS = (32, 64, 96, 128)
 
 HEAD = """// Hopper wgmma m64nNk16 bf16 x bf16 -> f32 with the A operand from registers (the nvfp4 engines'
 // decoded weights) and B (tokens) from a shared-memory descriptor, for the token-tile widths the
-// wide nvfp4 engine picks per tile (N = 32, 64, 96, 128). d holds the first N / 2 accumulators of
+// nvfp4 engines run (N = 32, 64, 96, 128). d holds the first N / 2 accumulators of
 // the m64n128 fragment, whose layout is the same for every N (register i: row 16 w + l / 4 +
 // 8 ((i >> 1) & 1), column 8 (i >> 2) + 2 (l % 4) + (i & 1)). Always accumulates (scale-d = 1);
-// the caller zeroes d. Written by scripts/gen_wgmma_rs.py (inline PTX needs literal operand lists).
+// the caller zeroes d. Written by scripts/gen_wgmma_rs.py (inline PTX needs literal operand lists);
+// the 32-row nvfp4 engines use N = 32.
 #pragma once
 #include <cstdint>
 
@@ -31,12 +32,11 @@ def one(n_cols: int) -> str:
 template <>
 __device__ __forceinline__ void wgmma_bf16_rA<{n_cols}>(float* d, const uint32_t (&a)[4], uint64_t db) {{
   asm volatile(
-      "{{\\n.reg .pred p;\\nsetp.eq.u32 p, 1, 1;\\n"
+      "{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{n + 5}, 0;\\n"
       "wgmma.mma_async.sync.aligned.m64n{n_cols}k16.f32.bf16.bf16 "
-      "{{{regs}}}, "
-      "{{%{n}, %{n + 1}, %{n + 2}, %{n + 3}}}, %{n + 4}, p, 1, 1, 0;\\n}}\\n"
+      "{{{regs}}}, {{%{n}, %{n + 1}, %{n + 2}, %{n + 3}}}, %{n + 4}, p, 1, 1, 0;\\n}}\\n"
       : {outs}
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db));
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
 }}
 """
 

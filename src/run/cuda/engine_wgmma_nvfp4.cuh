@@ -6,6 +6,7 @@
 #pragma once
 #include "run/cuda/engine_wgmma.cuh"
 #include "run/cuda/nvfp4_layout.h"
+#include "run/cuda/wgmma_rs.cuh"
 
 namespace epmoe::cuda::wgf4 {
 
@@ -27,16 +28,6 @@ __device__ __forceinline__ void zero(float (&acc)[2][16]) {
   for (int h = 0; h < 2; ++h)
 #pragma unroll
     for (int i = 0; i < 16; ++i) acc[h][i] = 0.f;
-}
-
-__device__ __forceinline__ void wgmma_bf16_rA(float (&d)[16], const uint32_t (&a)[4], uint64_t db) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %21, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 "
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, {%16, %17, %18, %19}, %20, p, 1, 1, 0;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]),
-        "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
 }
 
 // Two e4m3 block scales of one row (low byte: sub-block 0's block, high byte: sub-block 1's) ->
@@ -66,8 +57,11 @@ __device__ __forceinline__ void decode16(uint32_t lo, uint32_t hi, uint32_t s2, 
 }
 
 // The 8 wgmmas of one 64-K sub-block: both m64 halves against the sub-block's token atom at
-// `tokens` (SW128, 32 rows x 128 B). wa[h][q] holds rows (g, g + 8) of half h.
-__device__ __forceinline__ void issue_batch(float (&acc)[2][16], const uint32_t (&wa)[2][2][8], uint32_t tokens) {
+// `tokens` (SW128, N rows x 128 B), N tokens wide (the wide engine picks N per tile; its
+// accumulators are acc[h][0, N / 2)). wa[h][q] holds rows (g, g + 8) of half h.
+template <int N = kBT, int NR>
+__device__ __forceinline__ void issue_batch(float (&acc)[2][NR], const uint32_t (&wa)[2][2][8], uint32_t tokens) {
+  static_assert(N / 2 <= NR, "the accumulators hold N / 2 values per half");
   wg::wgmma_fence();
 #pragma unroll
   for (int j = 0; j < 4; ++j) {
@@ -75,7 +69,7 @@ __device__ __forceinline__ void issue_batch(float (&acc)[2][16], const uint32_t 
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const uint32_t a[4] = {wa[h][0][2 * j], wa[h][1][2 * j], wa[h][0][2 * j + 1], wa[h][1][2 * j + 1]};
-      wgmma_bf16_rA(acc[h], a, db);
+      wgrs::wgmma_bf16_rA<N>(acc[h], a, db);
     }
   }
   wg::wgmma_commit();

@@ -35,14 +35,12 @@
 // outputs equal the 32-row engines' bit for bit (tested on the H200: the hardware's sum for one
 // output column does not depend on N).
 #include "run/cuda/engine_wgmma_nvfp4.cuh"
-#include "run/cuda/wgmma_rs.cuh"
 
 namespace epmoe::cuda::wgf4w {
 namespace {
 
 using namespace wgf4;
 using gemm::cp_async16;
-using gemm::cp_commit;
 using gemm::cp_wait;
 using gemm::smem_u32;
 
@@ -58,14 +56,14 @@ struct Geo {
   static constexpr int kAtom = TN * 128;      // one 64-K sub-block of tokens: [TN rows][128 B], SW128
   static constexpr int kTokBytes = 2 * kAtom; // a stage's tokens
   static constexpr int kSlot = kTokBytes + kGroups * kPreparedBlock;  // + each warpgroup's prepared block
-  static constexpr int kBars = kSlot * kSlots;  // MB: full[kSlots] then empty[kSlots] mbarriers
+  static constexpr int kBars = kSlot * kSlots;  // full[kSlots] then empty[kSlots] mbarriers
   static constexpr int kSmem = kBars + 16 * kSlots + 1024;
   static_assert(TN == 64 || TN == 128, "token-tile widths the issue switch covers");
   static_assert(TN % (kCtaThreads / 4) == 0, "whole passes of token rows");
   static_assert(kSlot % 1024 == 0, "SW128 token atoms need 1024-byte alignment");
 };
 
-// mbarriers of the MB pipeline (shared memory, CTA scope).
+// The ring's mbarriers (shared memory, CTA scope).
 __device__ __forceinline__ void mbar_init(uint32_t bar, int count) {
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
 }
@@ -106,34 +104,19 @@ __device__ __forceinline__ void zero(float (&acc)[2][NR]) {
     for (int i = 0; i < NR; ++i) acc[h][i] = 0.f;
 }
 
-template <int N, int NR>
-__device__ __forceinline__ void issue_n(float (&acc)[2][NR], const uint32_t (&wa)[2][2][8], uint32_t tokens) {
-  wg::wgmma_fence();
-#pragma unroll
-  for (int j = 0; j < 4; ++j) {
-    const uint64_t db = wg::desc_sw128(tokens + j * 32);
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const uint32_t a[4] = {wa[h][0][2 * j], wa[h][1][2 * j], wa[h][0][2 * j + 1], wa[h][1][2 * j + 1]};
-      wgrs::wgmma_bf16_rA<N>(acc[h], a, db);
-    }
-  }
-  wg::wgmma_commit();
-}
-
 // The 8 wgmmas of one 64-K sub-block at the tile's width n (32, 64, 96 or 128).
 template <int NR>
-__device__ __forceinline__ void issue_batch(float (&acc)[2][NR], const uint32_t (&wa)[2][2][8], uint32_t tokens,
+__device__ __forceinline__ void issue_width(float (&acc)[2][NR], const uint32_t (&wa)[2][2][8], uint32_t tokens,
                                             int n) {
   if constexpr (NR == 32) {
-    if (n == 32) issue_n<32>(acc, wa, tokens);
-    else issue_n<64>(acc, wa, tokens);
+    if (n == 32) issue_batch<32>(acc, wa, tokens);
+    else issue_batch<64>(acc, wa, tokens);
   } else {
     switch (n) {
-      case 32: issue_n<32>(acc, wa, tokens); break;
-      case 64: issue_n<64>(acc, wa, tokens); break;
-      case 96: issue_n<96>(acc, wa, tokens); break;
-      default: issue_n<128>(acc, wa, tokens); break;
+      case 32: issue_batch<32>(acc, wa, tokens); break;
+      case 64: issue_batch<64>(acc, wa, tokens); break;
+      case 96: issue_batch<96>(acc, wa, tokens); break;
+      default: issue_batch<128>(acc, wa, tokens); break;
     }
   }
 }
@@ -141,13 +124,12 @@ __device__ __forceinline__ void issue_batch(float (&acc)[2][NR], const uint32_t 
 template <int TN>
 __device__ __forceinline__ int tile_width(int rows) { return min(TN, (rows + 31) & ~31); }
 
-// TWO: two sets of A registers, so a sub-block's decode overlaps the previous sub-block's wgmmas
-// (wait for all but the last batch) instead of following them.
-// MB: the ring's slots guarded by mbarriers (full: the stage's copies landed, all threads' cp.async
-// arriving on it; empty: both warpgroups' wgmmas that read the slot are done) instead of one
-// __syncthreads per stage, so the warpgroups run out of phase (one decodes while the other's
-// wgmmas run) and wait on each other only when a slot is really not ready.
-template <int TN, bool TWO, bool MB>
+// The ring's slots are guarded by mbarriers (full: the stage's copies landed, every thread's
+// cp.async arriving on it; empty: both warpgroups' wgmmas that read it are done) instead of one
+// __syncthreads per stage, so the warpgroups run out of phase (one decodes while the other's wgmmas
+// run) and wait on each other only when a slot is really not ready. Two sets of A registers: a
+// sub-block's decode overlaps the previous sub-block's wgmmas (wait for all but the last batch).
+template <int TN>
 __global__ void __launch_bounds__(kCtaThreads, 1) nvfp4_wide_kernel(GemmArgs p) {
   using G = Geo<TN>;
   constexpr int kTN = TN, kNR = G::kNR, kAtom = G::kAtom, kTokBytes = G::kTokBytes, kSlot = G::kSlot;
@@ -218,7 +200,7 @@ __global__ void __launch_bounds__(kCtaThreads, 1) nvfp4_wide_kernel(GemmArgs p) 
   };
 
   const uint32_t full0 = base + G::kBars, empty0 = full0 + 8 * kSlots;
-  if constexpr (MB) {
+  {
     if (cta_tid == 0)
       for (int i = 0; i < kSlots; ++i) {
         mbar_init(full0 + 8 * i, kCtaThreads);
@@ -230,12 +212,10 @@ __global__ void __launch_bounds__(kCtaThreads, 1) nvfp4_wide_kernel(GemmArgs p) 
   int64_t loaded = 0;  // stages whose copies are issued
   auto produce = [&]() {
     const int slot = lc.slot;
-    if constexpr (MB) {
-      // The slot's previous stage (loaded - kSlots) must be released by both warpgroups.
-      if (loaded >= kSlots) mbar_wait(empty0 + 8 * slot, uint32_t((loaded / kSlots) & 1) ^ 1u);
-    }
+    // The slot's previous stage (loaded - kSlots) must be released by both warpgroups.
+    if (loaded >= kSlots) mbar_wait(empty0 + 8 * slot, uint32_t((loaded / kSlots) & 1) ^ 1u);
     load_stage();
-    if constexpr (MB) mbar_arrive_cp_async(full0 + 8 * slot);
+    mbar_arrive_cp_async(full0 + 8 * slot);
     ++loaded;
   };
 
@@ -244,31 +224,20 @@ __global__ void __launch_bounds__(kCtaThreads, 1) nvfp4_wide_kernel(GemmArgs p) 
 #pragma unroll
   for (int s = 0; s < kAhead; ++s) {
     if (s < steps) produce();
-    if constexpr (!MB) cp_commit();
   }
 
   Cur cur = my_tiles > 0 ? walk.at(0) : Cur{};
   int width = my_tiles > 0 ? tile_width<kTN>(cur.mt.rows) : 0;
   int c_kt = 0, c_slot = 0, c_local = 0;
-  uint32_t wa[TWO ? 2 : 1][2][2][8];
+  uint32_t wa[2][2][2][8];  // two sets: sub-block sb decodes into set sb
   for (int64_t s = 0; s < steps; ++s) {
     const int kt = c_kt, slot = c_slot;
     if (++c_kt == KT) c_kt = 0;
     const int prev_slot = slot == 0 ? kSlots - 1 : slot - 1;
     if (++c_slot == kSlots) c_slot = 0;
-    if constexpr (MB) {
-      if (s + kAhead < steps) produce();
-      mbar_wait(full0 + 8 * slot, uint32_t((s / kSlots) & 1));
-      wg::fence_proxy_async();
-    } else {
-      cp_wait<kAhead - 1>();
-      wg::fence_proxy_async();
-      // Stage s is visible to all; every warp has waited for the wgmmas of step s - 2, whose slot
-      // the load below takes.
-      __syncthreads();
-      if (s + kAhead < steps) produce();
-      cp_commit();
-    }
+    if (s + kAhead < steps) produce();
+    mbar_wait(full0 + 8 * slot, uint32_t((s / kSlots) & 1));
+    wg::fence_proxy_async();  // cp.async wrote through the generic proxy; wgmma reads through the async one
     const uint32_t st = base + uint32_t(slot) * kSlot;
     const uint32_t w = st + w_off;
     uint4 c[4];
@@ -282,14 +251,11 @@ __global__ void __launch_bounds__(kCtaThreads, 1) nvfp4_wide_kernel(GemmArgs p) 
       for (int q = 0; q < 2; ++q) scale_pair((h ? sc.y : sc.x) >> (16 * q), scl[h][q]);
 #pragma unroll
     for (int sb = 0; sb < 2; ++sb) {
-      auto& set = wa[TWO ? sb : 0];
-      // The batch that last read this set is done: with one set the previous batch, with two the
-      // one before it.
-      if constexpr (TWO) wg::wgmma_wait1();
-      else wg::wgmma_wait0();
-      // MB: from here on every wgmma of stage s - 1 is done (at sb 1: all but this stage's sb 0).
-      if constexpr (MB)
-        if (sb == 1 && s > 0) mbar_arrive(empty0 + 8 * prev_slot);
+      auto& set = wa[sb];
+      // The batch that last read this set (the one before the previous) is done.
+      wg::wgmma_wait1();
+      // At sb 1 every wgmma of stage s - 1 is done (all but this stage's sb 0): release its slot.
+      if (sb == 1 && s > 0) mbar_arrive(empty0 + 8 * prev_slot);
       // A half stage is always a tile's last: the epilogue below waits for its one batch.
       if (sb == 1 && half && kt == KT - 1) continue;
 #pragma unroll
@@ -298,7 +264,7 @@ __global__ void __launch_bounds__(kCtaThreads, 1) nvfp4_wide_kernel(GemmArgs p) 
         decode16<true>(v.x, v.y, scl[h][0][sb], set[h][0]);
         decode16<true>(v.z, v.w, scl[h][1][sb], set[h][1]);
       }
-      issue_batch(acc, set, st + sb * kAtom, width);
+      issue_width(acc, set, st + sb * kAtom, width);
     }
     if (kt == KT - 1) {
       wg::wgmma_wait0();
@@ -327,16 +293,16 @@ __global__ void __launch_bounds__(kCtaThreads, 1) nvfp4_wide_kernel(GemmArgs p) 
 namespace epmoe::cuda {
 
 namespace {
-template <int TN, bool TWO, bool MB>
+template <int TN>
 void launch_wide(const GemmArgs& a, cudaStream_t stream) {
   using namespace wgf4w;
-  const void* k = reinterpret_cast<const void*>(nvfp4_wide_kernel<TN, TWO, MB>);
+  const void* k = reinterpret_cast<const void*>(nvfp4_wide_kernel<TN>);
   const KernelFit fit = fit_kernel(k, kCtaThreads, Geo<TN>::kSmem);
   const int n_per_tile = a.fused ? wgf4::kRowsW / 2 : wgf4::kRowsW;
   const int64_t groups = ((a.N + n_per_tile - 1) / n_per_tile + kGroups - 1) / kGroups;
   const int grid = static_cast<int>(std::min<int64_t>(int64_t(a.max_tiles) * groups, int64_t(fit.sms) * fit.per_sm));
   if (grid <= 0) return;
-  nvfp4_wide_kernel<TN, TWO, MB><<<grid, kCtaThreads, Geo<TN>::kSmem, stream>>>(a);
+  nvfp4_wide_kernel<TN><<<grid, kCtaThreads, Geo<TN>::kSmem, stream>>>(a);
   EPMOE_CUDA_CHECK_LAUNCH();
 }
 }  // namespace
@@ -344,7 +310,7 @@ void launch_wide(const GemmArgs& a, cudaStream_t stream) {
 void launch_grouped_gemm_wgmma_nvfp4_wide(const GemmArgs& a, cudaStream_t stream) {
   if (!a.W.prepared || !a.W.global_scale || !a.A)
     throw UsageError("cuda runner (wgmma nvfp4, wide): needs prepared weights, global_scale and bf16 A");
-  launch_wide<kWgmmaWideBlockM, true, true>(a, stream);
+  launch_wide<kWgmmaWideBlockM>(a, stream);
 }
 
 }  // namespace epmoe::cuda

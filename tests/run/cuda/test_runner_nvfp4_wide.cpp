@@ -52,20 +52,13 @@ std::vector<int32_t> uneven_ids(std::mt19937& rng, int64_t T, int E, int K) {
   return ids;
 }
 
-// Runs p twice on prepared weights: 32-row decode engine everywhere (decode_max_rows huge) and the
-// default choice (the wide engine when the rows per expert pass one m-tile), then compares.
-void run_problem(const Problem& p, uint32_t seed, bool expect_wide) {
-  SCOPED_TRACE(std::string(p.name) + " seed " + std::to_string(seed));
-  std::mt19937 rng(seed);
-  const int H = p.H, I = p.I, E = p.E, K = p.K, C = p.C;
-  const int64_t T = p.T < 0 ? C : p.T;
-  const TestWeights wt(rng, E, H, I, p.wf);
-  const auto x = random_bf16(rng, T, H);
-  const std::vector<int32_t> ids = uneven_ids(rng, T, E, K);
-  std::vector<float> tw(ids.size());
-  std::uniform_real_distribution<float> u(0.f, 1.f);
-  for (auto& v : tw) v = u(rng);
-  MoeConfig cfg = make_cfg(p);
+// Runs one call twice on prepared weights: the 32-row decode engine everywhere (decode_max_rows
+// huge) and with decode_max_rows = wide_limit (0: the default choice, the wide engine when the rows
+// per expert pass one m-tile), then checks both against the reference and each other.
+void compare_engines(const char* name, const MoeConfig& cfg, const TestWeights& wt, const std::vector<bf16_raw>& x,
+                     int64_t T, const std::vector<int32_t>& ids, const std::vector<float>& tw, int wide_limit,
+                     bool expect_wide) {
+  const int H = cfg.hidden, C = cfg.capacity;
   const detail::HostRecvBuffers recv = local_receive(cfg, x, T, ids, tw);
   const int n = recv.counts[0];
   std::vector<bf16_raw> y_ref(size_t(C) * H, 0);
@@ -77,7 +70,7 @@ void run_problem(const Problem& p, uint32_t seed, bool expect_wide) {
   std::string engines[2];
   for (int wide = 0; wide < 2; ++wide) {
     MoeConfig c = cfg;
-    c.tuning.decode_max_rows = wide ? 0 : 65536;
+    c.tuning.decode_max_rows = wide ? wide_limit : 65536;
     cuda::CudaRunner runner(c, 0);
     ExpertWeights w = wt.on_device;
     runner.prepare(w, nullptr);
@@ -88,7 +81,7 @@ void run_problem(const Problem& p, uint32_t seed, bool expect_wide) {
     out[wide] = y.download();
     engines[wide] = runner.last_engines();
     const Diff d = compare_rows(out[wide], y_ref, n, H);
-    std::printf("[nvfp4 wide] %-18s T=%-5lld %-28s bm %3d  max|a-b|/max|ref| %.3e  1-cos %.3e\n", p.name,
+    std::printf("[nvfp4 wide] %-18s T=%-5lld %-28s bm %3d  max|a-b|/max|ref| %.3e  1-cos %.3e\n", name,
                 static_cast<long long>(T), engines[wide].c_str(), runner.last_block_m(), d.rel(), d.one_minus_cos);
     if (n > 0) expect_within_bound(d, c.effective_intermediate_quant());
     expect_poison_after(out[wide], n, H);
@@ -100,6 +93,20 @@ void run_problem(const Problem& p, uint32_t seed, bool expect_wide) {
   if (engines[0] == "wgmma-nvfp4p/wgmma-nvfp4p")
     EXPECT_EQ(differ, 0u) << "of " << size_t(n) * H << " outputs differ between " << engines[0] << " and "
                           << engines[1];
+}
+
+// p with uneven_ids routing and the default engine choice.
+void run_problem(const Problem& p, uint32_t seed, bool expect_wide) {
+  SCOPED_TRACE(std::string(p.name) + " seed " + std::to_string(seed));
+  std::mt19937 rng(seed);
+  const int64_t T = p.T < 0 ? p.C : p.T;
+  const TestWeights wt(rng, p.E, p.H, p.I, p.wf);
+  const auto x = random_bf16(rng, T, p.H);
+  const std::vector<int32_t> ids = uneven_ids(rng, T, p.E, p.K);
+  std::vector<float> tw(ids.size());
+  std::uniform_real_distribution<float> u(0.f, 1.f);
+  for (auto& v : tw) v = u(rng);
+  compare_engines(p.name, make_cfg(p), wt, x, T, ids, tw, 0, expect_wide);
 }
 
 // The choice itself (host rules, no GPU): past the decode engine's one m-tile and up to
@@ -146,8 +153,8 @@ TEST(CudaRunnerNvfp4Wide, EqualsDecodeEngineAndReference) {
 
 TEST(CudaRunnerNvfp4Wide, EveryPartialTileWidth) {
   EPMOE_REQUIRE_GPU();
-  // Expert 0 gets rows0 rows (around each boundary of the 32 / 64 token-tile widths, one and two
-  // tiles), experts 1-3 get 40 each.
+  // Expert 0 gets rows0 rows (around each boundary of the 32 / 64 / 96 / 128 token-tile widths, one
+  // and two tiles), experts 1-3 get 40 each.
   const int H = 256, I = 128, E = 4, K = 1;
   for (const int rows0 : {33, 63, 64, 65, 95, 97, 127, 128, 129, 160}) {
     const int C = rows0 + 3 * 40;
@@ -159,30 +166,8 @@ TEST(CudaRunnerNvfp4Wide, EveryPartialTileWidth) {
     const auto x = random_bf16(rng, C, H);
     std::vector<int32_t> ids(C);
     for (int t = 0; t < C; ++t) ids[t] = t < rows0 ? 0 : 1 + (t - rows0) % 3;
-    std::vector<float> tw(C, 0.75f);
-    const MoeConfig cfg = make_cfg(p);
-    const detail::HostRecvBuffers recv = local_receive(cfg, x, C, ids, tw);
-    std::vector<bf16_raw> y_ref(size_t(C) * H, 0);
-    detail::ReferenceRunner ref(cfg);
-    ref.run(recv.view(cfg.quant_params()), wt.on_host, y_ref.data(), nullptr);
-    DevDispatch dd(recv, cfg.quant_params());
-    std::vector<bf16_raw> out[2];
-    for (int wide = 0; wide < 2; ++wide) {
-      MoeConfig c = cfg;
-      c.tuning.decode_max_rows = wide ? 1 : 65536;
-      cuda::CudaRunner runner(c, 0);
-      ExpertWeights w = wt.on_device;
-      runner.prepare(w, nullptr);
-      Dev<bf16_raw> y(size_t(C) * H);
-      runner.run(dd.view, w, y.get(), nullptr);
-      EPMOE_CUDA_CHECK(cudaDeviceSynchronize());
-      out[wide] = y.download();
-      EXPECT_EQ(std::string(runner.last_engines()), wide ? "wgmma-nvfp4w/wgmma-nvfp4w" : "wgmma-nvfp4p/wgmma-nvfp4p");
-      expect_within_bound(compare_rows(out[wide], y_ref, C, H));
-    }
-    size_t differ = 0;
-    for (size_t i = 0; i < out[0].size(); ++i) differ += out[0][i] != out[1][i];
-    EXPECT_EQ(differ, 0u);
+    const std::vector<float> tw(C, 0.75f);
+    compare_engines(p.name, make_cfg(p), wt, x, C, ids, tw, 1, true);
   }
 }
 
