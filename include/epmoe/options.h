@@ -62,7 +62,8 @@ struct Tuning {
                                 //   the decode engine's load order (the weight bytes again)
   int decode_max_rows = 0;      // [local] EPMOE_DECODE_MAX_ROWS=0..65536: expected rows per expert
                                 //   up to which engine auto keeps the 32-row decode engines (above:
-                                //   CUTLASS); 0 = the measured per-format crossover (policy.h)
+                                //   CUTLASS, or for prepared nvfp4 the wide engine up to 640 rows);
+                                //   0 = the measured per-format crossover (policy.h)
   CutlassSwap cutlass_swap = CutlassSwap::automatic;  // [local] EPMOE_CUTLASS_SWAP=auto|0|1|64|128:
                                 //   CUTLASS GEMMs swap-AB (64/128: that token-tile width; same
                                 //   results within the bf16 rounding bound)
