@@ -9,13 +9,15 @@ unless --permute):
         out), weights e4m3 with one scale per output channel, torch._scaled_grouped_mm for both
         GEMMs (the row-wise recipe torch runs on Hopper), bf16 out.
 Presets, M list, local experts (the preset's experts / 2), routing (slot j -> expert j % E; --skew:
-the first half of the slots on the first tenth of the experts) and the floor column are those of
-`epmoe bench runner`, so the two tables compare row by row: floor = max(weight bytes of the experts
+the first half of the slots on the first tenth of the experts; --routing router: the preset's router
+on random N(0, 1) logits, its picks of local experts in token order, the same rule as the runner
+bench's but torch's random numbers, so the same distribution and not the same rows) and the floor
+column are those of `epmoe bench runner`, so the two tables compare row by row: floor = max(weight bytes of the experts
 that received rows / (0.9 x the HBM copy rate measured in this run), 2*M*3*H*I / P), P = 700 TFLOP/s
 (bf16) or 1100 (fp8), with the runner's weight bytes (fp8: its 128x128 block scales; the per-channel
 scales used here differ by < 0.1%).
 
-    python3 bench/torch_grouped_mm.py [--preset LIST|all] [--m LIST] [--quick] [--skew]
+    python3 bench/torch_grouped_mm.py [--preset LIST|all] [--m LIST] [--quick] [--routing uniform|skew|router]
                                       [--formats bf16,fp8] [--local-experts N] [--reps N] [--dry-run]
 """
 from __future__ import annotations
@@ -36,6 +38,18 @@ PRESETS = {
     "mixtral-8x7b": (4096, 14336, 8, 2),
     "gpt-oss-120b": (2880, 2880, 128, 4),
 }
+# name -> router: ("softmax",) = top-k of the logits, or ("sigmoid", n_group, topk_group) = DeepSeek's
+# grouped top-k (groups ranked by the sum of their two best sigmoid scores): src/core/presets.cpp.
+ROUTERS = {
+    "tiny": ("softmax",),
+    "deepseek-v3": ("sigmoid", 8, 4),
+    "qwen3-235b-a22b": ("softmax",),
+    "qwen3-30b-a3b": ("softmax",),
+    "mixtral-8x7b": ("softmax",),
+    "gpt-oss-120b": ("softmax",),
+}
+ROUTINGS = ("uniform", "skew", "router")
+ROUTER_SEED = 4242  # the runner bench's
 DEFAULT_MS = [128, 512, 2048, 4096, 8192, 16384, 32768, 131072]
 QUICK_MS = [128, 2048, 32768]
 FORMATS = ("bf16", "fp8")
@@ -100,6 +114,43 @@ def rows_per_expert(M, E, skew):
     return [(_count_mod(0, half, hot, e) if e < hot else 0) + _count_mod(half, M, E, e) for e in range(E)]
 
 
+def route_topk(logits, router, K, torch):
+    """Expert ids [T, K] the preset's router picks (best first) for logits [T, E] (float32, CPU)."""
+    if router[0] == "softmax":
+        return torch.topk(logits, K, dim=1).indices
+    _, n_group, topk_group = router
+    T, E = logits.shape
+    s = torch.sigmoid(logits)
+    group = torch.topk(s.view(T, n_group, E // n_group), 2, dim=2).values.sum(dim=2)  # [T, n_group]
+    keep = torch.topk(group, topk_group, dim=1).indices
+    mask = torch.zeros(T, n_group, dtype=torch.bool).scatter_(1, keep, True)
+    s = s.masked_fill(~mask.repeat_interleave(E // n_group, dim=1), float("-inf"))
+    return torch.topk(s, K, dim=1).indices
+
+
+def router_ids(preset, M, E_local, seed=ROUTER_SEED):
+    """The first M local-expert picks (ids < E_local, token by token, k by k) of the preset's router on
+    random N(0, 1) logits, 4096 tokens at a time; a prefix of the same stream for a smaller M."""
+    import torch
+    _, _, E, K = PRESETS[preset]
+    gen = torch.Generator().manual_seed(seed)
+    out, have = [], 0
+    while have < M:
+        ids = route_topk(torch.randn(4096, E, generator=gen), ROUTERS[preset], K, torch).reshape(-1)
+        local = ids[ids < E_local]
+        out.append(local[:M - have])
+        have += out[-1].numel()
+    return torch.cat(out) if out else torch.zeros(0, dtype=torch.int64)
+
+
+def routed_counts(preset, M, E, routing):
+    """Rows per local expert of an M-row call under `routing` (uniform, skew or router)."""
+    if routing != "router":
+        return rows_per_expert(M, E, routing == "skew")
+    import torch
+    return torch.bincount(router_ids(preset, M, E), minlength=E).tolist()
+
+
 def offsets(counts):
     """Cumulative end offsets of each expert's rows (torch._grouped_mm's offs)."""
     out, s = [], 0
@@ -146,11 +197,14 @@ def memory_needed(fmt, E, H, I, M, permute=False):
     return w + act
 
 
-def plan(preset, Ms, E_override, skew, formats):
-    """H, I, local experts and the points [(M, rows per expert)] of one preset."""
+def plan(preset, Ms, E_override, routing, formats):
+    """H, I, local experts and the points [(M, rows per expert)] of one preset; `routing` is uniform,
+    skew or router (a bool is read as skew or uniform)."""
+    if isinstance(routing, bool):
+        routing = "skew" if routing else "uniform"
     H, I, _, _ = PRESETS[preset]
     E = local_experts(preset, E_override)
-    return H, I, E, [(M, rows_per_expert(M, E, skew)) for M in Ms]
+    return H, I, E, [(M, routed_counts(preset, M, E, routing)) for M in Ms]
 
 
 def describe_counts(counts):
@@ -287,9 +341,11 @@ def short_error(e):
 
 
 def bench_preset(name, args, Ms, formats, hbm_gbs, device, torch, gpu):
-    H, I, E, pts = plan(name, Ms, args.local_experts, args.skew, formats)
+    H, I, E, pts = plan(name, Ms, args.local_experts, args.routing, formats)
+    how = {"uniform": "uniform", "skew": "skewed",
+           "router": "the preset's router on random N(0, 1) logits (torch's generator)"}[args.routing]
     print(f"\n# torch grouped_mm: {gpu}, {name} H={H} I={I}, {E} local experts, median of {args.reps}, "
-          f"routing {'skewed' if args.skew else 'uniform'}{', with permute' if args.permute else ''}")
+          f"routing {how}{', with permute' if args.permute else ''}")
     print("\n| M | format | torch op | time ms | floor ms | floor / time | TFLOP/s |\n|---|---|---|---|---|---|---|")
     sys.stdout.flush()
     notes = []
@@ -345,8 +401,11 @@ def bench_preset(name, args, Ms, formats, hbm_gbs, device, torch, gpu):
                     def mlp(xs, offs):
                         return mlp_fp8(xs, w, offs, torch, xq)
                 if args.permute:
-                    ids = torch.tensor([expert_of(j, M, E, args.skew) for j in range(M)], dtype=torch.int64,
-                                       device=device)
+                    if args.routing == "router":
+                        ids = router_ids(name, M, E).to(device)
+                    else:
+                        ids = torch.tensor([expert_of(j, M, E, args.routing == "skew") for j in range(M)],
+                                           dtype=torch.int64, device=device)
                     wts = torch.ones(M, dtype=torch.float32, device=device)
 
                     def fn():
@@ -392,7 +451,10 @@ def parse_args(argv):
     p.add_argument("--preset", default="deepseek-v3", help="a name, a comma list, or all (default deepseek-v3)")
     p.add_argument("--m", help="rows routed to this GPU, comma list (default " + ",".join(map(str, DEFAULT_MS)) + ")")
     p.add_argument("--quick", action="store_true", help="M = 128,2048,32768 and fewer repetitions")
-    p.add_argument("--skew", action="store_true", help="half of the rows on a tenth of the experts")
+    p.add_argument("--routing", default="uniform", choices=ROUTINGS,
+                   help="uniform (default), skew (half of the rows on a tenth of the experts) or router (the "
+                        "preset's router on random logits)")
+    p.add_argument("--skew", action="store_true", help="short for --routing skew")
     p.add_argument("--formats", default="bf16,fp8", help="bf16, fp8 or both (default bf16,fp8)")
     p.add_argument("--local-experts", type=int, default=0,
                    help="experts on this GPU (default: the preset's experts / 2; 128 for deepseek-v3)")
@@ -421,6 +483,9 @@ def parse_args(argv):
     except ValueError as e:
         p.error(str(e))
     a.reps = a.reps or (3 if a.quick else 7)
+    if a.skew:
+        a.routing = "skew"
+    a.skew = a.routing == "skew"
     return a
 
 

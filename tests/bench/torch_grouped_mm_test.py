@@ -41,14 +41,16 @@ class Flags(unittest.TestCase):
     def test_help(self):
         r = run("--help")
         self.assertEqual(r.returncode, 0, r.stderr)
-        for flag in ("--preset", "--m", "--quick", "--skew", "--formats", "--local-experts", "--reps", "--dry-run"):
+        for flag in ("--preset", "--m", "--quick", "--routing", "--skew", "--formats", "--local-experts", "--reps",
+                     "--dry-run"):
             self.assertIn(flag, r.stdout)
 
     def test_bad_flags_exit_2_naming_the_flag(self):
         for args, msg in ((["--preset", "nope"], "--preset: unknown preset 'nope'"),
                           (["--m", "128,x"], "--m: 'x'"), (["--m", "0"], "--m: '0'"),
                           (["--formats", "nvfp4"], "--formats: unknown format 'nvfp4'"),
-                          (["--reps", "0"], "--reps: 0"), (["--local-experts", "-1"], "--local-experts: -1")):
+                          (["--reps", "0"], "--reps: 0"), (["--local-experts", "-1"], "--local-experts: -1"),
+                          (["--routing", "zipf"], "--routing: invalid choice: 'zipf'")):
             r = run(*args, "--dry-run")
             self.assertEqual(r.returncode, 2, args)
             self.assertIn(msg, r.stderr)
@@ -84,6 +86,47 @@ class Plan(unittest.TestCase):
                     for j in range(M):
                         want[tgm.expert_of(j, M, E, skew)] += 1
                     self.assertEqual(tgm.rows_per_expert(M, E, skew), want, (E, M, skew))
+
+    def test_skew_flag_is_short_for_routing_skew(self):
+        self.assertEqual(tgm.parse_args(["--skew"]).routing, "skew")
+        self.assertEqual(tgm.parse_args([]).routing, "uniform")
+        a = tgm.parse_args(["--routing", "router"])
+        self.assertEqual((a.routing, a.skew), ("router", False))
+
+    def test_router_rows_follow_the_preset_router(self):
+        E_local = 128
+        ids = tgm.router_ids("deepseek-v3", 8192, E_local)
+        self.assertEqual(ids.numel(), 8192)
+        self.assertTrue(bool((ids >= 0).all()) and bool((ids < E_local).all()))
+        # Reproducible, and a smaller M is a prefix of the same stream (as in the runner bench).
+        self.assertTrue(torch.equal(tgm.router_ids("deepseek-v3", 8192, E_local), ids))
+        self.assertTrue(torch.equal(tgm.router_ids("deepseek-v3", 1000, E_local), ids[:1000]))
+        counts = tgm.routed_counts("deepseek-v3", 8192, E_local, "router")
+        self.assertEqual(sum(counts), 8192)
+        # Every local expert touched, unevenly (random logits spread the load around the mean of 64).
+        self.assertGreater(min(counts), 0)
+        self.assertGreater(max(counts), 64)
+        self.assertEqual(tgm.routed_counts("deepseek-v3", 100, E_local, "skew"), tgm.rows_per_expert(100, E_local, True))
+
+    def test_grouped_router_keeps_topk_group_groups(self):
+        g = torch.Generator().manual_seed(7)
+        logits = torch.randn(512, 256, generator=g)
+        ids = tgm.route_topk(logits, ("sigmoid", 8, 4), 8, torch)
+        self.assertEqual(tuple(ids.shape), (512, 8))
+        for row in ids.tolist():
+            self.assertEqual(len(set(row)), 8)
+            self.assertLessEqual(len({e // 32 for e in row}), 4)
+        # Within the kept groups the picks are the best sigmoid scores: no better expert of a kept
+        # group is left out.
+        s = torch.sigmoid(logits)
+        for t, row in enumerate(ids.tolist()):
+            groups = {e // 32 for e in row}
+            worst = min(s[t, e].item() for e in row)
+            for e in range(256):
+                if e // 32 in groups and e not in row:
+                    self.assertLessEqual(s[t, e].item(), worst)
+        soft = tgm.route_topk(logits, ("softmax",), 4, torch)
+        self.assertTrue(torch.equal(soft, torch.topk(logits, 4, dim=1).indices))
 
     def test_uniform_matches_the_cublas_loop_split(self):
         M, E = 1000, 128
@@ -225,6 +268,12 @@ class Smoke(unittest.TestCase):
         # fp8 on the CPU: torch refuses _scaled_grouped_mm; the row says why and the run goes on.
         self.assertTrue(any("| fp8 | _scaled_grouped_mm | failed:" in ln for ln in rows), r.stdout)
         self.assertIn("routing skewed", r.stdout)
+
+    def test_router_routing_runs(self):
+        r = run("--device", "cpu", "--preset", "tiny", "--m", "64", "--reps", "1", "--routing", "router", "--permute")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn("routing the preset's router on random N(0, 1) logits", r.stdout)
+        self.assertIn("| 64 | bf16 |", r.stdout)
 
     def test_permute_path_runs(self):
         out = self.bench(["--preset", "tiny", "--m", "50", "--reps", "1", "--formats", "bf16", "--permute"])
