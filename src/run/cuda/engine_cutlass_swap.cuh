@@ -31,7 +31,19 @@
 #if !defined(EPMOE_CUTLASS_GROUPED_IMPL)
 #error "define EPMOE_CUTLASS_GROUPED_IMPL before including run/cuda/engine_cutlass.h and this header"
 #endif
+#include <string>
+
+#include "epmoe/error.h"
 #include "run/cuda/engine_cutlass.h"
+
+namespace epmoe::cuda::cutlass_engine::swap {
+// The token-tile widths with an instantiation; `what` names the GEMM ("bf16", "fp8").
+inline void check_tile(int tile_n, const char* what) {
+  if (tile_n != 64 && tile_n != 128)
+    throw UsageError(std::string("cutlass ") + what + " swap-AB grouped GEMM: swap_tile_n=" + std::to_string(tile_n) +
+                     " has no instantiation; use 64 or 128");
+}
+}  // namespace epmoe::cuda::cutlass_engine::swap
 
 #if defined(EPMOE_WITH_CUTLASS)
 #include "cutlass/detail/blockwise_scale_layout.hpp"

@@ -9,24 +9,16 @@
 
 namespace epmoe::cuda::cutlass_engine {
 
-namespace {
-void check_tile(int tile_n, const char* what) {
-  if (tile_n != 64 && tile_n != 128)
-    throw UsageError(std::string("cutlass ") + what + " swap-AB grouped GEMM: swap_tile_n=" + std::to_string(tile_n) +
-                     " has no instantiation; use 64 or 128");
-}
-}  // namespace
-
 #if defined(EPMOE_WITH_CUTLASS)
 
 size_t bf16_swap_workspace_bytes(int experts, int sms, int tile_n) {
-  check_tile(tile_n, "bf16");
+  swap::check_tile(tile_n, "bf16");
   if (tile_n == 128) return detail::bf16_swap_n128_workspace_bytes(experts, sms);
   return detail::workspace_bytes<swap::Bf16<64>::Gemm, false, false, true>(experts, sms);
 }
 
 void grouped_gemm_bf16_swap(const Grouped& g, cudaStream_t stream) {
-  check_tile(g.swap_tile_n, "bf16");
+  swap::check_tile(g.swap_tile_n, "bf16");
   if (g.K % 8 != 0 || g.N % 8 != 0)
     throw UsageError("cutlass bf16 swap-AB grouped GEMM: N=" + std::to_string(g.N) + " and K=" + std::to_string(g.K) +
                      " must be multiples of 8 (16-byte TMA rows)");

@@ -10,24 +10,16 @@
 
 namespace epmoe::cuda::cutlass_engine {
 
-namespace {
-void check_tile(int tile_n) {
-  if (tile_n != 64 && tile_n != 128)
-    throw UsageError("cutlass fp8 swap-AB grouped GEMM: swap_tile_n=" + std::to_string(tile_n) +
-                     " has no instantiation; use 64 or 128");
-}
-}  // namespace
-
 #if defined(EPMOE_WITH_CUTLASS)
 
 size_t fp8_swap_workspace_bytes(int experts, int sms, int tile_n) {
-  check_tile(tile_n);
+  swap::check_tile(tile_n, "fp8");
   if (tile_n == 128) return detail::fp8_swap_n128_workspace_bytes(experts, sms);
   return detail::workspace_bytes<swap::Fp8<64>::Gemm, true, false, true>(experts, sms);
 }
 
 void grouped_gemm_fp8_swap(const Grouped& g, cudaStream_t stream) {
-  check_tile(g.swap_tile_n);
+  swap::check_tile(g.swap_tile_n, "fp8");
   if (g.K % 128 != 0 || g.N % 128 != 0)
     throw UsageError("cutlass fp8 swap-AB grouped GEMM: N=" + std::to_string(g.N) + " and K=" + std::to_string(g.K) +
                      " must be multiples of 128 (whole 128x128 weight scale tiles)");

@@ -58,7 +58,7 @@ struct Geo {
   static constexpr int kSlot = kTokBytes + kGroups * kPreparedBlock;  // + each warpgroup's prepared block
   static constexpr int kBars = kSlot * kSlots;  // full[kSlots] then empty[kSlots] mbarriers
   static constexpr int kSmem = kBars + 16 * kSlots + 1024;
-  static_assert(TN == 64 || TN == 128, "token-tile widths the issue switch covers");
+  static_assert(TN == 128, "the token-tile widths issue_width covers");
   static_assert(TN % (kCtaThreads / 4) == 0, "whole passes of token rows");
   static_assert(kSlot % 1024 == 0, "SW128 token atoms need 1024-byte alignment");
 };
@@ -108,16 +108,12 @@ __device__ __forceinline__ void zero(float (&acc)[2][NR]) {
 template <int NR>
 __device__ __forceinline__ void issue_width(float (&acc)[2][NR], const uint32_t (&wa)[2][2][8], uint32_t tokens,
                                             int n) {
-  if constexpr (NR == 32) {
-    if (n == 32) issue_batch<32>(acc, wa, tokens);
-    else issue_batch<64>(acc, wa, tokens);
-  } else {
-    switch (n) {
-      case 32: issue_batch<32>(acc, wa, tokens); break;
-      case 64: issue_batch<64>(acc, wa, tokens); break;
-      case 96: issue_batch<96>(acc, wa, tokens); break;
-      default: issue_batch<128>(acc, wa, tokens); break;
-    }
+  static_assert(NR == 64, "the widths below are those of 128-token tiles");
+  switch (n) {
+    case 32: issue_batch<32>(acc, wa, tokens); break;
+    case 64: issue_batch<64>(acc, wa, tokens); break;
+    case 96: issue_batch<96>(acc, wa, tokens); break;
+    default: issue_batch<128>(acc, wa, tokens); break;
   }
 }
 
