@@ -26,11 +26,13 @@ enum class RunnerEngine : uint8_t {
 // Whether runner "cuda"'s CUTLASS grouped GEMMs run swap-AB (out^T = W * A^T: the weights' output
 // dimension in the 128-row tile, the expert's rows in a 64-wide one; docs/RUNNER.md).
 enum class CutlassSwap : uint8_t {
-  automatic,  // swapped up to the crossover in expected rows per expert (policy::kSwapMaxRows)
+  automatic,  // up to the crossover in expected rows per expert (policy::kSwapMaxRows), each expert
+              // on the tile that fits its rows (swap-AB 64, 128, 192 or unswapped); unswapped above
   off,        // never
-  on,         // always (where the engine is CUTLASS), the token-tile width by rows as in automatic
+  on,         // always (where the engine is CUTLASS), one token-tile width (64 or 128) by expected rows
   n64,        // always, 64-wide token tiles
   n128,       // always, 128-wide token tiles
+  n192,       // always, 192-wide token tiles
 };
 
 // Who moves the combine rows of dispatcher "nvlink".
@@ -64,9 +66,10 @@ struct Tuning {
                                 //   up to which engine auto keeps the 32-row decode engines (above:
                                 //   CUTLASS, or for prepared nvfp4 the wide engine up to 640 rows);
                                 //   0 = the measured per-format crossover (policy.h)
-  CutlassSwap cutlass_swap = CutlassSwap::automatic;  // [local] EPMOE_CUTLASS_SWAP=auto|0|1|64|128:
-                                //   CUTLASS GEMMs swap-AB (64/128: that token-tile width; same
-                                //   results within the bf16 rounding bound)
+  CutlassSwap cutlass_swap = CutlassSwap::automatic;  // [local] EPMOE_CUTLASS_SWAP=auto|0|1|64|128|192:
+                                //   CUTLASS GEMMs swap-AB (64/128/192: that token-tile width; auto:
+                                //   per expert by its rows; same results within the bf16 rounding
+                                //   bound)
 
   // --- device-initiated dispatchers ("nvlink") -----------------------------------------------
   int comm_sms = 24;            // [local] EPMOE_COMM_SMS=1..1024: SMs (CTAs) of the dispatch and
@@ -104,7 +107,7 @@ bool parse_engine(const std::string& s, RunnerEngine& out);
 bool parse_combine_mode(const std::string& s, CombineMode& out);
 bool parse_fault_check(const std::string& s, FaultCheck& out);
 const char* cutlass_swap_name(CutlassSwap s);   // "auto", "0", "1", "64", "128"
-bool parse_cutlass_swap(const std::string& s, CutlassSwap& out);  // auto, 0 or off, 1 or on, 64, 128
+bool parse_cutlass_swap(const std::string& s, CutlassSwap& out);  // auto, 0 or off, 1 or on, 64, 128, 192
 
 // One line per field: "name = value   [agree|local]  source" where source is "env EPMOE_X" or
 // "default" (what `epmoe validate` prints).

@@ -71,7 +71,7 @@ struct EnumNames<FaultCheck> {
 
 template <>
 struct EnumNames<CutlassSwap> {
-  static constexpr const char* list = "auto, off (0), on (1), 64, 128";
+  static constexpr const char* list = "auto, off (0), on (1), 64, 128, 192";
   static bool parse(const std::string& s, CutlassSwap& out) { return parse_cutlass_swap(s, out); }
 };
 

@@ -41,6 +41,7 @@ const char* cutlass_swap_name(CutlassSwap s) {
     case CutlassSwap::on: return "1";
     case CutlassSwap::n64: return "64";
     case CutlassSwap::n128: return "128";
+    case CutlassSwap::n192: return "192";
     default: return "auto";
   }
 }
@@ -51,6 +52,7 @@ bool parse_cutlass_swap(const std::string& s, CutlassSwap& out) {
   else if (s == "1" || s == "on") out = CutlassSwap::on;
   else if (s == "64") out = CutlassSwap::n64;
   else if (s == "128") out = CutlassSwap::n128;
+  else if (s == "192") out = CutlassSwap::n192;
   else return false;
   return true;
 }
@@ -92,7 +94,7 @@ std::vector<ConfigIssue> validate(const Tuning& t) {
   named("engine", int(t.engine), 3, "auto, mma, cutlass");
   named("combine", int(t.combine), 2, "sm, ce");
   named("fault_check", int(t.fault_check), 3, "off, count, raise");
-  named("cutlass_swap", int(t.cutlass_swap), 5, "auto, 0, 1, 64, 128");
+  named("cutlass_swap", int(t.cutlass_swap), 6, "auto, 0, 1, 64, 128, 192");
   return is;
 }
 

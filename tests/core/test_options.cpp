@@ -33,7 +33,7 @@ TEST(Tuning, EveryRangeIsChecked) {
   t.decode_max_rows = -1;
   const auto is = validate(t);
   EXPECT_EQ(is.size(), 8u);
-  EXPECT_TRUE(has_issue(is, "tuning.cutlass_swap", "auto, 0, 1, 64, 128"));
+  EXPECT_TRUE(has_issue(is, "tuning.cutlass_swap", "auto, 0, 1, 64, 128, 192"));
   EXPECT_TRUE(has_issue(is, "tuning.decode_max_rows", "outside [0, 65536]"));
   EXPECT_TRUE(has_issue(is, "tuning.widen_scratch_mb", "outside [1, 16777216]"));
   EXPECT_TRUE(has_issue(is, "tuning.comm_sms", "tuning.comm_sms=2000 is outside [1, 1024]"));
@@ -66,7 +66,7 @@ TEST(Tuning, NamesRoundTrip) {
     EXPECT_EQ(back, m);
   }
   for (CutlassSwap sw :
-       {CutlassSwap::automatic, CutlassSwap::off, CutlassSwap::on, CutlassSwap::n64, CutlassSwap::n128}) {
+       {CutlassSwap::automatic, CutlassSwap::off, CutlassSwap::on, CutlassSwap::n64, CutlassSwap::n128, CutlassSwap::n192}) {
     CutlassSwap back{};
     ASSERT_TRUE(parse_cutlass_swap(cutlass_swap_name(sw), back));
     EXPECT_EQ(back, sw);
@@ -78,6 +78,8 @@ TEST(Tuning, NamesRoundTrip) {
   EXPECT_EQ(sw, CutlassSwap::off);
   ASSERT_TRUE(parse_cutlass_swap("128", sw));
   EXPECT_EQ(sw, CutlassSwap::n128);
+  ASSERT_TRUE(parse_cutlass_swap("192", sw));
+  EXPECT_EQ(sw, CutlassSwap::n192);
   ASSERT_TRUE(parse_cutlass_swap("off", sw));
   EXPECT_FALSE(parse_cutlass_swap("2", sw));
   EXPECT_EQ(sw, CutlassSwap::off) << "a failed parse leaves the value";

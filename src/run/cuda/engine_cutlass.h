@@ -13,10 +13,10 @@
 //                    B: 128x128 fp32 tiles), promoted into fp32 every 128 of K (tile 128x128x128,
 //                    cluster 2x1).
 // Both clusters pair two m-tiles of one expert, so each weight tile is multicast to both.
-//   engine_cutlass_swap_{bf16,fp8}{,_n128}.cu (engine_cutlass_swap.cuh): the same products swapped
-//                    (swap-AB, Grouped::swap_ab): CUTLASS computes out_e^T = W_e * A_e^T, so the
-//                    weights' output dimension N is CUTLASS's M (128-row tiles) and the expert's rows
-//                    are its N (64- or 128-wide tiles, Grouped::swap_tile_n). Made for few rows per
+//   engine_cutlass_swap_{bf16,fp8}{,_n128,_n192}.cu (engine_cutlass_swap.cuh): the same products
+//                    swapped (swap-AB, Grouped::swap_ab): CUTLASS computes out_e^T = W_e * A_e^T, so
+//                    the weights' output dimension N is CUTLASS's M (128-row tiles) and the expert's
+//                    rows are its N (64-, 128- or 192-wide tiles, Grouped::swap_tile_n). Made for few rows per
 //                    expert, where a 128-row token tile (and its cluster partner) would mostly
 //                    multiply padding: there each weight tile is streamed about once. No
 //                    transposes: A = W [N][K] and B = the rows [rows][K] are both K-major as stored,
@@ -61,7 +61,11 @@ struct Grouped {
   // grouped_gemm_bf16 / grouped_gemm_fp8 run their swap-AB instantiation (the same product; the
   // workspace then needs *_swap_workspace_bytes). Not with src (the SwiGLU GEMM is not swapped).
   bool swap_ab = false;
-  int swap_tile_n = 64;  // swapped: rows of an expert per tile, 64 or 128
+  int swap_tile_n = 64;  // swapped: rows of an expert per tile, 64, 128 or 192
+  // Only the experts with rows_lo <= rows[e] <= rows_hi run (the others get no tiles): the runner
+  // splits one GEMM into launches by rows per expert, each with the tile that fits those rows
+  // (policy::RowBucket). Decided on the device, from the device counts.
+  int rows_lo = 0, rows_hi = 0x7fffffff;
 };
 
 size_t bf16_workspace_bytes(int experts, int sms);
@@ -80,16 +84,20 @@ void grouped_gemm_fp8(const Grouped& g, cudaStream_t stream);
 // grouped_gemm_bf16 / grouped_gemm_fp8 with g.swap_ab; same arguments and limits. The fp8 one keeps
 // the block scales as they are: the weights' 128x128 tiles become CUTLASS's A scales (granularity
 // 128 in M and K), the rows' 1x128 groups its B scales (granularity 1 in N, 128 in K), both K-major.
-// g.swap_tile_n picks the instantiation (64 or 128; anything else throws UsageError).
+// g.swap_tile_n picks the instantiation (64, 128 or 192; anything else throws UsageError).
 size_t bf16_swap_workspace_bytes(int experts, int sms, int tile_n);
 void grouped_gemm_bf16_swap(const Grouped& g, cudaStream_t stream);
 size_t fp8_swap_workspace_bytes(int experts, int sms, int tile_n);
 void grouped_gemm_fp8_swap(const Grouped& g, cudaStream_t stream);
-namespace detail {  // the 128-wide instantiations (engine_cutlass_swap_*_n128.cu), behind the above
+namespace detail {  // the 128- and 192-wide instantiations (engine_cutlass_swap_*_n{128,192}.cu)
 size_t bf16_swap_n128_workspace_bytes(int experts, int sms);
 void grouped_gemm_bf16_swap_n128(const Grouped& g, cudaStream_t stream);
 size_t fp8_swap_n128_workspace_bytes(int experts, int sms);
 void grouped_gemm_fp8_swap_n128(const Grouped& g, cudaStream_t stream);
+size_t bf16_swap_n192_workspace_bytes(int experts, int sms);
+void grouped_gemm_bf16_swap_n192(const Grouped& g, cudaStream_t stream);
+size_t fp8_swap_n192_workspace_bytes(int experts, int sms);
+void grouped_gemm_fp8_swap_n192(const Grouped& g, cudaStream_t stream);
 }  // namespace detail
 
 // fp8 engine's permute: every valid (slot, k) pair claims a row of its expert's segment (offsets +
@@ -187,17 +195,19 @@ struct Tables {
   }
 };
 
-// One thread per expert: shapes (the expert's rows may be 0: the scheduler gives it no tiles),
+// One thread per expert: shapes (the expert's rows may be 0: the scheduler gives it no tiles; an
+// expert outside [rows_lo, rows_hi] is given 0 rows, so that it runs in another launch),
 // row-major A/D and K-major W pointers and strides, and the scale pointers. Swapped, the problem is
 // (N, rows, K) with the weights as CUTLASS's A, the rows as its B and D column-major (stride N
 // between rows), i.e. the same bytes.
 template <class T>
 __global__ void fill_tables(T t, int E, int N, int K, const int32_t* __restrict__ rows,
-                            const int32_t* __restrict__ offsets, const void* A, const float* sfa, const void* W,
-                            int64_t w_stride, const float* sfw, const bf16_raw* src, bf16_raw* out) {
+                            const int32_t* __restrict__ offsets, int rows_lo, int rows_hi, const void* A,
+                            const float* sfa, const void* W, int64_t w_stride, const float* sfw, const bf16_raw* src,
+                            bf16_raw* out) {
   const int e = blockIdx.x * blockDim.x + threadIdx.x;
   if (e >= E) return;
-  const int m = rows[e];
+  const int m = rows[e] >= rows_lo && rows[e] <= rows_hi ? rows[e] : 0;
   const int64_t off = offsets[e];
   const auto* rows_ptr = static_cast<const typename T::ERows*>(A) + off * K;
   const auto* w_ptr = static_cast<const typename T::EW*>(W) + int64_t(e) * w_stride;
@@ -290,8 +300,9 @@ void run(const Grouped& g, const char* what, cudaStream_t stream) {
   const T t = T::carve(g.workspace, g.experts);
   if (kSource && !g.src) throw UsageError(std::string("cutlass ") + what + ": the source (gate) is null");
   const int64_t w_stride = g.w_expert_stride ? g.w_expert_stride : int64_t(g.N) * g.K;
-  fill_tables<T><<<(g.experts + 127) / 128, 128, 0, stream>>>(t, g.experts, g.N, g.K, g.rows, g.offsets, g.A, g.sfa,
-                                                               g.W, w_stride, g.sfw, g.src, g.out);
+  fill_tables<T><<<(g.experts + 127) / 128, 128, 0, stream>>>(t, g.experts, g.N, g.K, g.rows, g.offsets, g.rows_lo,
+                                                               g.rows_hi, g.A, g.sfa, g.W, w_stride, g.sfw, g.src,
+                                                               g.out);
   EPMOE_CUDA_CHECK_LAUNCH();
   const auto args = make_args<Gemm, kScaled, kSource, kSwap>(t, g.experts, g.sms, device, g.alpha);
   Gemm gemm;

@@ -1,5 +1,6 @@
 // CUTLASS engine, bf16 swap-AB with 64-wide token tiles (engine_cutlass_swap.cuh), and the entry
-// points that pick the token-tile width (the 128-wide one is engine_cutlass_swap_bf16_n128.cu).
+// points that pick the token-tile width (the 128- and 192-wide ones are
+// engine_cutlass_swap_bf16_n{128,192}.cu).
 #define EPMOE_CUTLASS_GROUPED_IMPL 1
 #include "run/cuda/engine_cutlass_swap.cuh"
 
@@ -14,6 +15,7 @@ namespace epmoe::cuda::cutlass_engine {
 size_t bf16_swap_workspace_bytes(int experts, int sms, int tile_n) {
   swap::check_tile(tile_n, "bf16");
   if (tile_n == 128) return detail::bf16_swap_n128_workspace_bytes(experts, sms);
+  if (tile_n == 192) return detail::bf16_swap_n192_workspace_bytes(experts, sms);
   return detail::workspace_bytes<swap::Bf16<64>::Gemm, false, false, true>(experts, sms);
 }
 
@@ -23,6 +25,7 @@ void grouped_gemm_bf16_swap(const Grouped& g, cudaStream_t stream) {
     throw UsageError("cutlass bf16 swap-AB grouped GEMM: N=" + std::to_string(g.N) + " and K=" + std::to_string(g.K) +
                      " must be multiples of 8 (16-byte TMA rows)");
   if (g.swap_tile_n == 128) return detail::grouped_gemm_bf16_swap_n128(g, stream);
+  if (g.swap_tile_n == 192) return detail::grouped_gemm_bf16_swap_n192(g, stream);
   detail::run<swap::Bf16<64>::Gemm, false, false, true>(g, "bf16 swap-AB", stream);
 }
 

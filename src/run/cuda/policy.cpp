@@ -38,8 +38,17 @@ int swap_tile_n(CutlassSwap swap, double expected_rows) {
     case CutlassSwap::on: return by_rows;
     case CutlassSwap::n64: return 64;
     case CutlassSwap::n128: return 128;
+    case CutlassSwap::n192: return 192;
     default: return expected_rows <= kSwapMaxRows ? by_rows : 0;
   }
+}
+
+std::vector<RowBucket> row_buckets(CutlassSwap swap, double expected_rows) {
+  if (swap == CutlassSwap::automatic && expected_rows <= kSwapMaxRows)
+    return {{0, 64, 64}, {65, 128, 128}, {129, 192, 192}, {193, RowBucket{}.hi, 0}};
+  RowBucket all;
+  all.tile_n = swap_tile_n(swap, expected_rows);
+  return {all};
 }
 
 DecodeEngines decode_engines(bool wgmma_decode, int bm, WeightFormat wf, ActFormat act, IntermediateQuant iq,
@@ -70,7 +79,8 @@ bool use_nvfp4_wide(RunnerEngine engine, const DecodeEngines& d32, bool prepared
 
 std::string path_name(CutlassPath p, WeightFormat wf, int swap_tile_n) {
   std::string s = p == CutlassPath::fp8 ? "cutlass-fp8" : "cutlass-bf16";
-  if (swap_tile_n) s += "-swap" + std::to_string(swap_tile_n);
+  if (swap_tile_n == kByRows) s += "-byrows";
+  else if (swap_tile_n) s += "-swap" + std::to_string(swap_tile_n);
   if (p == CutlassPath::widened) s += wf == WeightFormat::nvfp4 ? "(widened nvfp4)" : "(widened fp8)";
   return s;
 }
@@ -81,7 +91,7 @@ size_t CutlassPlan::scratch_bytes() const {
 }
 
 CutlassPlan cutlass_plan(const DispatchOutput& in, const ExpertWeights& w, IntermediateQuant iq, bool fused_swiglu,
-                         int swap_tile_n, size_t widen_scratch_bytes) {
+                         CutlassSwap swap, double expected_rows, size_t widen_scratch_bytes) {
   const int E = in.num_local_experts, H = in.hidden, I = w.intermediate;
   const WeightFormat wf = w.w13.format;
   const bool iq8 = iq == IntermediateQuant::fp8;
@@ -94,8 +104,9 @@ CutlassPlan cutlass_plan(const DispatchOutput& in, const ExpertWeights& w, Inter
   CutlassPlan p;
   p.gemm1 = wf == WeightFormat::bf16 ? CutlassPath::bf16 : fp8_1 ? CutlassPath::fp8 : CutlassPath::widened;
   p.gemm2 = wf == WeightFormat::bf16 ? CutlassPath::bf16 : fp8_2 ? CutlassPath::fp8 : CutlassPath::widened;
-  p.swap_tile_n = swap_tile_n;
-  p.fused_swiglu = fused_swiglu && !swap_tile_n && p.gemm1 != CutlassPath::fp8 && !iq8;
+  p.swap_tile_n = swap_tile_n(swap, expected_rows);
+  p.buckets = row_buckets(swap, expected_rows);
+  p.fused_swiglu = fused_swiglu && p.direct_tile_n() == 0 && p.gemm1 != CutlassPath::fp8 && !iq8;
   p.expert_bytes1 = widen::expert_bytes(w.w13);
   p.expert_bytes2 = widen::expert_bytes(w.w2);
   p.chunk1 = std::min(widen::chunk_experts(widen_scratch_bytes, p.expert_bytes1, E), 65535);

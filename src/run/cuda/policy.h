@@ -62,11 +62,29 @@ constexpr double kSwapMaxRows = 192.0;
 // read every weight tile again from L2; engine_cutlass_swap.cuh). The width at equal rows is not
 // compared yet (cutlass_swap 64 / 128 forces either).
 constexpr double kSwapNarrowMaxRows = 64.0;
-// 0 = unswapped, else the token-tile width (64 or 128). automatic: by kSwapNarrowMaxRows up to
-// kSwapMaxRows, 0 above; on: by kSwapNarrowMaxRows whatever the rows; n64 / n128: that width;
-// off: 0.
+// 0 = unswapped, else the token-tile width (64 or 128) of a GEMM run with one tile for every
+// expert: automatic: by kSwapNarrowMaxRows up to kSwapMaxRows, 0 above; on: by kSwapNarrowMaxRows
+// whatever the rows; n64 / n128 / n192: that width; off: 0. The widened GEMMs use it as it is; the
+// others split by rows (row_buckets) where cutlass_swap is automatic.
 int swap_tile_n(CutlassSwap swap, double expected_rows);
 inline bool use_swap_ab(CutlassSwap swap, double expected_rows) { return swap_tile_n(swap, expected_rows) != 0; }
+
+// ---- the tile by each expert's rows (CUTLASS) --------------------------------------------------------
+// The experts with lo <= rows <= hi run in one launch with token tile tile_n (0 = unswapped).
+struct RowBucket {
+  int lo = 0, hi = 0x7fffffff, tile_n = 0;
+};
+// Real routing is not uniform: with the router on random logits, at a mean of 64 rows per expert
+// half the experts get more than 64, and one 64-wide tile width gives them two tiles each, every
+// one re-reading the expert's weights (1.46x the tiles of uniform routing, measured 1.30x the time
+// at M 8192, DeepSeek-V3, H200; bench/results/2026-12-01-session11-h200.md). The host never sees
+// the counts (graph capture), so the split is made on the device: one launch per row range, each
+// expert's tables filled only in the launch of its range (Grouped::rows_lo / rows_hi), so every
+// expert runs in one launch on the narrowest tile that holds its rows in one token tile.
+// Automatic up to kSwapMaxRows expected rows per expert: [0, 64] swap-AB 64, [65, 128] swap-AB
+// 128, [129, 192] swap-AB 192, the rest unswapped (128x256 tiles); each launch with no expert in
+// its range costs a launch and nothing else. Otherwise one bucket of all rows with swap_tile_n.
+std::vector<RowBucket> row_buckets(CutlassSwap swap, double expected_rows);
 
 // ---- decode engines (m-tile 32) ------------------------------------------------------------------
 // Per GEMM (1: W13, 2: W2), whether it runs on a wgmma engine; a GEMM with none set runs on the
@@ -125,8 +143,10 @@ bool use_nvfp4_wide(RunnerEngine engine, const DecodeEngines& d32, bool prepared
 // nvfp4 always) widened to bf16 in a scratch buffer and run on the bf16 GEMM.
 enum class CutlassPath { bf16, fp8, widened };
 // "cutlass-bf16", "cutlass-fp8", "cutlass-bf16(widened fp8)", "cutlass-bf16(widened nvfp4)"; swapped
-// (swap_tile_n 64 or 128) with "-swap64" / "-swap128" after "cutlass-bf16" / "cutlass-fp8", e.g.
-// "cutlass-fp8-swap64", "cutlass-bf16-swap128(widened nvfp4)".
+// (swap_tile_n 64, 128 or 192) with "-swap64" / "-swap128" / "-swap192" after "cutlass-bf16" /
+// "cutlass-fp8", e.g. "cutlass-fp8-swap64", "cutlass-bf16-swap128(widened nvfp4)"; split by rows
+// (swap_tile_n kByRows, several row_buckets) "-byrows", e.g. "cutlass-fp8-byrows".
+constexpr int kByRows = -1;
 std::string path_name(CutlassPath p, WeightFormat wf, int swap_tile_n = 0);
 
 struct CutlassPlan {
@@ -134,10 +154,15 @@ struct CutlassPlan {
   // GEMM1 as its gate half and its up half with SwiGLU in the epilogue: asked for
   // (tuning.fused_swiglu) and possible (GEMM1 on the bf16 GEMM, the intermediate stays bf16).
   bool fused_swiglu = false;
-  // Both GEMMs swap-AB with this token-tile width (swap_tile_n; asked for by the caller), 0 =
-  // unswapped. The SwiGLU epilogue has no swapped form, so a swapped plan never fuses: GEMM1
-  // writes [rows][2I] and the SwiGLU pass follows.
+  // Widened GEMMs: swap-AB with this token-tile width (swap_tile_n), 0 = unswapped. The others
+  // (bf16 and fp8 paths): one launch per row bucket (row_buckets), of which a single bucket of all
+  // rows with tile swap_tile_n is the plain case. The SwiGLU epilogue has no swapped form, so only
+  // a plan of one unswapped bucket fuses; otherwise GEMM1 writes [rows][2I] and the SwiGLU pass
+  // follows.
   int swap_tile_n = 0;
+  std::vector<RowBucket> buckets;
+  // The direct GEMMs' tile for names and RunnerInfo: the one bucket's tile_n, or kByRows.
+  int direct_tile_n() const { return buckets.size() == 1 ? buckets[0].tile_n : kByRows; }
   // Widened weights: bytes of one expert of W13 / W2 in bf16, and experts per widen-and-GEMM chunk,
   // as many whole experts as fit in the scratch bound (at least one, at most 65535), from the
   // configuration alone so that graph replays see the same chunks.
@@ -147,7 +172,7 @@ struct CutlassPlan {
   size_t scratch_bytes() const;
 };
 CutlassPlan cutlass_plan(const DispatchOutput& in, const ExpertWeights& w, IntermediateQuant iq, bool fused_swiglu,
-                         int swap_tile_n, size_t widen_scratch_bytes);
+                         CutlassSwap swap, double expected_rows, size_t widen_scratch_bytes);
 
 // ---- configuration limits --------------------------------------------------------------------------
 // The engines' limits on a configuration (RunnerInfo::check of runner "cuda", called by

@@ -61,8 +61,9 @@ class CudaRunner final : public Runner {
   int last_widen_chunks() const { return last_widen_chunks_; }
   // Whether a CUTLASS run fused SwiGLU into GEMM1 (policy::CutlassPlan::fused_swiglu).
   bool last_swiglu_fused() const { return last_swiglu_fused_; }
-  // Whether a CUTLASS run's GEMMs ran swap-AB, and their token-tile width (64 or 128; 0 unswapped
-  // or after a decode run; policy::CutlassPlan::swap_tile_n).
+  // Whether a CUTLASS run's GEMMs ran swap-AB, and their token-tile width: 64, 128 or 192; 0
+  // unswapped or after a decode run; policy::kByRows (-1) when each expert took the tile of its
+  // rows (policy::row_buckets: swap-AB for some experts, perhaps not for all).
   bool last_swap_ab() const { return last_swap_tile_n_ != 0; }
   int last_swap_tile_n() const { return last_swap_tile_n_; }
 

@@ -2,6 +2,7 @@
 // the operand path of policy::cutlass_plan, widened weights in chunks through one scratch buffer.
 #include <algorithm>
 #include <string>
+#include <vector>
 
 #include "run/cuda/engine.h"
 #include "run/cuda/engine_cutlass.h"
@@ -27,6 +28,34 @@ void gemm1_swiglu(const cutlass_engine::Grouped& g, bf16_raw* gate, cudaStream_t
   half.src = gate;
   half.out = g.out;
   cutlass_engine::grouped_gemm_bf16_swiglu(half, st);
+}
+
+// GEMM `g` as one launch per row bucket (policy::RowBucket): the bucket's row range and tile.
+void run_buckets(cutlass_engine::Grouped g, const std::vector<policy::RowBucket>& buckets, bool fp8,
+                 cudaStream_t st) {
+  for (const policy::RowBucket& b : buckets) {
+    g.rows_lo = b.lo;
+    g.rows_hi = b.hi;
+    g.swap_ab = b.tile_n != 0;
+    g.swap_tile_n = b.tile_n ? b.tile_n : 64;
+    if (fp8)
+      cutlass_engine::grouped_gemm_fp8(g, st);
+    else
+      cutlass_engine::grouped_gemm_bf16(g, st);
+  }
+}
+
+// The workspace the launches of `buckets` (fp8 or bf16 GEMMs) share: the largest one's.
+size_t bucket_workspace(const std::vector<policy::RowBucket>& buckets, bool fp8, int E, int sms) {
+  size_t n = 0;
+  for (const policy::RowBucket& b : buckets) {
+    const size_t s = fp8 ? (b.tile_n ? cutlass_engine::fp8_swap_workspace_bytes(E, sms, b.tile_n)
+                                     : cutlass_engine::fp8_workspace_bytes(E, sms))
+                         : (b.tile_n ? cutlass_engine::bf16_swap_workspace_bytes(E, sms, b.tile_n)
+                                     : cutlass_engine::bf16_workspace_bytes(E, sms));
+    n = std::max(n, s);
+  }
+  return n;
 }
 
 }  // namespace
@@ -73,9 +102,11 @@ int CudaRunner::run_widened(const cutlass_engine::Grouped& g, const MatrixView& 
 // existing instantiation), so it multiplies the fp32 accumulator before the one bf16 rounding,
 // exactly as the mma.sync and wgmma engines do; applying it later (in the SwiGLU pass, or in the
 // weighted sum, which would need each row's expert) would scale an already rounded value.
-// With few rows per expert (policy::use_swap_ab) both GEMMs, widened chunks included, run their
-// swap-AB instantiation: the same operands and output bytes, the weights in the 128-row tile; the
-// SwiGLU then always runs as its own pass (the fused epilogue has no swapped form).
+// With few rows per expert (policy::row_buckets) the bf16 and fp8 GEMMs run one launch per range
+// of rows per expert, each on the tile that fits the range (swap-AB 64, 128 or 192: the same
+// operands and output bytes, the weights in the 128-row tile; unswapped above), which the device
+// counts decide; widened chunks run one swap-AB width (policy::swap_tile_n). The SwiGLU then runs
+// as its own pass (the fused epilogue has no swapped form).
 // Widened GEMMs run as all GEMM1 chunks, the SwiGLU pass once over all rows, then all GEMM2 chunks:
 // the SwiGLU pass and the intermediate's fp8 quantization stay one launch each, and both GEMMs
 // share one scratch buffer (W13 chunks, then W2 chunks).
@@ -87,32 +118,35 @@ void CudaRunner::run_cutlass(const DispatchOutput& in, const ExpertWeights& w, b
   const WeightFormat wf = w.w13.format;
   const IntermediateQuant iq = cfg_.effective_intermediate_quant();
   const bool iq8 = iq == IntermediateQuant::fp8;
-  const int swap_n = policy::swap_tile_n(cutlass_swap_, policy::expected_rows(cfg_, in));
-  const policy::CutlassPlan plan = policy::cutlass_plan(in, w, iq, fused_swiglu_, swap_n, widen_scratch_);
+  const policy::CutlassPlan plan =
+      policy::cutlass_plan(in, w, iq, fused_swiglu_, cutlass_swap_, policy::expected_rows(cfg_, in), widen_scratch_);
   const CutlassPath p1 = plan.gemm1, p2 = plan.gemm2;
   const bool fp8_1 = p1 == CutlassPath::fp8, fp8_2 = p2 == CutlassPath::fp8;
   const bool nvfp4 = wf == WeightFormat::nvfp4;
   const bool fuse = plan.fused_swiglu;
   last_swiglu_fused_ = fuse;
-  last_swap_tile_n_ = plan.swap_tile_n;
+  // A direct GEMM reports its buckets' tile (or kByRows); a widened pair its single width.
+  const bool direct = p1 != CutlassPath::widened || p2 != CutlassPath::widened;
+  last_swap_tile_n_ = direct ? plan.direct_tile_n() : plan.swap_tile_n;
   const int bm = 128;  // the offsets kernel also writes an m-tile table; CUTLASS does not read it
   const int64_t max_tiles = (max_rows + bm - 1) / bm + E;
   last_bm_ = bm;
-  engines_ = policy::path_name(p1, wf, plan.swap_tile_n) + "/" + policy::path_name(p2, wf, plan.swap_tile_n);
+  auto tile_of = [&](CutlassPath p) { return p == CutlassPath::widened ? plan.swap_tile_n : plan.direct_tile_n(); };
+  engines_ = policy::path_name(p1, wf, tile_of(p1)) + "/" + policy::path_name(p2, wf, tile_of(p2));
   last_engines_ = engines_.c_str();
 
   if (sms_ == 0) EPMOE_CUDA_CHECK(cudaDeviceGetAttribute(&sms_, cudaDevAttrMultiProcessorCount, device_));
   // GEMMs run one after the other on the stream, so they share one workspace (sized for a full
   // group count; a chunk has fewer groups).
   const bool any_fp8 = p1 == CutlassPath::fp8 || p2 == CutlassPath::fp8;
-  const bool any_bf16 = p1 != CutlassPath::fp8 || p2 != CutlassPath::fp8;
+  const bool any_bf16 = p1 == CutlassPath::bf16 || p2 == CutlassPath::bf16;
+  const bool any_widened = p1 == CutlassPath::widened || p2 == CutlassPath::widened;
   const int sw = plan.swap_tile_n;
-  cws_.reserve(std::max({any_fp8 ? (sw ? cutlass_engine::fp8_swap_workspace_bytes(E, sms_, sw)
-                                       : cutlass_engine::fp8_workspace_bytes(E, sms_))
-                                 : 0,
-                         any_bf16 ? (sw ? cutlass_engine::bf16_swap_workspace_bytes(E, sms_, sw)
-                                        : cutlass_engine::bf16_workspace_bytes(E, sms_))
-                                  : 0,
+  cws_.reserve(std::max({any_fp8 ? bucket_workspace(plan.buckets, true, E, sms_) : 0,
+                         any_bf16 ? bucket_workspace(plan.buckets, false, E, sms_) : 0,
+                         any_widened ? bucket_workspace({policy::RowBucket{0, policy::RowBucket{}.hi, sw}}, false, E,
+                                                        sms_)
+                                     : 0,
                          fuse ? cutlass_engine::swiglu_workspace_bytes(E, sms_) : 0}));
   const int chunk1 = plan.chunk1, chunk2 = plan.chunk2;
   scratch_.reserve(plan.scratch_bytes());
@@ -165,7 +199,7 @@ void CudaRunner::run_cutlass(const DispatchOutput& in, const ExpertWeights& w, b
     g1.A = a8_.get<uint8_t>();
     g1.sfa = as_.get<float>();
     g1.sfw = static_cast<const float*>(w.w13.scales);
-    cutlass_engine::grouped_gemm_fp8(g1, st);
+    run_buckets(g1, plan.buckets, true, st);
   } else if (fuse) {
     // gu_ holds the gate half [rows][I]; the up half's epilogue writes the intermediate into h_.
     g1.A = a_.get<bf16_raw>();
@@ -178,7 +212,7 @@ void CudaRunner::run_cutlass(const DispatchOutput& in, const ExpertWeights& w, b
   } else {
     g1.A = a_.get<bf16_raw>();
     if (p1 == CutlassPath::bf16)
-      cutlass_engine::grouped_gemm_bf16(g1, st);
+      run_buckets(g1, plan.buckets, false, st);
     else
       last_widen_chunks_ += run_widened(g1, w.w13, nvfp4 ? inv_gs_.get<float>() : nullptr, chunk1, st);
   }
@@ -197,13 +231,13 @@ void CudaRunner::run_cutlass(const DispatchOutput& in, const ExpertWeights& w, b
     g2.A = h8_.get<uint8_t>();
     g2.sfa = hs_.get<float>();
     g2.sfw = static_cast<const float*>(w.w2.scales);
-    cutlass_engine::grouped_gemm_fp8(g2, st);
+    run_buckets(g2, plan.buckets, true, st);
   } else {
     g2.A = h_.get<bf16_raw>();
     g2.sfa = nullptr;
     g2.sfw = nullptr;
     if (p2 == CutlassPath::bf16)
-      cutlass_engine::grouped_gemm_bf16(g2, st);
+      run_buckets(g2, plan.buckets, false, st);
     else
       last_widen_chunks_ += run_widened(g2, w.w2, nvfp4 ? inv_gs_.get<float>() + E : nullptr, chunk2, st);
   }

@@ -9,9 +9,10 @@
 // has an empty half), T = 1 and tokens with no expert. Large M at DeepSeek-V3 expert shapes: the
 // whole output against the mma engine (itself checked against the reference in
 // test_runner.cpp) and the first tokens against the reference. Every runner problem runs
-// unswapped and swap-AB with 64- and 128-wide token tiles (tuning.cutlass_swap 0, 64, 128), each
-// against the reference and the swapped ones against the unswapped within the same bound; SwapAbRowsPerExpert adds exact per-expert loads of
-// 0, 1, 33, 64, 100 and 257 rows and DeepSeek-V3 shapes at 64 rows per expert. Also the engine
+// unswapped, swap-AB with 64-, 128- and 192-wide token tiles and automatic (split by rows per
+// expert; tuning.cutlass_swap 0, 64, 128, 192, auto), each against the reference and the others
+// against the unswapped within the same bound; SwapAbRowsPerExpert adds exact per-expert loads of
+// 0, 1, 33, 64, 100, 150 and 257 rows and DeepSeek-V3 shapes at 64 rows per expert. Also the engine
 // and swap rules (policy.h) and the tuning options the engine reads.
 #include <gtest/gtest.h>
 
@@ -20,6 +21,7 @@
 #include <cstring>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "epmoe/error.h"
@@ -45,7 +47,7 @@ using Engine = cuda::CudaRunner::Engine;
 // listed: top_k 1 and exactly kListedRows[e] rows on expert e (E = 8), the tokens shuffled;
 // tokens past their sum route nowhere.
 enum class Load { uniform, uneven, one_expert, listed };
-const std::vector<int> kListedRows = {0, 1, 33, 64, 100, 257, 0, 64};
+const std::vector<int> kListedRows = {0, 1, 33, 64, 100, 257, 0, 150};
 
 struct Problem {
   int H, I, E, K, C;
@@ -96,9 +98,10 @@ std::vector<int32_t> make_ids(const Problem& p, int64_t T, std::mt19937& rng) {
   return ids;
 }
 
-// The engine names of a swap-AB run with token tiles `tile_n` wide: "-swap<tile_n>" after each
-// GEMM's "cutlass-bf16" / "cutlass-fp8".
-std::string swapped_engines(const std::string& s, int tile_n) {
+// The engine names of a run whose direct GEMMs have token tile `direct` and whose widened ones
+// `widened` (0 unswapped, cuda::policy::kByRows split by rows): "-swap<tile>" or "-byrows" after
+// each GEMM's "cutlass-bf16" / "cutlass-fp8".
+std::string tiled_engines(const std::string& s, int direct, int widened) {
   std::string out;
   for (size_t i = 0; i < s.size();) {
     bool hit = false;
@@ -106,7 +109,9 @@ std::string swapped_engines(const std::string& s, int tile_n) {
       const size_t n = std::strlen(stem);
       if (s.compare(i, n, stem) == 0) {
         out += stem;
-        out += "-swap" + std::to_string(tile_n);
+        const int t = s.compare(i + n, 9, "(widened ") == 0 ? widened : direct;
+        if (t == cuda::policy::kByRows) out += "-byrows";
+        else if (t) out += "-swap" + std::to_string(t);
         i += n;
         hit = true;
         break;
@@ -116,6 +121,8 @@ std::string swapped_engines(const std::string& s, int tile_n) {
   }
   return out;
 }
+// A swap-AB run with token tiles `tile_n` wide for every GEMM.
+std::string swapped_engines(const std::string& s, int tile_n) { return tiled_engines(s, tile_n, tile_n); }
 
 void run_problem(const Problem& p, uint32_t seed) {
   SCOPED_TRACE(std::string(p.name) + " act " + format_name(p.act) + " weights " + format_name(p.wf) + " iq " +
@@ -158,11 +165,17 @@ void run_problem(const Problem& p, uint32_t seed) {
     if (chunks) *chunks = runner.last_widen_chunks();
     return y.download();
   };
-  // The CUTLASS engine unswapped and swap-AB with 64- and 128-wide token tiles (tuning.cutlass_swap
-  // 0, 64, 128), each checked on its own below, then the swapped ones against the unswapped.
-  constexpr int kForms = 3;
-  const CutlassSwap forms[kForms] = {CutlassSwap::off, CutlassSwap::n64, CutlassSwap::n128};
-  const int tiles[kForms] = {0, 64, 128};
+  // The CUTLASS engine unswapped, swap-AB with 64-, 128- and 192-wide token tiles
+  // (tuning.cutlass_swap 0, 64, 128, 192) and automatic (up to kSwapMaxRows expected rows per
+  // expert the direct GEMMs split by rows per expert, policy::row_buckets, the widened ones take
+  // one width), each checked on its own below, then the others against the unswapped.
+  constexpr int kForms = 5;
+  const CutlassSwap forms[kForms] = {CutlassSwap::off, CutlassSwap::n64, CutlassSwap::n128, CutlassSwap::n192,
+                                     CutlassSwap::automatic};
+  const double er = cuda::policy::expected_rows(cfg, dout);
+  const int auto_direct = er <= cuda::policy::kSwapMaxRows ? cuda::policy::kByRows : 0;
+  const int auto_widened = cuda::policy::swap_tile_n(CutlassSwap::automatic, er);
+  const int tiles[kForms] = {0, 64, 128, 192, auto_direct};
   std::vector<bf16_raw> ycs[kForms];
   std::string names[kForms];
   for (int f = 0; f < kForms; ++f) {
@@ -172,14 +185,19 @@ void run_problem(const Problem& p, uint32_t seed) {
     std::string& engines = names[f];
     int chunks = -1;
     const auto yc = run_engine(Engine::cutlass, &engines, 0, &chunks, true, sw);
-    const std::string expect = swap ? swapped_engines(p.expect, tiles[f]) : std::string(p.expect);
+    const std::string expect = sw == CutlassSwap::automatic ? tiled_engines(p.expect, auto_direct, auto_widened)
+                               : swap                       ? swapped_engines(p.expect, tiles[f])
+                                                            : std::string(p.expect);
     EXPECT_EQ(engines, expect);
-    EXPECT_EQ(swapped, swap);
+    // A run with a direct GEMM reports its tile; one with both widened, theirs.
+    const bool both_widened = std::string(p.expect).find("/cutlass-bf16(widened") != std::string::npos &&
+                              std::string(p.expect).rfind("cutlass-bf16(widened", 0) == 0;
+    EXPECT_EQ(swapped, sw == CutlassSwap::automatic && both_widened ? auto_widened != 0 : swap);
     // SwiGLU goes into GEMM1's epilogue exactly when GEMM1 runs unswapped on the bf16 GEMM (bf16 or
     // widened weights) and the intermediate stays bf16; then the unfused path must agree within the
     // bound (it rounds the up half to bf16 before the product, the fused one does not).
     const bool expect_fused =
-        !swap && expect.rfind("cutlass-bf16", 0) == 0 && p.iq == IntermediateQuant::none;
+        !swapped && expect.rfind("cutlass-bf16", 0) == 0 && p.iq == IntermediateQuant::none;
     EXPECT_EQ(fused, expect_fused);
     if (expect_fused) {
       std::string eu;
@@ -298,17 +316,18 @@ TEST(CutlassEngine, MatchesReference) {
   for (const Problem& p : problems) run_problem(p, seed++);
 }
 
-// Swap-AB where it is made for and at its edges: exactly 0, 1, 33, 64, 100 and 257 rows on the
-// experts of one call (Load::listed: empty experts, one row, partial 64-wide token tiles, several
-// token tiles per weight tile) on every operand path, partial 128-row weight tiles (H 2880), and
-// DeepSeek-V3 expert shapes at about 64 rows per expert (uniform and skewed), the first tokens
-// against the reference. run_problem runs each problem unswapped and swapped (both token-tile
-// widths) and checks each against the reference and the swapped ones against the unswapped.
+// Swap-AB where it is made for and at its edges: exactly 0, 1, 33, 64, 100, 150 and 257 rows on
+// the experts of one call (Load::listed: empty experts, one row, partial 64-wide token tiles,
+// several token tiles per weight tile, and one expert in each of the automatic split's four row
+// ranges) on every operand path, partial 128-row weight tiles (H 2880), and DeepSeek-V3 expert
+// shapes at about 64 rows per expert (uniform and skewed), the first tokens against the reference.
+// run_problem runs each problem unswapped, swapped (every token-tile width) and automatic, and
+// checks each against the reference and the others against the unswapped.
 TEST(CutlassEngine, SwapAbRowsPerExpert) {
   EPMOE_REQUIRE_GPU();
   EPMOE_REQUIRE_CUTLASS();
   uint32_t seed = std::random_device{}();
-  const int C = 519 + 9;  // the listed rows plus tokens that route nowhere
+  const int C = 605 + 9;  // the listed rows plus tokens that route nowhere
   const std::vector<Problem> problems = {
       {1024, 512, 8, 1, C, A::bf16, W::bf16, kNone, Load::listed, -1, -1, false, kBf16, "listed rows"},
       {1024, 512, 8, 1, C, A::fp8, W::fp8, kFp8, Load::listed, -1, -1, false, kFp8Both, "listed rows"},
@@ -459,12 +478,18 @@ TEST(CutlassEngine, AutomaticChoice) {
     const std::string engines = runner.last_engines();
     EXPECT_EQ(engines.rfind("cutlass", 0) == 0, c.cutlass)
         << "C=" << c.C << " act " << format_name(c.act) << " weights " << format_name(c.wf) << ": " << engines;
-    // tuning.cutlass_swap auto: swap-AB up to kSwapMaxRows expected rows per expert, 64-wide token
-    // tiles up to kSwapNarrowMaxRows.
+    // tuning.cutlass_swap auto: up to kSwapMaxRows expected rows per expert the direct GEMMs split
+    // by rows per expert (reported as kByRows); with both GEMMs widened, swap-AB with 64-wide token
+    // tiles up to kSwapNarrowMaxRows, else 128.
     const double rows = double(c.C) * K / E;
     EXPECT_EQ(runner.last_swap_ab(), c.cutlass && rows <= cuda::policy::kSwapMaxRows) << engines;
+    const bool both_widened = engines.find("(widened") < engines.find('/') &&
+                              engines.find("(widened", engines.find('/')) != std::string::npos;
     if (runner.last_swap_ab())
-      EXPECT_EQ(runner.last_swap_tile_n(), rows <= cuda::policy::kSwapNarrowMaxRows ? 64 : 128) << engines;
+      EXPECT_EQ(runner.last_swap_tile_n(), !both_widened                             ? cuda::policy::kByRows
+                                           : rows <= cuda::policy::kSwapNarrowMaxRows ? 64
+                                                                                      : 128)
+          << engines;
     runner.set_engine(Engine::mma);
     runner.run(dout, dw, y.get(), nullptr);
     EPMOE_CUDA_CHECK(cudaDeviceSynchronize());
@@ -472,10 +497,12 @@ TEST(CutlassEngine, AutomaticChoice) {
   }
 }
 
-// The grouped GEMMs alone, unswapped and swap-AB, against a float64 product of the same operands:
-// groups with 0 rows (first, middle and last), one row, partial m/n tiles (33, 100, 130, 257 rows:
-// partial 128-row tiles unswapped, partial 64-wide token tiles swapped); out rows outside the
-// groups must stay untouched.
+// The grouped GEMMs alone, unswapped and swap-AB (64-, 128- and 192-wide token tiles), against a
+// float64 product of the same operands: groups with 0 rows (first, middle and last), one row,
+// partial m/n tiles (33, 100, 130, 257 rows: partial 128-row tiles unswapped, partial token tiles
+// swapped); out rows outside the groups must stay untouched. A launch restricted to a row range
+// (Grouped::rows_lo / rows_hi, the runner's split by rows) writes exactly the experts in the range,
+// bitwise as the unrestricted launch with the same tile.
 TEST(CutlassEngine, GroupedGemmDirect) {
   EPMOE_REQUIRE_GPU();
   EPMOE_REQUIRE_CUTLASS();
@@ -527,8 +554,8 @@ TEST(CutlassEngine, GroupedGemmDirect) {
     Dev<float> dsa(sa), dsw(sw);
     Dev<bf16_raw> out(size_t(total + 8) * N);
     out.poison();
-    std::vector<bf16_raw> outs[3];
-    for (const int tile_n : {0, 64, 128}) {
+    std::vector<bf16_raw> outs[4];
+    for (const int tile_n : {0, 64, 128, 192}) {
       const bool swap = tile_n != 0;
       SCOPED_TRACE("swap_tile_n " + std::to_string(tile_n));
       out.poison();
@@ -583,11 +610,57 @@ TEST(CutlassEngine, GroupedGemmDirect) {
     }
     // Swapped vs unswapped: both within the bound above of the exact product; how many outputs are
     // bitwise the same says whether the tensor cores summed in the same order (informational).
-    for (const int t : {1, 2}) {
+    for (const int t : {1, 2, 3}) {
       size_t same = 0;
       for (size_t i = 0; i < size_t(total) * N; ++i) same += outs[0][i] == outs[t][i];
       std::printf("[cutlass] grouped %s swap-AB %d vs unswapped: %zu of %zu outputs identical\n", fp8 ? "fp8" : "bf16",
                   64 * t, same, size_t(total) * N);
+    }
+    // Row ranges: [33, 100] on the 128-wide tiles and [101, max] unswapped write exactly their experts
+    // (33, 64, 100 rows; then 130, 257), each bitwise as that tile's launch over all experts.
+    struct Range {
+      int lo, hi, tile_n;
+    };
+    for (const Range rg : {Range{33, 100, 128}, Range{101, 0x7fffffff, 0}, Range{0, 1, 192}}) {
+      SCOPED_TRACE("rows " + std::to_string(rg.lo) + ".." + std::to_string(rg.hi) + " tile " + std::to_string(rg.tile_n));
+      out.poison();
+      namespace ce = cuda::cutlass_engine;
+      ce::Grouped g;
+      g.experts = E;
+      g.N = N;
+      g.K = K;
+      g.rows = drows.get();
+      g.offsets = doffs.get();
+      g.A = fp8 ? static_cast<const void*>(da8.get()) : da16.get();
+      g.sfa = fp8 ? dsa.get() : nullptr;
+      g.W = fp8 ? static_cast<const void*>(dw8.get()) : dw16.get();
+      g.sfw = fp8 ? dsw.get() : nullptr;
+      g.out = out.get();
+      g.sms = sms;
+      g.swap_ab = rg.tile_n != 0;
+      g.swap_tile_n = rg.tile_n ? rg.tile_n : 64;
+      g.rows_lo = rg.lo;
+      g.rows_hi = rg.hi;
+      const bool swap = rg.tile_n != 0;
+      cuda::DeviceBuffer wsb(fp8 ? (swap ? ce::fp8_swap_workspace_bytes(E, sms, rg.tile_n) : ce::fp8_workspace_bytes(E, sms))
+                                 : (swap ? ce::bf16_swap_workspace_bytes(E, sms, rg.tile_n) : ce::bf16_workspace_bytes(E, sms)));
+      g.workspace = wsb.get();
+      if (fp8)
+        ce::grouped_gemm_fp8(g, nullptr);
+      else
+        ce::grouped_gemm_bf16(g, nullptr);
+      EPMOE_CUDA_CHECK(cudaDeviceSynchronize());
+      const auto o = out.download();
+      const auto& full = outs[rg.tile_n / 64];
+      int wrong = 0, ran = 0;
+      for (int e = 0; e < E; ++e) {
+        const bool in = rows[e] >= rg.lo && rows[e] <= rg.hi;
+        ran += in && rows[e] > 0;
+        for (size_t i = size_t(offs[e]) * N; i < size_t(offs[e] + rows[e]) * N; ++i)
+          wrong += in ? o[i] != full[i] : o[i] != 0xffff;
+      }
+      EXPECT_GT(ran, 0);
+      EXPECT_EQ(wrong, 0) << "outputs differing from the full launch inside the range or written outside it";
     }
   }
 }
@@ -643,7 +716,7 @@ TEST(CutlassEngine, GraphReplayEqualsEager) {
     d.local_ids = lid.get();
     d.weights = wts.get();
     d.counts = cnt.get();
-    for (const CutlassSwap sw : {CutlassSwap::off, CutlassSwap::n64, CutlassSwap::n128}) {
+    for (const CutlassSwap sw : {CutlassSwap::off, CutlassSwap::n64, CutlassSwap::n128, CutlassSwap::automatic}) {
       SCOPED_TRACE(cutlass_swap_name(sw));
       lid.upload(ids1);
       cuda::CudaRunner runner(cfg, 0);
@@ -677,7 +750,12 @@ TEST(CutlassEngine, GraphReplayEqualsEager) {
       EPMOE_CUDA_CHECK(cudaStreamSynchronize(st));
       EXPECT_EQ(first_diff(y.download(), e2), -1);
       EXPECT_NE(first_diff(e1, e2), -1);
-      EXPECT_EQ(runner.last_swap_tile_n(), sw == CutlassSwap::n64 ? 64 : sw == CutlassSwap::n128 ? 128 : 0);
+      // automatic: 100 expected rows per expert, the uneven load 38..228 per expert, so the direct
+      // GEMMs split by rows (and the split changes with the routing; the replay must follow it);
+      // both GEMMs widened (nvfp4) take the one width by expected rows instead.
+      const int want_auto = c.wf == W::nvfp4 ? 128 : cuda::policy::kByRows;
+      EXPECT_EQ(runner.last_swap_tile_n(),
+                sw == CutlassSwap::n64 ? 64 : sw == CutlassSwap::n128 ? 128 : sw == CutlassSwap::automatic ? want_auto : 0);
       EPMOE_CUDA_CHECK(cudaGraphExecDestroy(exec));
       EPMOE_CUDA_CHECK(cudaGraphDestroy(graph));
       EPMOE_CUDA_CHECK(cudaStreamDestroy(st));
@@ -717,7 +795,8 @@ TEST(CutlassEngine, EngineNames) {
 
 // The swap-AB rule (policy.h) and the crossover override, on the host: tuning.cutlass_swap auto
 // swaps up to kSwapMaxRows expected rows per expert (64-wide token tiles up to kSwapNarrowMaxRows,
-// else 128), 0/1 force it off/on, 64/128 on with that width; a positive decode limit
+// else 128, for widened GEMMs; the others split by rows per expert, row_buckets), 0/1 force it
+// off/on, 64/128/192 on with that width; a positive decode limit
 // (tuning.decode_max_rows) moves engine auto's CUTLASS crossover to above that many rows. Both reach the runner from the configuration.
 TEST(CutlassEngine, SwapAndCrossoverRules) {
   namespace pol = cuda::policy;
@@ -733,6 +812,30 @@ TEST(CutlassEngine, SwapAndCrossoverRules) {
   EXPECT_EQ(pol::swap_tile_n(CutlassSwap::on, 3), 64);
   EXPECT_EQ(pol::swap_tile_n(CutlassSwap::n64, 1e6), 64);
   EXPECT_EQ(pol::swap_tile_n(CutlassSwap::n128, 1), 128);
+  EXPECT_EQ(pol::swap_tile_n(CutlassSwap::n192, 1), 192);
+  // The split by rows: automatic in the swap range only; the ranges cover every row count once,
+  // in order, with the narrowest tile that holds the range's rows in one token tile.
+  const auto b = pol::row_buckets(CutlassSwap::automatic, 64);
+  ASSERT_EQ(b.size(), 4u);
+  EXPECT_EQ(b.front().lo, 0);
+  EXPECT_EQ(b.back().hi, 0x7fffffff);
+  for (size_t i = 0; i < b.size(); ++i) {
+    if (i) EXPECT_EQ(b[i].lo, b[i - 1].hi + 1);
+    if (b[i].tile_n) EXPECT_EQ(b[i].hi, b[i].tile_n);
+  }
+  EXPECT_EQ(b.back().tile_n, 0);
+  EXPECT_EQ(pol::row_buckets(CutlassSwap::automatic, pol::kSwapMaxRows).size(), 4u);
+  for (const auto& [sw, rows, tile] : {std::tuple{CutlassSwap::automatic, pol::kSwapMaxRows + 1, 0},
+                                       std::tuple{CutlassSwap::n64, 10.0, 64}, std::tuple{CutlassSwap::off, 10.0, 0},
+                                       std::tuple{CutlassSwap::on, 100.0, 128}}) {
+    const auto one = pol::row_buckets(sw, rows);
+    ASSERT_EQ(one.size(), 1u);
+    EXPECT_EQ(one[0].lo, 0);
+    EXPECT_EQ(one[0].hi, 0x7fffffff);
+    EXPECT_EQ(one[0].tile_n, tile);
+  }
+  EXPECT_EQ(pol::path_name(pol::CutlassPath::bf16, WeightFormat::bf16, pol::kByRows), "cutlass-bf16-byrows");
+  EXPECT_EQ(tiled_engines(kW8Fp8, pol::kByRows, 128), "cutlass-bf16-swap128(widened fp8)/cutlass-fp8-byrows");
   EXPECT_EQ(pol::path_name(pol::CutlassPath::fp8, WeightFormat::fp8, 64), "cutlass-fp8-swap64");
   EXPECT_EQ(pol::path_name(pol::CutlassPath::widened, WeightFormat::nvfp4, 128), "cutlass-bf16-swap128(widened nvfp4)");
   EXPECT_EQ(pol::path_name(pol::CutlassPath::widened, WeightFormat::fp8), "cutlass-bf16(widened fp8)");
