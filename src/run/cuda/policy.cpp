@@ -43,9 +43,11 @@ int swap_tile_n(CutlassSwap swap, double expected_rows) {
   }
 }
 
-std::vector<RowBucket> row_buckets(CutlassSwap swap, double expected_rows) {
-  if (swap == CutlassSwap::automatic && expected_rows <= kSwapMaxRows)
+std::vector<RowBucket> row_buckets(CutlassSwap swap, double expected_rows, bool fp8) {
+  if (swap == CutlassSwap::automatic && expected_rows <= kSwapMaxRows) {
+    if (fp8) return {{0, 64, 64}, {65, 128, 128}, {129, RowBucket{}.hi, 0}};
     return {{0, 64, 64}, {65, 128, 128}, {129, 192, 192}, {193, RowBucket{}.hi, 0}};
+  }
   RowBucket all;
   all.tile_n = swap_tile_n(swap, expected_rows);
   return {all};
@@ -105,7 +107,7 @@ CutlassPlan cutlass_plan(const DispatchOutput& in, const ExpertWeights& w, Inter
   p.gemm1 = wf == WeightFormat::bf16 ? CutlassPath::bf16 : fp8_1 ? CutlassPath::fp8 : CutlassPath::widened;
   p.gemm2 = wf == WeightFormat::bf16 ? CutlassPath::bf16 : fp8_2 ? CutlassPath::fp8 : CutlassPath::widened;
   p.swap_tile_n = swap_tile_n(swap, expected_rows);
-  p.buckets = row_buckets(swap, expected_rows);
+  p.buckets = row_buckets(swap, expected_rows, fp8w);
   p.fused_swiglu = fused_swiglu && p.direct_tile_n() == 0 && p.gemm1 != CutlassPath::fp8 && !iq8;
   p.expert_bytes1 = widen::expert_bytes(w.w13);
   p.expert_bytes2 = widen::expert_bytes(w.w2);

@@ -82,9 +82,12 @@ struct RowBucket {
 // expert's tables filled only in the launch of its range (Grouped::rows_lo / rows_hi), so every
 // expert runs in one launch on the narrowest tile that holds its rows in one token tile.
 // Automatic up to kSwapMaxRows expected rows per expert: [0, 64] swap-AB 64, [65, 128] swap-AB
-// 128, [129, 192] swap-AB 192, the rest unswapped (128x256 tiles); each launch with no expert in
-// its range costs a launch and nothing else. Otherwise one bucket of all rows with swap_tile_n.
-std::vector<RowBucket> row_buckets(CutlassSwap swap, double expected_rows);
+// 128, for bf16 [129, 192] swap-AB 192, the rest unswapped; a launch with no expert in its range
+// costs a launch and nothing else (uniform routing measured no slower than one launch). fp8 has no
+// 192 range: its 192-wide swap-AB tile spills (two 96-register accumulator sets per thread under
+// the 168-register cap) and measured slower than 128-wide pairs (router at M 16384: 2.82 ms vs
+// 2.53). Otherwise one bucket of all rows with swap_tile_n.
+std::vector<RowBucket> row_buckets(CutlassSwap swap, double expected_rows, bool fp8 = false);
 
 // ---- decode engines (m-tile 32) ------------------------------------------------------------------
 // Per GEMM (1: W13, 2: W2), whether it runs on a wgmma engine; a GEMM with none set runs on the

@@ -825,6 +825,12 @@ TEST(CutlassEngine, SwapAndCrossoverRules) {
   }
   EXPECT_EQ(b.back().tile_n, 0);
   EXPECT_EQ(pol::row_buckets(CutlassSwap::automatic, pol::kSwapMaxRows).size(), 4u);
+  // fp8: no 192-wide range (its tile spills); unswapped from 129 rows.
+  const auto b8 = pol::row_buckets(CutlassSwap::automatic, 64, true);
+  ASSERT_EQ(b8.size(), 3u);
+  EXPECT_EQ(b8[1].hi, 128);
+  EXPECT_EQ(b8[2].lo, 129);
+  EXPECT_EQ(b8[2].tile_n, 0);
   for (const auto& [sw, rows, tile] : {std::tuple{CutlassSwap::automatic, pol::kSwapMaxRows + 1, 0},
                                        std::tuple{CutlassSwap::n64, 10.0, 64}, std::tuple{CutlassSwap::off, 10.0, 0},
                                        std::tuple{CutlassSwap::on, 100.0, 128}}) {
