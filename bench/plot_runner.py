@@ -67,7 +67,7 @@ def main():
             try:
                 engine = r.get("engine", "mma")
                 # GEMM2 on fp8 operands means the intermediate was re-quantized (intermediate_quant fp8),
-                # swapped or not (cutlass-fp8-swap64 / -swap128).
+                # swapped or not (cutlass-fp8-swap64 / -swap128 / -byrows).
                 g2 = engine.split("/")[-1]
                 iq = g2.startswith("wgmma-fp8") or g2.startswith("cutlass-fp8")
                 key = (int(r["M"]), r["format"] + (" (iq fp8)" if iq else ""))

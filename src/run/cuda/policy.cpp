@@ -44,9 +44,10 @@ int swap_tile_n(CutlassSwap swap, double expected_rows) {
 }
 
 std::vector<RowBucket> row_buckets(CutlassSwap swap, double expected_rows, bool fp8) {
-  if (swap == CutlassSwap::automatic && expected_rows <= kSwapMaxRows) {
-    if (fp8) return {{0, 64, 64}, {65, 128, 128}, {129, RowBucket{}.hi, 0}};
-    return {{0, 64, 64}, {65, 128, 128}, {129, 192, 192}, {193, RowBucket{}.hi, 0}};
+  constexpr int kAll = RowBucket{}.hi;
+  if (swap == CutlassSwap::automatic) {
+    if (fp8) return {{0, 64, 64}, {65, 128, 128}, {129, 256, 0}, {257, 384, 128}, {385, kAll, 0}};
+    return {{0, 64, 64}, {65, 128, 128}, {129, 192, 192}, {193, 256, 0}, {257, 384, 192}, {385, kAll, 0}};
   }
   RowBucket all;
   all.tile_n = swap_tile_n(swap, expected_rows);
@@ -108,7 +109,9 @@ CutlassPlan cutlass_plan(const DispatchOutput& in, const ExpertWeights& w, Inter
   p.gemm2 = wf == WeightFormat::bf16 ? CutlassPath::bf16 : fp8_2 ? CutlassPath::fp8 : CutlassPath::widened;
   p.swap_tile_n = swap_tile_n(swap, expected_rows);
   p.buckets = row_buckets(swap, expected_rows, fp8w);
-  p.fused_swiglu = fused_swiglu && p.direct_tile_n() == 0 && p.gemm1 != CutlassPath::fp8 && !iq8;
+  const bool fusable = fused_swiglu && p.gemm1 != CutlassPath::fp8 && !iq8;
+  if (fusable && swap == CutlassSwap::automatic && expected_rows > kSwapMaxRows) p.buckets = {RowBucket{}};
+  p.fused_swiglu = fusable && (p.gemm1 == CutlassPath::widened ? p.swap_tile_n : p.direct_tile_n()) == 0;
   p.expert_bytes1 = widen::expert_bytes(w.w13);
   p.expert_bytes2 = widen::expert_bytes(w.w2);
   p.chunk1 = std::min(widen::chunk_experts(widen_scratch_bytes, p.expert_bytes1, E), 65535);

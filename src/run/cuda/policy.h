@@ -77,17 +77,22 @@ struct RowBucket {
 // Real routing is not uniform: with the router on random logits, at a mean of 64 rows per expert
 // half the experts get more than 64, and one 64-wide tile width gives them two tiles each, every
 // one re-reading the expert's weights (1.46x the tiles of uniform routing, measured 1.30x the time
-// at M 8192, DeepSeek-V3, H200; bench/results/2026-12-01-session11-h200.md). The host never sees
-// the counts (graph capture), so the split is made on the device: one launch per row range, each
-// expert's tables filled only in the launch of its range (Grouped::rows_lo / rows_hi), so every
-// expert runs in one launch on the narrowest tile that holds its rows in one token tile.
-// Automatic up to kSwapMaxRows expected rows per expert: [0, 64] swap-AB 64, [65, 128] swap-AB
-// 128, for bf16 [129, 192] swap-AB 192, the rest unswapped; a launch with no expert in its range
-// costs a launch and nothing else (uniform routing measured no slower than one launch). fp8 has no
-// 192 range: its 192-wide swap-AB tile spills (two 96-register accumulator sets per thread under
-// the 168-register cap) and measured slower than 128-wide pairs (router at M 16384: 2.82 ms vs
-// 2.53). Otherwise one bucket of all rows with swap_tile_n.
+// at M 8192, DeepSeek-V3, H200; bench/results/2026-12-01-session11-h200.md). Likewise unswapped,
+// an expert with 257..384 rows has three 128-row m-tiles, and the 2x1 cluster pads them to four.
+// The host never sees the counts (graph capture), so the split is made on the device: one launch
+// per row range, each expert's tables filled only in the launch of its range (Grouped::rows_lo /
+// rows_hi), so every expert runs in one launch on a tile that wastes little on its rows.
+// Automatic (cutlass_swap auto), bf16: [0, 64] swap-AB 64, [65, 128] swap-AB 128, [129, 192]
+// swap-AB 192, [193, 256] unswapped (two m-tiles, one cluster), [257, 384] swap-AB 192 (two token
+// tiles instead of four m-tile slots), above unswapped. fp8 has no 192-wide tile (it spills: two
+// 96-register accumulator sets per thread under the 168-register cap; measured slower than 128-wide
+// pairs, router at M 16384 2.82 ms vs 2.53): [0, 64] 64, [65, 128] 128, [129, 256] unswapped,
+// [257, 384] swap-AB 128, above unswapped. A launch with no expert in its range costs a launch and
+// nothing else (uniform routing measured no slower than one launch). Forced widths (and off / on):
+// one bucket of all rows with swap_tile_n.
 std::vector<RowBucket> row_buckets(CutlassSwap swap, double expected_rows, bool fp8 = false);
+// (The fused SwiGLU epilogue, tuning.fused_swiglu, exists unswapped only: where it is asked for
+// and GEMM1 can take it, automatic keeps one unswapped bucket above kSwapMaxRows, as before.)
 
 // ---- decode engines (m-tile 32) ------------------------------------------------------------------
 // Per GEMM (1: W13, 2: W2), whether it runs on a wgmma engine; a GEMM with none set runs on the
