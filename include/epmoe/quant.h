@@ -3,9 +3,11 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "epmoe/format.h"
+#include "epmoe/numeric.h"
 #include "epmoe/tensor.h"
 
 namespace epmoe {
@@ -32,9 +34,15 @@ void dequantize_rows(ActFormat f, const QuantParams& p, const uint8_t* payload, 
 struct MatrixView {
   WeightFormat format = WeightFormat::bf16;
   int experts = 0, rows = 0, cols = 0;
+  // fp8: rows [0, row_split) and [row_split, rows) are scaled as two stacked matrices, each with
+  // its own 128x128 tile grid (W13 with row_split = I: gate and up, as checkpoints store them, so
+  // that no tile mixes the two when I % 128 != 0); 0 = one grid over all rows. Both give the same
+  // bytes when row_split % 128 == 0. Ignored by bf16 and nvfp4.
+  int row_split = 0;
   const void* data = nullptr;           // bf16: u16 [E][rows][cols]; fp8: e4m3 [E][rows][cols];
                                         // nvfp4: packed [E][rows][cols/2]
-  const void* scales = nullptr;         // fp8: f32 [E][rows/128][cols/128]; nvfp4: e4m3 [E][rows][cols/16]
+  const void* scales = nullptr;         // fp8: f32 [E][fp8_tile_rows(rows, row_split)][ceil(cols/128)]
+                                        // (edge tiles partial); nvfp4: e4m3 [E][rows][cols/16]
   const float* global_scale = nullptr;  // nvfp4: [E]
   // nvfp4 on the cuda runner, optional: the same weights in the decode engine's tile order, made
   // once by the runner's prepare step (Runner::prepare; run/cuda/prepare.h); data and scales stay
@@ -46,18 +54,36 @@ struct MatrixView {
   size_t scale_bytes() const;
 };
 
+// fp8 weight scale grid: tile rows of a matrix of `rows` rows split at `row_split` (MatrixView), and
+// the tile row of row r.
+EPMOE_HD int fp8_tile_rows(int rows, int row_split) {
+  return row_split > 0 ? (row_split + 127) / 128 + (rows - row_split + 127) / 128 : (rows + 127) / 128;
+}
+EPMOE_HD int fp8_tile_row(int r, int row_split) {
+  return row_split > 0 && r >= row_split ? (row_split + 127) / 128 + (r - row_split) / 128 : r / 128;
+}
+
+// Whether a runner takes m's row_split: 0, or for fp8 `part` (W13: the intermediate size I; W2: 0).
+inline bool row_split_ok(const MatrixView& m, int part) {
+  return m.row_split == 0 || (m.format == WeightFormat::fp8 && m.row_split == part);
+}
+// The error text for a row_split that row_split_ok refuses ("w13", I).
+std::string row_split_error(const char* what, const MatrixView& m, int part);
+
 // Host-owned quantized matrix.
 struct HostMatrix {
   WeightFormat format = WeightFormat::bf16;
   int experts = 0, rows = 0, cols = 0;
+  int row_split = 0;  // as MatrixView::row_split
   std::vector<uint8_t> data, scales;
   std::vector<float> global_scale;
   MatrixView view() const;
 };
 
 // Quantizes fp32 weights [E][rows][cols]: bf16 by RNE; fp8 per 128x128 tile with the fp8 rule of
-// 3.2 (amax over the tile); nvfp4 per 16 along cols with gs computed per expert from its data.
-HostMatrix quantize_matrix(const float* w, int experts, int rows, int cols, WeightFormat f);
+// 3.2 (amax over the tile), rows [0, row_split) and [row_split, rows) as two stacked matrices when
+// row_split > 0 (W13: pass I); nvfp4 per 16 along cols with gs computed per expert from its data.
+HostMatrix quantize_matrix(const float* w, int experts, int rows, int cols, WeightFormat f, int row_split = 0);
 // Dequantizes expert `e`, rows [r0, r0+n) into out [n][cols] fp32.
 void dequantize_matrix_rows(const MatrixView& m, int e, int r0, int n, float* out);
 

@@ -57,7 +57,7 @@ std::unique_ptr<Weights> quantized(const Array& w13, const Array& w2, nb::handle
   auto w = std::make_unique<Weights>();
   {
     nb::gil_scoped_release unlocked;
-    w->w13_host = quantize_matrix(a.as<const float>(), E, I2, H, f);
+    w->w13_host = quantize_matrix(a.as<const float>(), E, I2, H, f, I2 / 2);  // fp8: gate and up scaled apart
     w->w2_host = quantize_matrix(b.as<const float>(), E, H, I2 / 2, f);
   }
   w->w = ExpertWeights{E, H, I2 / 2, w->w13_host.view(), w->w2_host.view()};
@@ -92,7 +92,8 @@ std::unique_ptr<Weights> bf16_views(nb::object w13_obj, nb::object w2_obj) {
 }
 
 // Checkpoint-format weights used in place: fp8 (e4m3 codes + fp32 scale per 128x128 tile, the
-// DeepSeek-V3/R1 layout: value = code * scale_inv) and nvfp4 (packed e2m1 pairs, e4m3 scale per 16
+// DeepSeek-V3/R1 layout: value = code * scale_inv; W13's gate and up halves each with their own
+// tile grid, edge tiles partial, which is the same layout when I % 128 == 0) and nvfp4 (packed e2m1 pairs, e4m3 scale per 16
 // along K, and per expert and matrix the fp32 global scale gs: value = code * scale / gs).
 struct Part {
   nb::object obj;
@@ -132,15 +133,17 @@ std::unique_ptr<Weights> quantized_views(WeightFormat f, nb::object w13, nb::obj
       throw UsageError("every weight tensor must be on one device; w13 is " + a.t.describe() + ", another " +
                        p->t.describe());
   if (f == WeightFormat::fp8) {
-    if (I2 % 256 != 0 || H % 128 != 0)
-      throw UsageError("fp8 weights need 2I and H multiples of 128 per half (128x128 tiles); w13 is " + a.t.describe());
+    if (I2 % 2 != 0) throw UsageError("w13 is " + a.t.describe() + "; its rows (gate then up) must be even");
     expect_bytes(a.t, "w13", E, I2, H, DType::e4m3);
     expect_bytes(b.t, "w2", E, H, I, DType::e4m3);
     if (sa.t.dtype != DType::f32 || sb.t.dtype != DType::f32)
       throw UsageError("fp8 scale_inv tensors must be float32 (w13_scale_inv " + sa.t.describe() + ")");
-    expect_3d(sa.t, "w13_scale_inv", E, I2 / 128, H / 128);
-    expect_3d(sb.t, "w2_scale_inv", E, H / 128, I / 128);
-    w->w = ExpertWeights{int(E), int(H), int(I), mat(a, sa, I2, H), mat(b, sb, H, I)};
+    const int64_t tH = (H + 127) / 128, tI = (I + 127) / 128;
+    expect_3d(sa.t, "w13_scale_inv", E, 2 * tI, tH);
+    expect_3d(sb.t, "w2_scale_inv", E, tH, tI);
+    MatrixView m13 = mat(a, sa, I2, H);
+    m13.row_split = int(I);
+    w->w = ExpertWeights{int(E), int(H), int(I), m13, mat(b, sb, H, I)};
     w->keep = {w13, s13, w2, s2};
     return w;
   }
@@ -187,9 +190,10 @@ nb::dict quantize_weights(const Array& w13, const Array& w2, nb::handle format) 
       return v;
     };
     d["w13"] = numpy_of(std::move(a.data), {E, 2 * I, H});
-    d["w13_scale_inv"] = numpy_of(asf(a.scales), {E, 2 * I / 128, H / 128});
+    const size_t tH = (H + 127) / 128, tI = (I + 127) / 128;
+    d["w13_scale_inv"] = numpy_of(asf(a.scales), {E, 2 * tI, tH});
     d["w2"] = numpy_of(std::move(b.data), {E, H, I});
-    d["w2_scale_inv"] = numpy_of(asf(b.scales), {E, H / 128, I / 128});
+    d["w2_scale_inv"] = numpy_of(asf(b.scales), {E, tH, tI});
   } else {
     d["w13"] = numpy_of(std::move(a.data), {E, 2 * I, H / 2});
     d["w13_scale"] = numpy_of(std::move(a.scales), {E, 2 * I, H / 16});
@@ -275,7 +279,8 @@ void bind_layer(nb::module_& m) {
                   },
                   nb::arg("w13"), nb::arg("w13_scale_inv"), nb::arg("w2"), nb::arg("w2_scale_inv"),
                   "DeepSeek-V3/R1 fp8 checkpoint tensors used in place: e4m3 codes [E,2I,H] / [E,H,I] and float32 "
-                  "weight_scale_inv per 128x128 tile [E,2I/128,H/128] / [E,H/128,I/128].")
+                  "weight_scale_inv per 128x128 tile [E,2*ceil(I/128),ceil(H/128)] (gate and up tiled apart) / "
+                  "[E,ceil(H/128),ceil(I/128)].")
       .def_static("nvfp4",
                   [](nb::object w13, nb::object w13_scale, nb::object w13_gs, nb::object w2, nb::object w2_scale,
                      nb::object w2_gs) {

@@ -152,6 +152,37 @@ def test_checkpoint_layouts_give_the_same_bytes_as_host_quantization(weights, fm
     np.testing.assert_array_equal(got, ref)
 
 
+def test_fp8_partial_tiles_gate_and_up_tiled_apart():
+    # I = 192 (1.5 tiles), H = 320 (2.5): W13's scales are the gate's and the up's tile grids
+    # stacked, [E, 2*ceil(I/128), ceil(H/128)]; the checkpoint tensors run in place, equal to the
+    # layer built from the same fp32 weights, and close to float64.
+    rng = np.random.default_rng(3)
+    h, i = 320, 192
+    w13 = (rng.standard_normal((E, 2 * i, h), dtype=np.float32) / 16).astype(np.float32)
+    w2 = (rng.standard_normal((E, h, i), dtype=np.float32) / 16).astype(np.float32)
+    w13[:, i:] *= 8  # up rows far larger than gate rows: a tile mixing both would show
+    ck = epmoe.quantize_weights(w13, w2, "fp8")
+    assert ck["w13_scale_inv"].shape == (E, 4, 3) and ck["w2_scale_inv"].shape == (E, 3, 2)
+    assert ck["w13_scale_inv"][:, 2:].min() > 4 * ck["w13_scale_inv"][:, :2].max()
+    c = cfg(hidden=h, intermediate=i, weight_format="fp8")
+    x = epmoe.bf16_bits(rng.standard_normal((5, h), dtype=np.float32))
+    g = rng.standard_normal((5, E), dtype=np.float32)
+    ref = epmoe.MoeLayer(c, epmoe.local_comm(), epmoe.ExpertWeights.quantize(w13, w2, "fp8")).forward(x, g)
+    got = epmoe.MoeLayer(c, epmoe.local_comm(), epmoe.ExpertWeights.fp8(**ck)).forward(x, g)
+    np.testing.assert_array_equal(got, ref)
+    xf = epmoe.bf16_to_float(x).astype(np.float64)
+    p = np.exp(g - g.max(axis=1, keepdims=True))
+    p /= p.sum(axis=1, keepdims=True)
+    want = np.zeros_like(xf)
+    for t in range(5):
+        ids = np.argsort(-p[t], kind="stable")[:K]
+        for e, wk in zip(ids, p[t, ids] / p[t, ids].sum()):
+            gu = w13[e].astype(np.float64) @ xf[t]
+            want[t] += wk * (w2[e].astype(np.float64) @ (gu[:i] / (1 + np.exp(-gu[:i])) * gu[i:]))
+    err = np.abs(epmoe.bf16_to_float(got) - want).max() / np.abs(want).max()
+    assert err < 8e-2, err
+
+
 def test_checkpoint_tensors_of_the_wrong_layout_are_refused(weights):
     w13, w2 = weights
     ck = epmoe.quantize_weights(w13, w2, "fp8")

@@ -92,10 +92,8 @@ void check_hidden(const MoeConfig& c, Issues& is) {
     need(dm, std::string("dispatch format ") + format_name(c.dispatch_format),
          "use dispatch format bf16 or a hidden size that is a multiple of " + std::to_string(dm));
   }
-  if (c.weight_format == WeightFormat::fp8) {
-    need(128, "weight format fp8 (128x128 scale tiles of W13 [2I, H] and W2 [H, I])",
-         "use weight format bf16 or a hidden size that is a multiple of 128");
-  } else if (c.weight_format == WeightFormat::nvfp4) {
+  // fp8 weights take any H: their 128x128 scale tiles at the edges are partial (FORMATS.md).
+  if (c.weight_format == WeightFormat::nvfp4) {
     need(16, "weight format nvfp4 (blocks of 16 along H in W13)",
          "use weight format bf16 or a hidden size that is a multiple of 16");
   }
@@ -115,10 +113,8 @@ void check_intermediate(const MoeConfig& c, Issues& is) {
              "is not a multiple of " + std::to_string(mult) + ", which " + who + " requires; " + fix);
     }
   };
-  if (c.weight_format == WeightFormat::fp8) {
-    need(128, "weight format fp8 (128x128 scale tiles: 2I rows of W13 and I columns of W2)",
-         "use weight format bf16 or an intermediate size that is a multiple of 128");
-  } else if (c.weight_format == WeightFormat::nvfp4) {
+  // fp8 weights take any I: partial edge tiles, and W13's gate and up tiled apart (FORMATS.md).
+  if (c.weight_format == WeightFormat::nvfp4) {
     need(16, "weight format nvfp4 (blocks of 16 along I in W2)",
          "use weight format bf16 or an intermediate size that is a multiple of 16");
   }

@@ -85,15 +85,16 @@ RankWeights rank_weights(const MoeConfig& c, uint64_t seed, int l, int rank) {
       m.w13.assign(size_t(2) * I * H, 0.f);
       m.w2.assign(size_t(H) * I, 0.f);
     }
-    q13[s] = quantize_matrix(m.w13.data(), 1, 2 * I, H, c.weight_format);
+    q13[s] = quantize_matrix(m.w13.data(), 1, 2 * I, H, c.weight_format, I);  // fp8: gate and up tiled apart
     q2[s] = quantize_matrix(m.w2.data(), 1, H, I, c.weight_format);
   });
-  auto join = [&](std::vector<HostMatrix>& q, int rows, int cols) {
+  auto join = [&](std::vector<HostMatrix>& q, int rows, int cols, int row_split) {
     HostMatrix out;
     out.format = c.weight_format;
     out.experts = El;
     out.rows = rows;
     out.cols = cols;
+    out.row_split = c.weight_format == WeightFormat::fp8 ? row_split : 0;
     for (HostMatrix& m : q) {
       out.data.insert(out.data.end(), m.data.begin(), m.data.end());
       out.scales.insert(out.scales.end(), m.scales.begin(), m.scales.end());
@@ -103,8 +104,8 @@ RankWeights rank_weights(const MoeConfig& c, uint64_t seed, int l, int rank) {
     return out;
   };
   RankWeights w;
-  w.w13 = join(q13, 2 * I, H);
-  w.w2 = join(q2, H, I);
+  w.w13 = join(q13, 2 * I, H, I);
+  w.w2 = join(q2, H, I, 0);
   return w;
 }
 

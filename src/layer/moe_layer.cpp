@@ -43,8 +43,8 @@ void check_weights(const MoeConfig& cfg, const ExpertWeights& w, DeviceKind devi
   const struct {
     const MatrixView& m;
     const char* name;
-    int rows, cols;
-  } mats[] = {{w.w13, "w13", 2 * I, H}, {w.w2, "w2", H, I}};
+    int rows, cols, split;
+  } mats[] = {{w.w13, "w13", 2 * I, H, I}, {w.w2, "w2", H, I, 0}};
   for (const auto& x : mats) {
     if (x.m.experts != El || x.m.rows != x.rows || x.m.cols != x.cols)
       fail(std::string(x.name) + " is " + dims(x.m) + ", expected [" + std::to_string(El) + "][" +
@@ -56,6 +56,7 @@ void check_weights(const MoeConfig& cfg, const ExpertWeights& w, DeviceKind devi
       fail(std::string(x.name) + " is on " + device_name(x.m.device) + " but the runner needs weights on " +
            device_name(device));
     if (El > 0 && x.m.data == nullptr) fail(std::string(x.name) + ".data is null");
+    if (!row_split_ok(x.m, x.split)) fail(row_split_error(x.name, x.m, x.split));
   }
 }
 

@@ -197,10 +197,17 @@ size_t MatrixView::scale_bytes() const {
   const size_t e = size_t(std::max(experts, 0)), r = size_t(std::max(rows, 0)), c = size_t(std::max(cols, 0));
   switch (format) {
     case WeightFormat::bf16: return 0;
-    case WeightFormat::fp8: return e * ceil_div(r, 128) * ceil_div(c, 128) * 4;
+    case WeightFormat::fp8: return e * size_t(fp8_tile_rows(int(r), std::max(row_split, 0))) * ceil_div(c, 128) * 4;
     case WeightFormat::nvfp4: return e * r * ceil_div(c, 16);
   }
   return 0;
+}
+
+std::string row_split_error(const char* what, const MatrixView& m, int part) {
+  return std::string(what) + ".row_split=" + std::to_string(m.row_split) + " (" + format_name(m.format) +
+         "); use 0 (one scale grid)" +
+         (part > 0 ? " or " + std::to_string(part) + " (fp8 gate and up rows tiled apart, as checkpoints store W13)"
+                   : std::string());
 }
 
 MatrixView HostMatrix::view() const {
@@ -209,6 +216,7 @@ MatrixView HostMatrix::view() const {
   v.experts = experts;
   v.rows = rows;
   v.cols = cols;
+  v.row_split = row_split;
   v.data = data.empty() ? nullptr : data.data();
   v.scales = scales.empty() ? nullptr : scales.data();
   v.global_scale = global_scale.empty() ? nullptr : global_scale.data();
@@ -216,10 +224,14 @@ MatrixView HostMatrix::view() const {
   return v;
 }
 
-HostMatrix quantize_matrix(const float* w, int experts, int rows, int cols, WeightFormat f) {
+HostMatrix quantize_matrix(const float* w, int experts, int rows, int cols, WeightFormat f, int row_split) {
   if (experts < 0 || rows < 0 || cols < 0) {
     throw UsageError("quantize_matrix: shape [" + std::to_string(experts) + "][" + std::to_string(rows) + "][" +
                      std::to_string(cols) + "] has a negative extent");
+  }
+  if (row_split < 0 || row_split > rows) {
+    throw UsageError("quantize_matrix: row_split=" + std::to_string(row_split) + " is outside [0, rows=" +
+                     std::to_string(rows) + "]; pass 0 (one scale grid) or the first part's rows (W13: I)");
   }
   if (f == WeightFormat::nvfp4 && cols % 16 != 0) {
     throw UsageError("quantize_matrix: cols=" + std::to_string(cols) +
@@ -230,6 +242,7 @@ HostMatrix quantize_matrix(const float* w, int experts, int rows, int cols, Weig
   m.experts = experts;
   m.rows = rows;
   m.cols = cols;
+  m.row_split = f == WeightFormat::fp8 ? row_split : 0;
   const MatrixView shape = m.view();
   m.data.resize(shape.data_bytes());
   m.scales.resize(shape.scale_bytes());
@@ -242,16 +255,21 @@ HostMatrix quantize_matrix(const float* w, int experts, int rows, int cols, Weig
     return m;
   }
   if (f == WeightFormat::fp8) {
-    const int tr = int(ceil_div(size_t(rows), 128)), tc = int(ceil_div(size_t(cols), 128));
+    const int split = m.row_split;
+    const int tr = fp8_tile_rows(rows, split), tc = int(ceil_div(size_t(cols), 128));
     std::vector<float> tile(128 * 128);
     std::vector<uint8_t> q(128 * 128);
     for (int e = 0; e < experts; ++e) {
       const float* we = w + size_t(e) * per_expert;
       uint8_t* qe = m.data.data() + size_t(e) * per_expert;
       for (int bi = 0; bi < tr; ++bi) {
+        // Tile row bi of the part it belongs to: the first part's rows, then the second's.
+        const int first = split > 0 ? fp8_tile_rows(split, 0) : tr;
+        const int part0 = bi < first ? 0 : split, part_end = bi < first && split > 0 ? split : rows;
+        const int r0 = part0 + (bi < first ? bi : bi - first) * 128;
         for (int bj = 0; bj < tc; ++bj) {
-          const int r0 = bi * 128, c0 = bj * 128;
-          const int nr = std::min(128, rows - r0), nc = std::min(128, cols - c0);
+          const int c0 = bj * 128;
+          const int nr = std::min(128, part_end - r0), nc = std::min(128, cols - c0);
           // Gather the tile so that the block rule (one amax, one scale) applies to it unchanged.
           for (int r = 0; r < nr; ++r) {
             std::memcpy(tile.data() + size_t(r) * nc, we + size_t(r0 + r) * cols + c0, size_t(nc) * 4);
@@ -313,9 +331,9 @@ void dequantize_matrix_rows(const MatrixView& m, int e, int r0, int n, float* ou
   } else if (m.format == WeightFormat::fp8) {
     const auto* d = static_cast<const uint8_t*>(m.data) + size_t(e) * rows * cols;
     const auto* s = static_cast<const uint8_t*>(m.scales);
-    const size_t tr = ceil_div(rows, 128), tc = ceil_div(cols, 128);
+    const size_t tr = size_t(fp8_tile_rows(int(rows), m.row_split)), tc = ceil_div(cols, 128);
     for (int r = r0; r < r0 + n; ++r) {
-      const uint8_t* srow = s + 4 * ((size_t(e) * tr + size_t(r) / 128) * tc);
+      const uint8_t* srow = s + 4 * ((size_t(e) * tr + size_t(fp8_tile_row(r, m.row_split))) * tc);
       for (size_t c = 0; c < cols; ++c) {
         out[size_t(r - r0) * cols + c] = num::e4m3_to_f32(d[size_t(r) * cols + c]) * load_f32(srow + 4 * (c / 128));
       }

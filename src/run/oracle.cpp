@@ -17,8 +17,8 @@ namespace {
 
 std::vector<double> widen(const std::vector<float>& v) { return std::vector<double>(v.begin(), v.end()); }
 
-std::vector<double> requantize(const float* w, int E, int rows, int cols, WeightFormat f) {
-  const HostMatrix m = quantize_matrix(w, E, rows, cols, f);
+std::vector<double> requantize(const float* w, int E, int rows, int cols, WeightFormat f, int row_split) {
+  const HostMatrix m = quantize_matrix(w, E, rows, cols, f, row_split);
   const MatrixView v = m.view();
   std::vector<double> out(size_t(E) * rows * cols);
   // Dequantization is elementwise, so any split into row ranges gives the same values.
@@ -46,8 +46,8 @@ DenseExperts DenseExperts::from_fp32(const float* w13, const float* w2, int E, i
 DenseExperts DenseExperts::quantized(const float* w13, const float* w2, int E, int H, int I, WeightFormat f) {
   DenseExperts d;
   d.num_experts = E, d.hidden = H, d.intermediate = I;
-  d.w13 = requantize(w13, E, 2 * I, H, f);
-  d.w2 = requantize(w2, E, H, I, f);
+  d.w13 = requantize(w13, E, 2 * I, H, f, I);  // fp8: gate and up tiled apart, as the runners get W13
+  d.w2 = requantize(w2, E, H, I, f, 0);
   return d;
 }
 

@@ -80,7 +80,7 @@ void require(bool ok, const std::string& msg) {
   if (!ok) throw UsageError("reference runner: " + msg);
 }
 
-void check_matrix(const MatrixView& m, const char* what, WeightFormat f, int experts, int rows, int cols) {
+void check_matrix(const MatrixView& m, const char* what, WeightFormat f, int experts, int rows, int cols, int split) {
   require(m.device == DeviceKind::cpu, std::string(what) + " is on " + device_name(m.device) +
                                            "; the reference runner needs host weights");
   require(m.format == f, std::string(what) + " has format " + format_name(m.format) + " but weight_format is " +
@@ -90,6 +90,7 @@ void check_matrix(const MatrixView& m, const char* what, WeightFormat f, int exp
               std::to_string(m.cols) + "], expected [" + std::to_string(experts) + "][" + std::to_string(rows) +
               "][" + std::to_string(cols) + "] (E_loc, rows, cols)");
   require(m.data != nullptr || experts == 0, std::string(what) + ".data is null");
+  require(row_split_ok(m, split), row_split_error(what, m, split));
 }
 
 }  // namespace
@@ -174,8 +175,8 @@ void ReferenceRunner::run(const DispatchOutput& in, const ExpertWeights& w, bf16
               std::to_string(H) + " intermediate=" + std::to_string(I));
   require(in.num_local_experts == El, "dispatch output has " + std::to_string(in.num_local_experts) +
                                           " local experts but the weights have " + std::to_string(El));
-  check_matrix(w.w13, "w13", cfg_.weight_format, El, 2 * I, H);
-  check_matrix(w.w2, "w2", cfg_.weight_format, El, H, I);
+  check_matrix(w.w13, "w13", cfg_.weight_format, El, 2 * I, H, I);
+  check_matrix(w.w2, "w2", cfg_.weight_format, El, H, I, 0);
   const int64_t C = in.capacity;
 
   // Valid slots and, per expert, the (row, k) pairs it serves, in ascending slot order.

@@ -379,6 +379,54 @@ TEST(QuantCpu, MatrixFp8TilesAreIndependent) {
     }
 }
 
+// W13 with gate and up tiled apart (row_split = I): the same bytes as quantizing the two halves as
+// matrices of their own and stacking them (data, then each expert's gate tiles and up tiles); with
+// I % 128 == 0 the same bytes as one grid; dequantization reads each row's own half's tile.
+TEST(QuantCpu, MatrixFp8RowSplitTilesHalvesApart) {
+  const int E = 2, H = 320;  // 2.5 column tiles
+  std::mt19937 rng(13);
+  std::uniform_real_distribution<float> u(-1.f, 1.f);
+  for (const int I : {192, 256}) {
+    SCOPED_TRACE("I=" + std::to_string(I));
+    std::vector<float> w(size_t(E) * 2 * I * H);
+    for (float& v : w) v = u(rng);
+    for (size_t i = 0; i < w.size(); i += 97) w[i] *= 40.f;  // uneven tile amaxes
+    const HostMatrix m = quantize_matrix(w.data(), E, 2 * I, H, WeightFormat::fp8, I);
+    EXPECT_EQ(m.row_split, I);
+    EXPECT_EQ(m.view().row_split, I);
+    const int tI = (I + 127) / 128, tH = (H + 127) / 128;
+    ASSERT_EQ(m.scales.size(), size_t(E) * 2 * tI * tH * 4);
+    EXPECT_EQ(fp8_tile_rows(2 * I, I), 2 * tI);
+    for (int e = 0; e < E; ++e)
+      for (int half = 0; half < 2; ++half) {
+        const HostMatrix p = quantize_matrix(w.data() + (size_t(e) * 2 + half) * I * H, 1, I, H, WeightFormat::fp8);
+        ASSERT_EQ(p.scales.size(), size_t(tI) * tH * 4);
+        EXPECT_EQ(0, std::memcmp(p.data.data(), m.data.data() + (size_t(e) * 2 + half) * I * H, p.data.size()));
+        EXPECT_EQ(0, std::memcmp(p.scales.data(), m.scales.data() + (size_t(e) * 2 + half) * tI * tH * 4,
+                                 p.scales.size()))
+            << "expert " << e << " half " << half;
+      }
+    const HostMatrix one = quantize_matrix(w.data(), E, 2 * I, H, WeightFormat::fp8);
+    EXPECT_EQ(one.data == m.data && one.scales == m.scales, I % 128 == 0);
+    // Rows I-2 .. I+1 straddle the split: each takes its own half's tile.
+    std::vector<float> out(size_t(4) * H);
+    dequantize_matrix_rows(m.view(), 1, I - 2, 4, out.data());
+    const float* sc = reinterpret_cast<const float*>(m.scales.data());
+    for (int r = 0; r < 4; ++r)
+      for (int c = 0; c < H; ++c) {
+        const int gr = I - 2 + r, tr = gr < I ? (gr / 128) : tI + (gr - I) / 128;
+        EXPECT_EQ(fp8_tile_row(gr, I), tr);
+        ASSERT_EQ(out[size_t(r) * H + c],
+                  e4m3_to_f32(m.data[(size_t(1) * 2 * I + gr) * H + c]) * sc[(size_t(1) * 2 * tI + tr) * tH + c / 128]);
+      }
+  }
+  std::vector<float> w(64);
+  EXPECT_THROW(quantize_matrix(w.data(), 1, 8, 8, WeightFormat::fp8, 9), UsageError);
+  EXPECT_THROW(quantize_matrix(w.data(), 1, 8, 8, WeightFormat::fp8, -1), UsageError);
+  // bf16 / nvfp4 keep no split (one layout whatever the rows).
+  EXPECT_EQ(quantize_matrix(w.data(), 1, 4, 16, WeightFormat::nvfp4, 2).row_split, 0);
+}
+
 TEST(QuantCpu, MatrixNvfp4PerExpertGlobalScale) {
   const int E = 2, R = 4, C = 32;
   std::vector<float> w(size_t(E) * R * C);

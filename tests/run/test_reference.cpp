@@ -33,7 +33,7 @@ struct Weights {
   HostMatrix q13, q2;
   Weights(int El, int H, int I, WeightFormat f, uint64_t seed) {
     test::random_expert_weights(seed, El, H, I, w13, w2);
-    q13 = quantize_matrix(w13.data(), El, 2 * I, H, f);
+    q13 = quantize_matrix(w13.data(), El, 2 * I, H, f, I);
     q2 = quantize_matrix(w2.data(), El, H, I, f);
   }
   ExpertWeights view(int El, int H, int I) const { return ExpertWeights{El, H, I, q13.view(), q2.view()}; }
@@ -48,6 +48,7 @@ MoeConfig config(int H, int I, WeightFormat wf, IntermediateQuant iq = Intermedi
 struct Case {
   ActFormat act;
   WeightFormat wf;
+  int I = 128;  // 192: fp8 W13 with gate and up tiled apart at a partial tile (row_split = I)
 };
 
 class ReferenceVsOracle : public ::testing::TestWithParam<Case> {};
@@ -56,7 +57,7 @@ class ReferenceVsOracle : public ::testing::TestWithParam<Case> {};
 // ~1e-6 relative; so per element |y - ref| <= 2^-8 |ref| + 1e-4 max|ref|.
 TEST_P(ReferenceVsOracle, MatchesFloat64WithSameDequantizedInputs) {
   const Case c = GetParam();
-  const int I = 128;
+  const int I = c.I;
   Received rx(c.act, {5, 0, 6}, 7);
   Weights wt(rx.El, rx.H, I, c.wf, 11);
   detail::ReferenceRunner runner(config(rx.H, I, c.wf));
@@ -91,9 +92,11 @@ INSTANTIATE_TEST_SUITE_P(Formats, ReferenceVsOracle,
                          ::testing::Values(Case{ActFormat::bf16, WeightFormat::bf16}, Case{ActFormat::fp8, WeightFormat::fp8},
                                            Case{ActFormat::nvfp4, WeightFormat::nvfp4},
                                            Case{ActFormat::fp8, WeightFormat::nvfp4},
-                                           Case{ActFormat::nvfp4, WeightFormat::bf16}),
+                                           Case{ActFormat::nvfp4, WeightFormat::bf16},
+                                           Case{ActFormat::bf16, WeightFormat::fp8, 192}),
                          [](const auto& info) {
-                           return std::string(format_name(info.param.act)) + "_w" + format_name(info.param.wf);
+                           return std::string(format_name(info.param.act)) + "_w" + format_name(info.param.wf) +
+                                  (info.param.I != 128 ? "_I" + std::to_string(info.param.I) : "");
                          });
 
 // The runner batches rows by expert; each slot must still equal the documented per-row sequence.
@@ -207,6 +210,20 @@ TEST(ReferenceRunner, RejectsBadSetup) {
   } catch (const UsageError& e) {
     EXPECT_NE(std::string(e.what()).find("weight_format is fp8"), std::string::npos) << e.what();
   }
+  // An fp8 W13 split anywhere but at I (or 0) is refused, naming the field and the fix.
+  Weights w8(rx.El, rx.H, 192, WeightFormat::fp8, 1);
+  ExpertWeights v = w8.view(rx.El, rx.H, 192);
+  v.w13.row_split = 64;
+  detail::ReferenceRunner r8(config(rx.H, 192, WeightFormat::fp8));
+  try {
+    r8.run(rx.view(), v, y.data(), nullptr);
+    FAIL() << "row_split 64 accepted";
+  } catch (const UsageError& e) {
+    EXPECT_NE(std::string(e.what()).find("w13.row_split=64"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("or 192"), std::string::npos) << e.what();
+  }
+  v.w13.row_split = 0;  // one grid over all rows: a layout of its own, taken
+  EXPECT_NO_THROW(r8.run(rx.view(), v, y.data(), nullptr));
 }
 
 }  // namespace

@@ -81,6 +81,7 @@ HostMatrix download_expert(const MatrixView& m, int e) {
   h.experts = 1;
   h.rows = m.rows;
   h.cols = m.cols;
+  h.row_split = m.row_split;
   const size_t db = m.data_bytes() / m.experts, sb = m.scale_bytes() / m.experts;
   h.data.resize(db);
   EPMOE_CUDA_CHECK(cudaMemcpy(h.data.data(), static_cast<const uint8_t*>(m.data) + db * e, db, cudaMemcpyDeviceToHost));

@@ -55,11 +55,15 @@ __device__ float block_max(float v) {
   return part[0];
 }
 
-// One 128x128 tile per block: grid (col tiles, row tiles, slots).
-__global__ void fp8_kernel(const SlotGen* __restrict__ slots, int rows, int cols, uint8_t* __restrict__ data,
-                           float* __restrict__ scales) {
+// One 128x128 tile per block: grid (col tiles, row tiles, slots); rows [0, row_split) and
+// [row_split, rows) tiled apart when row_split > 0 (MatrixView::row_split, quantize_matrix).
+__global__ void fp8_kernel(const SlotGen* __restrict__ slots, int rows, int cols, int row_split,
+                           uint8_t* __restrict__ data, float* __restrict__ scales) {
   const int bj = blockIdx.x, bi = blockIdx.y, e = blockIdx.z;
-  const int r0 = bi * 128, c0 = bj * 128, nr = min(128, rows - r0), nc = min(128, cols - c0);
+  const int first = row_split > 0 ? fp8_tile_rows(row_split, 0) : int(gridDim.y);
+  const int part0 = bi < first ? 0 : row_split, part_end = bi < first && row_split > 0 ? row_split : rows;
+  const int r0 = part0 + (bi < first ? bi : bi - first) * 128, c0 = bj * 128;
+  const int nr = min(128, part_end - r0), nc = min(128, cols - c0);
   const SlotGen g = slots[e];
   float amax = 0.f;
   for (int t = threadIdx.x; t < nr * nc; t += blockDim.x) {
@@ -127,14 +131,16 @@ __global__ void uniform_kernel(uint64_t base, float a, size_t n, uint16_t* __res
 int grid_for(size_t n) { return int(std::min<size_t>((n + kThreads - 1) / kThreads, 8192)); }
 
 // Generates and quantizes one matrix kind (w13 or w2) of every slot.
-MatrixView make_matrix(WeightFormat f, const std::vector<SlotGen>& gens, int rows, int cols, DeviceBuffer& slots,
-                       DeviceBuffer& d, DeviceBuffer& s, DeviceBuffer& gsb, DeviceBuffer& scratch, cudaStream_t st) {
+MatrixView make_matrix(WeightFormat f, const std::vector<SlotGen>& gens, int rows, int cols, int row_split,
+                       DeviceBuffer& slots, DeviceBuffer& d, DeviceBuffer& s, DeviceBuffer& gsb, DeviceBuffer& scratch,
+                       cudaStream_t st) {
   const int El = int(gens.size());
   MatrixView v;
   v.format = f;
   v.experts = El;
   v.rows = rows;
   v.cols = cols;
+  v.row_split = f == WeightFormat::fp8 ? row_split : 0;
   v.device = DeviceKind::cuda;
   const size_t per_expert = size_t(rows) * cols, n = per_expert * El;
   slots.reserve(gens.size() * sizeof(SlotGen));
@@ -151,8 +157,8 @@ MatrixView make_matrix(WeightFormat f, const std::vector<SlotGen>& gens, int row
   s.reserve(std::max<size_t>(v.scale_bytes(), 4));
   v.scales = s.get();
   if (f == WeightFormat::fp8) {
-    const dim3 grid((cols + 127) / 128, (rows + 127) / 128, El);
-    fp8_kernel<<<grid, kThreads, 0, st>>>(sg, rows, cols, d.get<uint8_t>(), s.get<float>());
+    const dim3 grid((cols + 127) / 128, fp8_tile_rows(rows, v.row_split), El);
+    fp8_kernel<<<grid, kThreads, 0, st>>>(sg, rows, cols, v.row_split, d.get<uint8_t>(), s.get<float>());
     EPMOE_CUDA_CHECK_LAUNCH();
     return v;
   }
@@ -193,8 +199,9 @@ void rank_weights(const MoeConfig& c, uint64_t seed, int l, int rank, DeviceRank
   out.w.num_local_experts = El;
   out.w.hidden = H;
   out.w.intermediate = I;
-  out.w.w13 = make_matrix(c.weight_format, g13, 2 * I, H, slots13, out.d13, out.s13, out.g13, scratch13, st);
-  out.w.w2 = make_matrix(c.weight_format, g2, H, I, slots2, out.d2, out.s2, out.g2, scratch2, st);
+  // W13 with gate and up tiled apart, as synthetic.cpp quantizes it.
+  out.w.w13 = make_matrix(c.weight_format, g13, 2 * I, H, I, slots13, out.d13, out.s13, out.g13, scratch13, st);
+  out.w.w2 = make_matrix(c.weight_format, g2, H, I, 0, slots2, out.d2, out.s2, out.g2, scratch2, st);
   // The slot tables and scratch are freed on return: finish the work that reads them first.
   EPMOE_CUDA_CHECK(cudaStreamSynchronize(st));
 }

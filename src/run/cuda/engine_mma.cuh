@@ -230,11 +230,12 @@ __global__ void __launch_bounds__(kThreads) grouped_gemm_kernel(GemmArgs p) {
       float sc_lo = 1.f, sc_hi = 1.f;
       if constexpr (WF == WeightFormat::fp8) {
         const float* Sc = static_cast<const float*>(p.W.scales);
-        const int rb = (rows_w + 127) / 128, cb = (cols_w + 127) / 128;
+        const int split = p.W.row_split;
+        const int rb = fp8_tile_rows(rows_w, split), cb = (cols_w + 127) / 128;
         const int kb = (kt * kBK) / 128;
         const int r_lo = w_row(wn * WN), r_hi = w_row(wn * WN + WN - 1);
-        sc_lo = Sc[(int64_t(e) * rb + min(r_lo, rows_w - 1) / 128) * cb + kb];
-        sc_hi = Sc[(int64_t(e) * rb + min(r_hi, rows_w - 1) / 128) * cb + kb];
+        sc_lo = Sc[(int64_t(e) * rb + fp8_tile_row(min(r_lo, rows_w - 1), split)) * cb + kb];
+        sc_hi = Sc[(int64_t(e) * rb + fp8_tile_row(min(r_hi, rows_w - 1), split)) * cb + kb];
       }
 #pragma unroll
       for (int kk = 0; kk < kBK / 16; ++kk) {

@@ -89,7 +89,8 @@ __device__ __forceinline__ void reg_fence(float (&d)[16]) {
 // (`local` counts them). A weight tile is kRowsW rows; fused (GEMM1): rows 0-63 gate n0.., rows
 // 64-127 up I+n0.. (N = I, a multiple of 64, so every row exists), so each thread holds gate and up
 // of the same (column, token) and SwiGLU needs no exchange. A 64-row half never straddles a
-// 128-row scale block because n0 and I are multiples of 64.
+// 128-row scale block because n0 and I are multiples of 64 and, where I % 128 != 0, W13's fp8 grid
+// starts again at row I (MatrixView::row_split = I).
 // `group` weight tiles side by side per CTA tile (the wide nvfp4 engine: one per warpgroup): the
 // walk then lists (m-tile, group of weight tiles), n0 the first tile's; the last group of an odd
 // NT has tiles past N, which that engine skips.
@@ -233,7 +234,7 @@ __global__ void __launch_bounds__(kThreads) wgmma_gemm_kernel(GemmArgs p) {
   const int rows_w = p.W.rows, cols_w = p.W.cols;
   const uint8_t* Abytes = FP8 ? p.A8 : reinterpret_cast<const uint8_t*>(p.A);
   const int64_t a_row_bytes = int64_t(K) * EB, w_row_bytes = int64_t(cols_w) * EB;
-  const int rb = (rows_w + 127) / 128, cb = (cols_w + 127) / 128;  // fp8 weight-scale grid
+  const int rb = fp8_tile_rows(rows_w, p.W.row_split), cb = (cols_w + 127) / 128;  // fp8 weight-scale grid
 
   // The CTA's work is one flat stream of (tile, k-stage) steps, so the pipeline runs on across
   // tile boundaries: the next tile's first stages load while the current one finishes (GEMM2 tiles
@@ -284,7 +285,7 @@ __global__ void __launch_bounds__(kThreads) wgmma_gemm_kernel(GemmArgs p) {
         lsa = p.a_scales + c.mt.row0 + (v ? tid : 0);
       } else if (tid < kBT + 2) {
         const int wr = min(walk.w_row(c.n0, (tid - kBT) * 64), rows_w - 1);
-        lsw = static_cast<const float*>(p.W.scales) + (int64_t(e) * rb + wr / 128) * cb;
+        lsw = static_cast<const float*>(p.W.scales) + (int64_t(e) * rb + fp8_tile_row(wr, p.W.row_split)) * cb;
       }
     }
     lok = ok;

@@ -81,6 +81,8 @@ void CudaRunner::check(const DispatchOutput& in, const ExpertWeights& w, const b
     fail("w2 is " + mat_desc(w.w2) + "; expected [" + std::to_string(E) + ", " + std::to_string(H) + ", " +
          std::to_string(I) + "]");
   if (w.w13.format != w.w2.format) fail("w13 and w2 must share one weight format");
+  if (!row_split_ok(w.w13, I)) fail(row_split_error("w13", w.w13, I));
+  if (!row_split_ok(w.w2, 0)) fail(row_split_error("w2", w.w2, 0));
   if (H % 64 != 0 || I % 64 != 0)
     fail("hidden=" + std::to_string(H) + " and intermediate=" + std::to_string(I) + " must be multiples of 64");
   if (in.top_k > 32) fail("top_k=" + std::to_string(in.top_k) + " exceeds 32");

@@ -33,19 +33,20 @@ __device__ __forceinline__ uint32_t pack2(float lo, float hi) {
 // straddles a row, a 128-column fp8 tile or an nvfp4 scale block) into 32 bytes of bf16.
 // blockIdx.y = expert within the chunk; the x-grid strides over the expert's groups.
 __global__ void __launch_bounds__(kThreads)
-    widen_fp8_kernel(const uint8_t* __restrict__ data, const float* __restrict__ scales, int rows, int cols, int e0,
+    widen_fp8_kernel(const uint8_t* __restrict__ data, const float* __restrict__ scales, int rows, int cols,
+                     int row_split, int e0,
                      const int32_t* __restrict__ cnt, bool aligned, bf16_raw* __restrict__ out) {
   const int e = e0 + blockIdx.y;
   if (cnt && cnt[e] == 0) return;
   const int64_t per = int64_t(rows) * cols, groups = per / 16;
-  const int rb = (rows + 127) / 128, cb = (cols + 127) / 128;
+  const int rb = fp8_tile_rows(rows, row_split), cb = (cols + 127) / 128;
   const uint8_t* src = data + int64_t(e) * per;
   const float* sc = scales + int64_t(e) * rb * cb;
   uint4* dst = reinterpret_cast<uint4*>(out + int64_t(blockIdx.y) * per);
   for (int64_t g = blockIdx.x * int64_t(kThreads) + threadIdx.x; g < groups; g += int64_t(gridDim.x) * kThreads) {
     const int64_t i = g * 16;
     const int r = int(i / cols), c = int(i % cols);
-    const float s = sc[(r / 128) * cb + c / 128];
+    const float s = sc[fp8_tile_row(r, row_split) * cb + c / 128];
     uint8_t b[16];
     if (aligned) {
       *reinterpret_cast<uint4*>(b) = *reinterpret_cast<const uint4*>(src + i);
@@ -127,7 +128,8 @@ void to_bf16(const MatrixView& m, int e0, int n, const int32_t* rows, bf16_raw* 
   const uint8_t* data = static_cast<const uint8_t*>(m.data);
   if (m.format == WeightFormat::fp8) {
     const bool aligned = reinterpret_cast<uintptr_t>(data) % 16 == 0;
-    widen_fp8_kernel<<<grid, kThreads, 0, stream>>>(data, static_cast<const float*>(m.scales), m.rows, m.cols, e0, rows,
+    widen_fp8_kernel<<<grid, kThreads, 0, stream>>>(data, static_cast<const float*>(m.scales), m.rows, m.cols,
+                                                    m.row_split, e0, rows,
                                                      aligned, out);
   } else {
     const bool aligned = reinterpret_cast<uintptr_t>(data) % 8 == 0;

@@ -64,7 +64,8 @@ MoeConfig make_cfg(const P& p) {
   return c;
 }
 
-// Random W13 [E][2I][H] then W2 [E][H][I], each ~ N(0, 1/sqrt(fan_in)), quantized to wf.
+// Random W13 [E][2I][H] then W2 [E][H][I], each ~ N(0, 1/sqrt(fan_in)), quantized to wf (fp8 W13:
+// gate and up tiled apart, MatrixView::row_split = I, as checkpoints store it).
 struct HostWeights {
   HostMatrix w13, w2;
 };
@@ -73,7 +74,7 @@ inline HostWeights random_weights(std::mt19937& rng, int E, int H, int I, Weight
   HostWeights hw;
   std::vector<float> w(size_t(E) * 2 * I * H);
   for (auto& v : w) v = nd(rng) / std::sqrt(float(H));
-  hw.w13 = quantize_matrix(w.data(), E, 2 * I, H, wf);
+  hw.w13 = quantize_matrix(w.data(), E, 2 * I, H, wf, I);
   w.assign(size_t(E) * H * I, 0.f);
   for (auto& v : w) v = nd(rng) / std::sqrt(float(I));
   hw.w2 = quantize_matrix(w.data(), E, H, I, wf);

@@ -222,6 +222,10 @@ TEST(CudaRunner, DecodeEnginesMatchReference) {
       {2048, 768, 16, 4, 70, A::fp8, W::fp8, IQ::fp8, 32, -1, true, "skew fp8 iq=fp8"},
       {2048, 768, 16, 4, 70, A::bf16, W::bf16, IQ::none, 32, -1, true, "skew bf16"},
       {2880, 2880, 4, 4, 10, A::bf16, W::bf16, IQ::none, 32, -1, false, "gpt-oss bf16"},
+      // fp8 W13 with gate and up tiled apart at a partial tile (I % 128 = 64, row_split = I): wgmma
+      // fp8 GEMM1 (fp8 dispatch) and the mma.sync engine; gpt-oss with every dimension partial.
+      {2048, 576, 4, 2, 12, A::fp8, W::fp8, IQ::none, 32, -1, false, "fp8 I%128=64"},
+      {2880, 2880, 4, 4, 10, A::bf16, W::fp8, IQ::none, 32, -1, false, "gpt-oss fp8"},
       {1024, 512, 64, 1, 64, A::fp8, W::fp8, IQ::fp8, 32, -1, false, "E=64 K=1"},
       {7168, 2048, 4, 2, 12, A::bf16, W::nvfp4, IQ::none, 32, -1, false, "dsv3 nvfp4"},
       {7168, 2048, 4, 2, 12, A::nvfp4, W::nvfp4, IQ::none, 32, -1, false, "dsv3 nvfp4 nvfp4-act"},

@@ -363,8 +363,9 @@ TEST(CutlassEngine, WidenChunksEqualOneChunk) {
 }
 
 // The widening kernels alone, bitwise against the host: fp8 -> bf16(e4m3 * tile scale) (partial
-// 128-tiles: 200 x 320), nvfp4 -> bf16(e2m1 * e4m3 scale); a chunk that starts at expert 1; experts
-// whose row count is 0 are skipped (their scratch stays as it was).
+// 128-tiles: 200 x 320; one scale grid, and rows split at 72 into two grids as W13's gate and up
+// are), nvfp4 -> bf16(e2m1 * e4m3 scale); a chunk that starts at expert 1; experts whose row count
+// is 0 are skipped (their scratch stays as it was).
 TEST(CutlassEngine, WidenMatchesHostDequant) {
   EPMOE_REQUIRE_GPU();
   const int E = 4, rows = 200, cols = 320, e0 = 1, n = 3;
@@ -374,16 +375,16 @@ TEST(CutlassEngine, WidenMatchesHostDequant) {
   for (size_t i = 0; i < w.size(); ++i) w[i] = nd(rng) * std::ldexp(1.f, int(i / cols % 9) - 4);
   const std::vector<int32_t> cnt = {5, 3, 0, 7};  // expert 2 has no rows
   Dev<int32_t> dcnt(cnt);
-  for (const W wf : {W::fp8, W::nvfp4}) {
-    SCOPED_TRACE(format_name(wf));
-    const HostMatrix h = quantize_matrix(w.data(), E, rows, cols, wf);
+  for (const auto& [wf, split] : {std::pair{W::fp8, 0}, std::pair{W::fp8, 72}, std::pair{W::nvfp4, 0}}) {
+    SCOPED_TRACE(std::string(format_name(wf)) + " row_split " + std::to_string(split));
+    const HostMatrix h = quantize_matrix(w.data(), E, rows, cols, wf, split);
     DevMatrix d(h);
     Dev<bf16_raw> out(size_t(n) * rows * cols);
     out.poison();
     cuda::widen::to_bf16(d.view, e0, n, dcnt.get(), out.get(), nullptr);
     EPMOE_CUDA_CHECK(cudaDeviceSynchronize());
     const auto o = out.download();
-    const int rb = (rows + 127) / 128, cb = (cols + 127) / 128;
+    const int rb = fp8_tile_rows(rows, split), cb = (cols + 127) / 128;
     int64_t bad = -1;
     for (int j = 0; j < n && bad < 0; ++j) {
       const int e = e0 + j;
@@ -394,7 +395,7 @@ TEST(CutlassEngine, WidenMatchesHostDequant) {
           if (cnt[e] != 0) {
             if (wf == W::fp8) {
               float s;
-              std::memcpy(&s, &h.scales[((size_t(e) * rb + r / 128) * cb + c / 128) * 4], 4);
+              std::memcpy(&s, &h.scales[((size_t(e) * rb + fp8_tile_row(r, split)) * cb + c / 128) * 4], 4);
               want = num::f32_to_bf16(num::e4m3_to_f32(h.data[i]) * s);
             } else {
               const uint8_t b = h.data[i / 2];
