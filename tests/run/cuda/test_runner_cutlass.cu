@@ -557,12 +557,13 @@ TEST(CutlassEngine, GroupedGemmDirect) {
     Dev<float> dsa(sa), dsw(sw);
     Dev<bf16_raw> out(size_t(total + 8) * N);
     out.poison();
-    std::vector<bf16_raw> outs[4];
-    for (const int tile_n : {0, 64, 128, 192}) {
+    // One grouped GEMM with token tile `tile_n` (0 = unswapped) over the experts with lo <= rows <=
+    // hi, into the poisoned `out`; returns `out`.
+    auto launch = [&](int tile_n, int lo, int hi) {
+      namespace ce = cuda::cutlass_engine;
       const bool swap = tile_n != 0;
-      SCOPED_TRACE("swap_tile_n " + std::to_string(tile_n));
       out.poison();
-      cuda::cutlass_engine::Grouped g;
+      ce::Grouped g;
       g.experts = E;
       g.N = N;
       g.K = K;
@@ -576,7 +577,8 @@ TEST(CutlassEngine, GroupedGemmDirect) {
       g.sms = sms;
       g.swap_ab = swap;
       g.swap_tile_n = swap ? tile_n : 64;
-      namespace ce = cuda::cutlass_engine;
+      g.rows_lo = lo;
+      g.rows_hi = hi;
       const size_t ws = fp8 ? (swap ? ce::fp8_swap_workspace_bytes(E, sms, tile_n) : ce::fp8_workspace_bytes(E, sms))
                             : (swap ? ce::bf16_swap_workspace_bytes(E, sms, tile_n) : ce::bf16_workspace_bytes(E, sms));
       cuda::DeviceBuffer wsb(ws);
@@ -586,7 +588,12 @@ TEST(CutlassEngine, GroupedGemmDirect) {
       else
         ce::grouped_gemm_bf16(g, nullptr);
       EPMOE_CUDA_CHECK(cudaDeviceSynchronize());
-      const auto o = out.download();
+      return out.download();
+    };
+    std::vector<bf16_raw> outs[4];
+    for (const int tile_n : {0, 64, 128, 192}) {
+      SCOPED_TRACE("swap_tile_n " + std::to_string(tile_n));
+      const auto o = launch(tile_n, 0, 0x7fffffff);
       outs[tile_n / 64] = o;
       double worst = 0, scale = 0;
       for (int e = 0; e < E; ++e)
@@ -626,34 +633,7 @@ TEST(CutlassEngine, GroupedGemmDirect) {
     };
     for (const Range rg : {Range{33, 100, 128}, Range{101, 0x7fffffff, 0}, Range{0, 1, 192}}) {
       SCOPED_TRACE("rows " + std::to_string(rg.lo) + ".." + std::to_string(rg.hi) + " tile " + std::to_string(rg.tile_n));
-      out.poison();
-      namespace ce = cuda::cutlass_engine;
-      ce::Grouped g;
-      g.experts = E;
-      g.N = N;
-      g.K = K;
-      g.rows = drows.get();
-      g.offsets = doffs.get();
-      g.A = fp8 ? static_cast<const void*>(da8.get()) : da16.get();
-      g.sfa = fp8 ? dsa.get() : nullptr;
-      g.W = fp8 ? static_cast<const void*>(dw8.get()) : dw16.get();
-      g.sfw = fp8 ? dsw.get() : nullptr;
-      g.out = out.get();
-      g.sms = sms;
-      g.swap_ab = rg.tile_n != 0;
-      g.swap_tile_n = rg.tile_n ? rg.tile_n : 64;
-      g.rows_lo = rg.lo;
-      g.rows_hi = rg.hi;
-      const bool swap = rg.tile_n != 0;
-      cuda::DeviceBuffer wsb(fp8 ? (swap ? ce::fp8_swap_workspace_bytes(E, sms, rg.tile_n) : ce::fp8_workspace_bytes(E, sms))
-                                 : (swap ? ce::bf16_swap_workspace_bytes(E, sms, rg.tile_n) : ce::bf16_workspace_bytes(E, sms)));
-      g.workspace = wsb.get();
-      if (fp8)
-        ce::grouped_gemm_fp8(g, nullptr);
-      else
-        ce::grouped_gemm_bf16(g, nullptr);
-      EPMOE_CUDA_CHECK(cudaDeviceSynchronize());
-      const auto o = out.download();
+      const auto o = launch(rg.tile_n, rg.lo, rg.hi);
       const auto& full = outs[rg.tile_n / 64];
       int wrong = 0, ran = 0;
       for (int e = 0; e < E; ++e) {
