@@ -7,7 +7,9 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "dispatch/plan.h"
@@ -16,6 +18,7 @@
 #include "epmoe/quant.h"
 #include "epmoe/runner.h"
 #include "common/gpu_test_util.h"
+#include "run/cuda/policy.h"
 
 namespace epmoe::test {
 
@@ -158,5 +161,31 @@ inline void expect_poison_after(const std::vector<bf16_raw>& y, int64_t valid_ro
       break;
     }
 }
+
+// The engine names of a run whose direct GEMMs have token tile `direct` and whose widened ones
+// `widened` (0 unswapped, cuda::policy::kByRows split by rows): "-swap<tile>" or "-byrows" after
+// each GEMM's "cutlass-bf16" / "cutlass-fp8".
+inline std::string tiled_engines(const std::string& s, int direct, int widened) {
+  std::string out;
+  for (size_t i = 0; i < s.size();) {
+    bool hit = false;
+    for (const char* stem : {"cutlass-bf16", "cutlass-fp8"}) {
+      const size_t n = std::strlen(stem);
+      if (s.compare(i, n, stem) == 0) {
+        out += stem;
+        const int t = s.compare(i + n, 9, "(widened ") == 0 ? widened : direct;
+        if (t == cuda::policy::kByRows) out += "-byrows";
+        else if (t) out += "-swap" + std::to_string(t);
+        i += n;
+        hit = true;
+        break;
+      }
+    }
+    if (!hit) out += s[i++];
+  }
+  return out;
+}
+// A swap-AB run with token tiles `tile_n` wide for every GEMM.
+inline std::string swapped_engines(const std::string& s, int tile_n) { return tiled_engines(s, tile_n, tile_n); }
 
 }  // namespace epmoe::test

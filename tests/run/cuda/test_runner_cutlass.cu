@@ -12,8 +12,8 @@
 // unswapped, swap-AB with 64-, 128- and 192-wide token tiles and automatic (split by rows per
 // expert; tuning.cutlass_swap 0, 64, 128, 192, auto), each against the reference and the others
 // against the unswapped within the same bound; SwapAbRowsPerExpert adds exact per-expert loads of
-// 0, 1, 33, 64, 100, 150 and 257 rows and DeepSeek-V3 shapes at 64 rows per expert. Also the engine
-// and swap rules (policy.h) and the tuning options the engine reads.
+// 0, 1, 33, 64, 100, 150 and 257 rows and DeepSeek-V3 shapes at 64 rows per expert. The engine and
+// tile rules on the host (policy.h) are test_policy.cpp.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -98,31 +98,6 @@ std::vector<int32_t> make_ids(const Problem& p, int64_t T, std::mt19937& rng) {
   return ids;
 }
 
-// The engine names of a run whose direct GEMMs have token tile `direct` and whose widened ones
-// `widened` (0 unswapped, cuda::policy::kByRows split by rows): "-swap<tile>" or "-byrows" after
-// each GEMM's "cutlass-bf16" / "cutlass-fp8".
-std::string tiled_engines(const std::string& s, int direct, int widened) {
-  std::string out;
-  for (size_t i = 0; i < s.size();) {
-    bool hit = false;
-    for (const char* stem : {"cutlass-bf16", "cutlass-fp8"}) {
-      const size_t n = std::strlen(stem);
-      if (s.compare(i, n, stem) == 0) {
-        out += stem;
-        const int t = s.compare(i + n, 9, "(widened ") == 0 ? widened : direct;
-        if (t == cuda::policy::kByRows) out += "-byrows";
-        else if (t) out += "-swap" + std::to_string(t);
-        i += n;
-        hit = true;
-        break;
-      }
-    }
-    if (!hit) out += s[i++];
-  }
-  return out;
-}
-// A swap-AB run with token tiles `tile_n` wide for every GEMM.
-std::string swapped_engines(const std::string& s, int tile_n) { return tiled_engines(s, tile_n, tile_n); }
 
 void run_problem(const Problem& p, uint32_t seed) {
   SCOPED_TRACE(std::string(p.name) + " act " + format_name(p.act) + " weights " + format_name(p.wf) + " iq " +
@@ -743,118 +718,6 @@ TEST(CutlassEngine, GraphReplayEqualsEager) {
       EPMOE_CUDA_CHECK(cudaGraphDestroy(graph));
       EPMOE_CUDA_CHECK(cudaStreamDestroy(st));
     }
-  }
-}
-
-// The engine names of tuning.engine (options.h; the environment reader and the CLI use the same
-// parser), and the bound of tuning.widen_scratch_mb: whole MiB, positive, at most 2^24.
-TEST(CutlassEngine, EngineNames) {
-  RunnerEngine e = RunnerEngine::mma;
-  ASSERT_TRUE(parse_engine("auto", e));
-  EXPECT_EQ(e, Engine::automatic);
-  ASSERT_TRUE(parse_engine("mma", e));
-  EXPECT_EQ(e, Engine::mma);
-  ASSERT_TRUE(parse_engine("cutlass", e));
-  EXPECT_EQ(e, Engine::cutlass);
-  EXPECT_FALSE(parse_engine("cublas", e));
-  EXPECT_EQ(e, Engine::cutlass) << "a failed parse leaves the value";
-  Tuning t;
-  t.widen_scratch_mb = 1024;
-  EXPECT_TRUE(validate(t).empty());
-  const MoeConfig cfg = [] {
-    MoeConfig c;
-    c.tuning.widen_scratch_mb = 3;
-    return c;
-  }();
-  EXPECT_EQ(cuda::CudaRunner(cfg, 0).widen_scratch_bytes(), size_t(3) << 20);
-  for (const int bad : {0, -5, (1 << 24) + 1}) {
-    t.widen_scratch_mb = bad;
-    const std::vector<ConfigIssue> is = validate(t);
-    ASSERT_EQ(is.size(), 1u) << bad;
-    EXPECT_EQ(is[0].field, "tuning.widen_scratch_mb");
-    EXPECT_NE(is[0].message.find(std::to_string(bad)), std::string::npos) << is[0].message;
-  }
-}
-
-// The swap-AB rule (policy.h) and the crossover override, on the host: tuning.cutlass_swap auto
-// swaps up to kSwapMaxRows expected rows per expert (64-wide token tiles up to kSwapNarrowMaxRows,
-// else 128, for widened GEMMs; the others split by rows per expert, row_buckets), 0/1 force it
-// off/on, 64/128/192 on with that width; a positive decode limit
-// (tuning.decode_max_rows) moves engine auto's CUTLASS crossover to above that many rows. Both reach the runner from the configuration.
-TEST(CutlassEngine, SwapAndCrossoverRules) {
-  namespace pol = cuda::policy;
-  EXPECT_TRUE(pol::use_swap_ab(CutlassSwap::automatic, 1));
-  EXPECT_TRUE(pol::use_swap_ab(CutlassSwap::automatic, pol::kSwapMaxRows));
-  EXPECT_FALSE(pol::use_swap_ab(CutlassSwap::automatic, pol::kSwapMaxRows + 0.5));
-  EXPECT_TRUE(pol::use_swap_ab(CutlassSwap::on, 1e6));
-  EXPECT_FALSE(pol::use_swap_ab(CutlassSwap::off, 1));
-  EXPECT_EQ(pol::swap_tile_n(CutlassSwap::automatic, pol::kSwapNarrowMaxRows), 64);
-  EXPECT_EQ(pol::swap_tile_n(CutlassSwap::automatic, pol::kSwapNarrowMaxRows + 1), 128);
-  EXPECT_EQ(pol::swap_tile_n(CutlassSwap::automatic, pol::kSwapMaxRows + 1), 0);
-  EXPECT_EQ(pol::swap_tile_n(CutlassSwap::on, 1e6), 128);
-  EXPECT_EQ(pol::swap_tile_n(CutlassSwap::on, 3), 64);
-  EXPECT_EQ(pol::swap_tile_n(CutlassSwap::n64, 1e6), 64);
-  EXPECT_EQ(pol::swap_tile_n(CutlassSwap::n128, 1), 128);
-  EXPECT_EQ(pol::swap_tile_n(CutlassSwap::n192, 1), 192);
-  // The split by rows (automatic, whatever the expected rows): the ranges cover every row count
-  // once, in order; bf16 and fp8 tables as documented in policy.h.
-  using RB = pol::RowBucket;
-  constexpr int kAll = RB{}.hi;
-  auto same = [](const std::vector<RB>& got, const std::vector<RB>& want) {
-    ASSERT_EQ(got.size(), want.size());
-    for (size_t i = 0; i < got.size(); ++i) {
-      EXPECT_EQ(got[i].lo, want[i].lo) << i;
-      EXPECT_EQ(got[i].hi, want[i].hi) << i;
-      EXPECT_EQ(got[i].tile_n, want[i].tile_n) << i;
-      if (i) EXPECT_EQ(got[i].lo, got[i - 1].hi + 1) << i;
-    }
-  };
-  for (const double rows : {1.0, 64.0, pol::kSwapMaxRows + 1, 1e5}) {
-    same(pol::row_buckets(CutlassSwap::automatic, rows),
-         {{0, 64, 64}, {65, 128, 128}, {129, 192, 192}, {193, 256, 0}, {257, 384, 192}, {385, kAll, 0}});
-    same(pol::row_buckets(CutlassSwap::automatic, rows, true),
-         {{0, 64, 64}, {65, 128, 128}, {129, 256, 0}, {257, 384, 128}, {385, kAll, 0}});
-  }
-  for (const auto& [sw, rows, tile] : {std::tuple{CutlassSwap::off, 10.0, 0}, std::tuple{CutlassSwap::n64, 1e5, 64},
-                                       std::tuple{CutlassSwap::n192, 1.0, 192}, std::tuple{CutlassSwap::on, 100.0, 128}})
-    same(pol::row_buckets(sw, rows), {{0, kAll, tile}});
-  EXPECT_EQ(pol::path_name(pol::CutlassPath::bf16, WeightFormat::bf16, pol::kByRows), "cutlass-bf16-byrows");
-  EXPECT_EQ(tiled_engines(kW8Fp8, pol::kByRows, 128), "cutlass-bf16-swap128(widened fp8)/cutlass-fp8-byrows");
-  EXPECT_EQ(pol::path_name(pol::CutlassPath::fp8, WeightFormat::fp8, 64), "cutlass-fp8-swap64");
-  EXPECT_EQ(pol::path_name(pol::CutlassPath::widened, WeightFormat::nvfp4, 128), "cutlass-bf16-swap128(widened nvfp4)");
-  EXPECT_EQ(pol::path_name(pol::CutlassPath::widened, WeightFormat::fp8), "cutlass-bf16(widened fp8)");
-  EXPECT_EQ(swapped_engines(kW8Fp8, 64), "cutlass-bf16-swap64(widened fp8)/cutlass-fp8-swap64");
-  const Problem p{1024, 512, 8, 2, 16, ActFormat::bf16, WeightFormat::bf16, kNone, Load::uniform, -1, -1, false, kBf16,
-                  "switch"};
-  for (const CutlassSwap sw :
-       {CutlassSwap::automatic, CutlassSwap::off, CutlassSwap::on, CutlassSwap::n64, CutlassSwap::n128}) {
-    MoeConfig cfg = make_cfg(p);
-    cfg.tuning.cutlass_swap = sw;
-    EXPECT_TRUE(validate(cfg.tuning).empty());
-    EXPECT_EQ(cuda::CudaRunner(cfg, 0).cutlass_swap(), sw);
-  }
-  if (!cuda::cutlass_engine::available()) GTEST_SKIP() << "built without CUTLASS (the crossover needs it)";
-  EXPECT_FALSE(pol::use_cutlass(Engine::automatic, WeightFormat::bf16, pol::kCutlassMinRows - 1));
-  EXPECT_TRUE(pol::use_cutlass(Engine::automatic, WeightFormat::bf16, pol::kCutlassMinRows));
-  EXPECT_TRUE(pol::use_cutlass(Engine::automatic, WeightFormat::bf16, 17, 16));
-  EXPECT_FALSE(pol::use_cutlass(Engine::automatic, WeightFormat::bf16, 63, 63));
-  EXPECT_TRUE(pol::use_cutlass(Engine::automatic, WeightFormat::nvfp4, 64, 63));
-  EXPECT_FALSE(pol::use_cutlass(Engine::mma, WeightFormat::bf16, 1000, 1));
-}
-
-// tuning.fused_swiglu reaches the runner (the constructor touches no GPU and throws nothing);
-// set_fused_swiglu overrides it.
-TEST(CutlassEngine, FusedSwigluSwitch) {
-  const Problem p{1024, 512, 8, 2, 16, ActFormat::bf16, WeightFormat::bf16, kNone, Load::uniform, -1, -1, false, kBf16,
-                  "switch"};
-  for (const bool on : {false, true}) {
-    MoeConfig cfg = make_cfg(p);
-    cfg.tuning.fused_swiglu = on;
-    EXPECT_TRUE(validate(cfg.tuning).empty());
-    cuda::CudaRunner r(cfg, 0);
-    EXPECT_EQ(r.fused_swiglu(), on);
-    r.set_fused_swiglu(!on);
-    EXPECT_EQ(r.fused_swiglu(), !on);
   }
 }
 
