@@ -102,11 +102,11 @@ int CudaRunner::run_widened(const cutlass_engine::Grouped& g, const MatrixView& 
 // existing instantiation), so it multiplies the fp32 accumulator before the one bf16 rounding,
 // exactly as the mma.sync and wgmma engines do; applying it later (in the SwiGLU pass, or in the
 // weighted sum, which would need each row's expert) would scale an already rounded value.
-// With few rows per expert (policy::row_buckets) the bf16 and fp8 GEMMs run one launch per range
-// of rows per expert, each on the tile that fits the range (swap-AB 64, 128 or 192: the same
-// operands and output bytes, the weights in the 128-row tile; unswapped above), which the device
-// counts decide; widened chunks run one swap-AB width (policy::swap_tile_n). The SwiGLU then runs
-// as its own pass (the fused epilogue has no swapped form).
+// With cutlass_swap auto the bf16 and fp8 GEMMs run one launch per range of rows per expert
+// (policy::row_buckets), each on the tile that fits the range (swap-AB 64, 128 or 192: the same
+// operands and output bytes, the weights in the 128-row tile; or unswapped), which the device
+// counts decide; widened chunks run one swap-AB width (policy::swap_tile_n). A swapped GEMM1 is
+// followed by the SwiGLU pass (the fused epilogue has no swapped form).
 // Widened GEMMs run as all GEMM1 chunks, the SwiGLU pass once over all rows, then all GEMM2 chunks:
 // the SwiGLU pass and the intermediate's fp8 quantization stay one launch each, and both GEMMs
 // share one scratch buffer (W13 chunks, then W2 chunks).
