@@ -62,6 +62,16 @@ EPMOE_HD int fp8_tile_rows(int rows, int row_split) {
 EPMOE_HD int fp8_tile_row(int r, int row_split) {
   return row_split > 0 && r >= row_split ? (row_split + 127) / 128 + (r - row_split) / 128 : r / 128;
 }
+// The rows [begin, end) that scale tile row t covers (fewer than 128 at the end of a part).
+EPMOE_HD int fp8_tile_row_begin(int t, int row_split) {
+  const int first = (row_split + 127) / 128;  // tile rows of the first part
+  return row_split > 0 && t >= first ? row_split + (t - first) * 128 : t * 128;
+}
+EPMOE_HD int fp8_tile_row_end(int t, int rows, int row_split) {
+  const int b = fp8_tile_row_begin(t, row_split);
+  const int part_end = row_split > 0 && b < row_split ? row_split : rows;
+  return b + 128 < part_end ? b + 128 : part_end;
+}
 
 // Whether a runner takes m's row_split: 0, or for fp8 `part` (W13: the intermediate size I; W2: 0).
 inline bool row_split_ok(const MatrixView& m, int part) {

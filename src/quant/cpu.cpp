@@ -263,13 +263,10 @@ HostMatrix quantize_matrix(const float* w, int experts, int rows, int cols, Weig
       const float* we = w + size_t(e) * per_expert;
       uint8_t* qe = m.data.data() + size_t(e) * per_expert;
       for (int bi = 0; bi < tr; ++bi) {
-        // Tile row bi of the part it belongs to: the first part's rows, then the second's.
-        const int first = split > 0 ? fp8_tile_rows(split, 0) : tr;
-        const int part0 = bi < first ? 0 : split, part_end = bi < first && split > 0 ? split : rows;
-        const int r0 = part0 + (bi < first ? bi : bi - first) * 128;
+        const int r0 = fp8_tile_row_begin(bi, split), nr = fp8_tile_row_end(bi, rows, split) - r0;
         for (int bj = 0; bj < tc; ++bj) {
           const int c0 = bj * 128;
-          const int nr = std::min(128, part_end - r0), nc = std::min(128, cols - c0);
+          const int nc = std::min(128, cols - c0);
           // Gather the tile so that the block rule (one amax, one scale) applies to it unchanged.
           for (int r = 0; r < nr; ++r) {
             std::memcpy(tile.data() + size_t(r) * nc, we + size_t(r0 + r) * cols + c0, size_t(nc) * 4);

@@ -60,10 +60,8 @@ __device__ float block_max(float v) {
 __global__ void fp8_kernel(const SlotGen* __restrict__ slots, int rows, int cols, int row_split,
                            uint8_t* __restrict__ data, float* __restrict__ scales) {
   const int bj = blockIdx.x, bi = blockIdx.y, e = blockIdx.z;
-  const int first = row_split > 0 ? fp8_tile_rows(row_split, 0) : int(gridDim.y);
-  const int part0 = bi < first ? 0 : row_split, part_end = bi < first && row_split > 0 ? row_split : rows;
-  const int r0 = part0 + (bi < first ? bi : bi - first) * 128, c0 = bj * 128;
-  const int nr = min(128, part_end - r0), nc = min(128, cols - c0);
+  const int r0 = fp8_tile_row_begin(bi, row_split), c0 = bj * 128;
+  const int nr = fp8_tile_row_end(bi, rows, row_split) - r0, nc = min(128, cols - c0);
   const SlotGen g = slots[e];
   float amax = 0.f;
   for (int t = threadIdx.x; t < nr * nc; t += blockDim.x) {

@@ -111,7 +111,7 @@ CutlassPlan cutlass_plan(const DispatchOutput& in, const ExpertWeights& w, Inter
   p.buckets = row_buckets(swap, expected_rows, fp8w);
   const bool fusable = fused_swiglu && p.gemm1 != CutlassPath::fp8 && !iq8;
   if (fusable && swap == CutlassSwap::automatic && expected_rows > kSwapMaxRows) p.buckets = {RowBucket{}};
-  p.fused_swiglu = fusable && (p.gemm1 == CutlassPath::widened ? p.swap_tile_n : p.direct_tile_n()) == 0;
+  p.fused_swiglu = fusable && p.tile_n(p.gemm1) == 0;
   p.expert_bytes1 = widen::expert_bytes(w.w13);
   p.expert_bytes2 = widen::expert_bytes(w.w2);
   p.chunk1 = std::min(widen::chunk_experts(widen_scratch_bytes, p.expert_bytes1, E), 65535);

@@ -171,6 +171,8 @@ struct CutlassPlan {
   std::vector<RowBucket> buckets;
   // The direct GEMMs' tile for names and RunnerInfo: the one bucket's tile_n, or kByRows.
   int direct_tile_n() const { return buckets.size() == 1 ? buckets[0].tile_n : kByRows; }
+  // The tile of a GEMM on path p: swap_tile_n widened, direct_tile_n otherwise.
+  int tile_n(CutlassPath p) const { return p == CutlassPath::widened ? swap_tile_n : direct_tile_n(); }
   // Widened weights: bytes of one expert of W13 / W2 in bf16, and experts per widen-and-GEMM chunk,
   // as many whole experts as fit in the scratch bound (at least one, at most 65535), from the
   // configuration alone so that graph replays see the same chunks.

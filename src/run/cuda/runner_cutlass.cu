@@ -126,13 +126,11 @@ void CudaRunner::run_cutlass(const DispatchOutput& in, const ExpertWeights& w, b
   const bool fuse = plan.fused_swiglu;
   last_swiglu_fused_ = fuse;
   // A direct GEMM reports its buckets' tile (or kByRows); a widened pair its single width.
-  const bool direct = p1 != CutlassPath::widened || p2 != CutlassPath::widened;
-  last_swap_tile_n_ = direct ? plan.direct_tile_n() : plan.swap_tile_n;
+  last_swap_tile_n_ = plan.tile_n(p1 == CutlassPath::widened ? p2 : p1);
   const int bm = 128;  // the offsets kernel also writes an m-tile table; CUTLASS does not read it
   const int64_t max_tiles = (max_rows + bm - 1) / bm + E;
   last_bm_ = bm;
-  auto tile_of = [&](CutlassPath p) { return p == CutlassPath::widened ? plan.swap_tile_n : plan.direct_tile_n(); };
-  engines_ = policy::path_name(p1, wf, tile_of(p1)) + "/" + policy::path_name(p2, wf, tile_of(p2));
+  engines_ = policy::path_name(p1, wf, plan.tile_n(p1)) + "/" + policy::path_name(p2, wf, plan.tile_n(p2));
   last_engines_ = engines_.c_str();
 
   if (sms_ == 0) EPMOE_CUDA_CHECK(cudaDeviceGetAttribute(&sms_, cudaDevAttrMultiProcessorCount, device_));

@@ -185,6 +185,11 @@ inline std::string tiled_engines(const std::string& s, int direct, int widened) 
   }
   return out;
 }
+// Whether GEMM `gemm` (1 or 2) of an engine string "GEMM1/GEMM2" ran on widened weights.
+inline bool widened_gemm(const std::string& engines, int gemm) {
+  const size_t slash = engines.find('/');
+  return gemm == 1 ? engines.find("(widened") < slash : engines.find("(widened", slash) != std::string::npos;
+}
 // A swap-AB run with token tiles `tile_n` wide for every GEMM.
 inline std::string swapped_engines(const std::string& s, int tile_n) { return tiled_engines(s, tile_n, tile_n); }
 

@@ -167,8 +167,7 @@ void run_problem(const Problem& p, uint32_t seed) {
                                                             : std::string(p.expect);
     EXPECT_EQ(engines, expect);
     // A run with a direct GEMM reports its tile; one with both widened, theirs.
-    const bool both_widened = std::string(p.expect).find("/cutlass-bf16(widened") != std::string::npos &&
-                              std::string(p.expect).rfind("cutlass-bf16(widened", 0) == 0;
+    const bool both_widened = widened_gemm(p.expect, 1) && widened_gemm(p.expect, 2);
     EXPECT_EQ(swapped, sw == CutlassSwap::automatic && both_widened ? auto_widened != 0 : swap);
     // SwiGLU goes into GEMM1's epilogue exactly when GEMM1 runs unswapped on the bf16 GEMM (bf16 or
     // widened weights) and the intermediate stays bf16; then the unfused path must agree within the
@@ -187,8 +186,7 @@ void run_problem(const Problem& p, uint32_t seed) {
       expect_poison_after(yu, n, H);
     }
     // One chunk per widened GEMM with the default 1 GiB scratch (these problems are far smaller).
-    const bool wide1 = expect.find("(widened") < expect.find('/');
-    const bool wide2 = expect.find("(widened", expect.find('/')) != std::string::npos;
+    const bool wide1 = widened_gemm(expect, 1), wide2 = widened_gemm(expect, 2);
     EXPECT_EQ(chunks, int(wide1) + int(wide2));
     if (p.chunk_check) {
       // Scratch = one W13 expert: W13 goes one expert per chunk, W2 (half the size) two.
@@ -460,8 +458,7 @@ TEST(CutlassEngine, AutomaticChoice) {
     // with both GEMMs widened, swap-AB up to kSwapMaxRows expected rows per expert, 64-wide token
     // tiles up to kSwapNarrowMaxRows, else 128.
     const double rows = double(c.C) * K / E;
-    const bool both_widened = engines.find("(widened") < engines.find('/') &&
-                              engines.find("(widened", engines.find('/')) != std::string::npos;
+    const bool both_widened = widened_gemm(engines, 1) && widened_gemm(engines, 2);
     EXPECT_EQ(runner.last_swap_ab(), c.cutlass && (!both_widened || rows <= cuda::policy::kSwapMaxRows)) << engines;
     if (runner.last_swap_ab())
       EXPECT_EQ(runner.last_swap_tile_n(), !both_widened                             ? cuda::policy::kByRows
