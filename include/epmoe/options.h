@@ -26,13 +26,15 @@ enum class RunnerEngine : uint8_t {
 // Whether runner "cuda"'s CUTLASS grouped GEMMs run swap-AB (out^T = W * A^T: the weights' output
 // dimension in the 128-row tile, the expert's rows in a 64-wide one; docs/RUNNER.md).
 enum class CutlassSwap : uint8_t {
-  automatic,  // up to the crossover in expected rows per expert (policy::kSwapMaxRows), each expert
-              // on the tile that fits its rows (swap-AB 64, 128, 192 or unswapped); unswapped above
+  automatic,  // each expert on the tile that fits its rows (swap-AB 64, 128, 192 or unswapped: one
+              // launch per range of rows, as byrows); small experts (policy::kSplitMinWeightBytes)
+              // one launch, swap-AB 128 up to policy::kSwapMaxRows expected rows, unswapped above
   off,        // never
   on,         // always (where the engine is CUTLASS), one token-tile width (64 or 128) by expected rows
   n64,        // always, 64-wide token tiles
   n128,       // always, 128-wide token tiles
   n192,       // always, 192-wide token tiles
+  byrows,     // each expert on the tile that fits its rows, whatever the experts' size
 };
 
 // Who moves the combine rows of dispatcher "nvlink".
@@ -66,9 +68,9 @@ struct Tuning {
                                 //   up to which engine auto keeps the 32-row decode engines (above:
                                 //   CUTLASS, or for prepared nvfp4 the wide engine up to 640 rows);
                                 //   0 = the measured per-format crossover (policy.h)
-  CutlassSwap cutlass_swap = CutlassSwap::automatic;  // [local] EPMOE_CUTLASS_SWAP=auto|0|1|64|128|192:
+  CutlassSwap cutlass_swap = CutlassSwap::automatic;  // [local] EPMOE_CUTLASS_SWAP=auto|0|1|64|128|192|byrows:
                                 //   CUTLASS GEMMs swap-AB (64/128/192: that token-tile width; auto:
-                                //   per expert by its rows; same results within the bf16 rounding
+                                //   per expert by its rows where that pays, byrows: always; same results within the bf16 rounding
                                 //   bound)
 
   // --- device-initiated dispatchers ("nvlink") -----------------------------------------------

@@ -117,7 +117,8 @@ void bind_config(nb::module_& m) {
       .value("on", CutlassSwap::on)
       .value("n64", CutlassSwap::n64)
       .value("n128", CutlassSwap::n128)
-      .value("n192", CutlassSwap::n192);
+      .value("n192", CutlassSwap::n192)
+      .value("byrows", CutlassSwap::byrows);
 
   nb::class_<ConfigIssue>(m, "ConfigIssue", "One problem found by validate(): field, value, message.")
       .def_ro("field", &ConfigIssue::field)

@@ -61,6 +61,8 @@ def test_nested_structs_are_references():
     assert c.tuning.cutlass_swap == epmoe.CutlassSwap.n128
     c.tuning.cutlass_swap = "192"
     assert c.tuning.cutlass_swap == epmoe.CutlassSwap.n192
+    c.tuning.cutlass_swap = "byrows"
+    assert c.tuning.cutlass_swap == epmoe.CutlassSwap.byrows
     c.tuning.cutlass_swap = epmoe.CutlassSwap.auto
     c.tuning.decode_max_rows = 64
     assert c.tuning.decode_max_rows == 64 and "cutlass_swap" in c.describe()

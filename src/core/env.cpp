@@ -145,7 +145,7 @@ EnvTuning read_env_tuning() {
   take("EPMOE_CUTLASS_SWAP", [&] {
     if (auto v = env::get("EPMOE_CUTLASS_SWAP"); v && !parse_cutlass_swap(*v, t.cutlass_swap))
       throw UsageError("environment variable EPMOE_CUTLASS_SWAP='" + *v +
-                       "' is not a swap-AB choice (runner cuda's CUTLASS GEMMs); unset it or give auto, 0, 1, 64 or 128");
+                       "' is not a swap-AB choice (runner cuda's CUTLASS GEMMs); unset it or give auto, 0, 1, 64, 128, 192 or byrows");
   });
   take("EPMOE_COMM_SMS", [&] {
     if (auto v = env::integer("EPMOE_COMM_SMS", 1, Tuning::kMaxCommSms, "SMs of the nvlink dispatch/combine kernels"))

@@ -42,6 +42,7 @@ const char* cutlass_swap_name(CutlassSwap s) {
     case CutlassSwap::n64: return "64";
     case CutlassSwap::n128: return "128";
     case CutlassSwap::n192: return "192";
+    case CutlassSwap::byrows: return "byrows";
     default: return "auto";
   }
 }
@@ -53,6 +54,7 @@ bool parse_cutlass_swap(const std::string& s, CutlassSwap& out) {
   else if (s == "64") out = CutlassSwap::n64;
   else if (s == "128") out = CutlassSwap::n128;
   else if (s == "192") out = CutlassSwap::n192;
+  else if (s == "byrows") out = CutlassSwap::byrows;
   else return false;
   return true;
 }
@@ -94,7 +96,7 @@ std::vector<ConfigIssue> validate(const Tuning& t) {
   named("engine", int(t.engine), 3, "auto, mma, cutlass");
   named("combine", int(t.combine), 2, "sm, ce");
   named("fault_check", int(t.fault_check), 3, "off, count, raise");
-  named("cutlass_swap", int(t.cutlass_swap), 6, "auto, 0, 1, 64, 128, 192");
+  named("cutlass_swap", int(t.cutlass_swap), 7, "auto, 0, 1, 64, 128, 192, byrows");
   return is;
 }
 

@@ -66,7 +66,8 @@ TEST(Tuning, NamesRoundTrip) {
     EXPECT_EQ(back, m);
   }
   for (CutlassSwap sw :
-       {CutlassSwap::automatic, CutlassSwap::off, CutlassSwap::on, CutlassSwap::n64, CutlassSwap::n128, CutlassSwap::n192}) {
+       {CutlassSwap::automatic, CutlassSwap::off, CutlassSwap::on, CutlassSwap::n64, CutlassSwap::n128, CutlassSwap::n192,
+        CutlassSwap::byrows}) {
     CutlassSwap back{};
     ASSERT_TRUE(parse_cutlass_swap(cutlass_swap_name(sw), back));
     EXPECT_EQ(back, sw);
@@ -80,6 +81,8 @@ TEST(Tuning, NamesRoundTrip) {
   EXPECT_EQ(sw, CutlassSwap::n128);
   ASSERT_TRUE(parse_cutlass_swap("192", sw));
   EXPECT_EQ(sw, CutlassSwap::n192);
+  ASSERT_TRUE(parse_cutlass_swap("byrows", sw));
+  EXPECT_EQ(sw, CutlassSwap::byrows);
   ASSERT_TRUE(parse_cutlass_swap("off", sw));
   EXPECT_FALSE(parse_cutlass_swap("2", sw));
   EXPECT_EQ(sw, CutlassSwap::off) << "a failed parse leaves the value";

@@ -41,6 +41,11 @@ using cuda::DeviceBuffer;
 double median_ms(const std::function<void()>& fn, int warm, int reps) {
   return median_us(nullptr, TimeSpec{warm, reps, false, true}, fn) / 1e3;
 }
+// The same for a call captured once into a CUDA graph on `st` and replayed: the GPU's time without
+// the host's launch work (what a server that replays graphs sees).
+double median_graph_ms(cudaStream_t st, const std::function<void()>& fn, int warm, int reps) {
+  return median_us(st, TimeSpec{warm, reps, true, true}, fn) / 1e3;
+}
 
 void check_cublas(cublasStatus_t s, const char* what) {
   if (s != CUBLAS_STATUS_SUCCESS) throw BackendError(std::string("cuBLAS ") + what + " failed with status " + std::to_string(int(s)));
@@ -75,6 +80,7 @@ struct Opts {
   // experts); or as the preset's router sends tokens with random N(0, 1) logits (the local experts
   // are the first E of the model's).
   enum class Routing { uniform, skew, router } routing = Routing::uniform;
+  bool graph = false;  // time CUDA graph replays of one captured call instead of eager calls
   MoeConfig flags_cfg;                // the shared configuration and tuning flags, applied
   const Flags* flags_given = nullptr;
 };
@@ -104,10 +110,10 @@ void bench_preset(const Opts& o, const ModelPreset& given, double hbm_gbs, const
   const std::vector<long long>& Ms = o.Ms;
   const int reps = o.reps;
   const long long maxM = *std::max_element(Ms.begin(), Ms.end());
-  std::printf("\n# epmoe bench runner: %s, %s H=%d I=%d, %d local experts, median of %d, engine %s, iq %s, "
+  std::printf("\n# epmoe bench runner: %s, %s H=%d I=%d, %d local experts, median of %d%s, engine %s, iq %s, "
               "cutlass swap %s\n",
-              gpu, pre.name.c_str(), H, I, E, reps, o.engine_name.c_str(), iq_header(o, pre.config).c_str(),
-              cutlass_swap_name(pre.config.tuning.cutlass_swap));
+              gpu, pre.name.c_str(), H, I, E, reps, o.graph ? " graph replays" : "", o.engine_name.c_str(),
+              iq_header(o, pre.config).c_str(), cutlass_swap_name(pre.config.tuning.cutlass_swap));
   std::fflush(stdout);
 
   // Inputs: C = maxM slots, K = 1, weight 1; slot j -> expert j % E, or with --skew the first half
@@ -154,6 +160,9 @@ void bench_preset(const Opts& o, const ModelPreset& given, double hbm_gbs, const
       if (o.nvfp4_prepared) passes.push_back({f, true});
     }
   }
+  // Graph capture needs a stream other than the legacy default one.
+  cudaStream_t graph_stream = nullptr;
+  if (o.graph) EPMOE_CUDA_CHECK(cudaStreamCreateWithFlags(&graph_stream, cudaStreamNonBlocking));
   for (const Pass& pass : passes) {
     const WeightFormat f = pass.f;
     MoeConfig cfg = pre.config;
@@ -202,12 +211,15 @@ void bench_preset(const Opts& o, const ModelPreset& given, double hbm_gbs, const
       in.weights = wts.get<float>();
       in.counts = counts.get<int32_t>();
       const int r = M >= 32768 ? std::max(3, reps / 2) : reps;
-      const double ms = median_ms([&] { runner.run(in, dw.w, y.get<bf16_raw>(), nullptr); }, 2, r);
+      const double ms = o.graph ? median_graph_ms(
+                                      graph_stream, [&] { runner.run(in, dw.w, y.get<bf16_raw>(), graph_stream); }, 2, r)
+                                : median_ms([&] { runner.run(in, dw.w, y.get<bf16_raw>(), nullptr); }, 2, r);
       rows.push_back({M, f, ms, runner.last_engines()});
       std::fprintf(stderr, "  %s %s M=%lld: %.3f ms (bm %d, %s)\n", pre.name.c_str(), format_name(f), M, ms,
                    runner.last_block_m(), runner.last_engines());
     }
   }
+  if (graph_stream) EPMOE_CUDA_CHECK(cudaStreamDestroy(graph_stream));
 
   // Baseline: cuBLAS bf16, one GEMM pair per expert (same FLOPs, no SwiGLU, no permute).
   if (o.cublas) {
@@ -321,6 +333,7 @@ int bench_runner(const std::vector<std::string>& args) {
   flags.add("routing", "NAME", "how rows spread over the experts: uniform (default), skew (half of the rows on a tenth "
                                "of the experts) or router (the preset's router on random logits)");
   flags.add("skew", "", "short for --routing skew");
+  flags.add("graph", "", "time CUDA graph replays of one captured runner call (no host launch work) instead of eager calls");
   // The configuration fields a runner-only bench leaves free, and every tuning option (--engine:
   // auto, mma or cutlass, CUTLASS where the format allows; --intermediate-quant fp8: fp8 weights
   // then run GEMM2 on fp8 too).
@@ -352,6 +365,7 @@ int bench_runner(const std::vector<std::string>& args) {
     else if (r == "router") o.routing = Opts::Routing::router;
     else throw UsageError("--routing=" + r + " is not a routing; use uniform, skew or router");
   }
+  o.graph = flags.get_bool("graph", false);
   o.reps = flags.get_int("reps", quick ? 3 : 7);
   if (o.reps <= 0) throw UsageError("--reps: " + std::to_string(o.reps) + " must be positive");
   o.Ms = quick ? std::vector<long long>{128, 2048, 32768}

@@ -53,7 +53,7 @@ const FlagSpec kTuningFlags[] = {
     {"widen-scratch-mb", "N", "runner cuda: MiB for widening fp8/nvfp4 weights for CUTLASS bf16 (env EPMOE_WIDEN_SCRATCH_MB)"},
     {"nvfp4-prepare", "0|1", "runner cuda: copy nvfp4 weights into the decode engine's order (env EPMOE_NVFP4_PREPARE)"},
     {"decode-max-rows", "N", "runner cuda: expected rows per expert up to which the decode engines run, above CUTLASS (prepared nvfp4: the wide engine up to 640); 0 = measured crossover (env EPMOE_DECODE_MAX_ROWS)"},
-    {"cutlass-swap", "auto|0|1|64|128|192", "runner cuda: CUTLASS GEMMs swap-AB (weights in the 128-row tile; 64/128/192: token-tile width; auto: per expert by its rows) (env EPMOE_CUTLASS_SWAP)"},
+    {"cutlass-swap", "auto|0|1|64|128|192|byrows", "runner cuda: CUTLASS GEMMs swap-AB (weights in the 128-row tile; 64/128/192: token-tile width; byrows: per expert by its rows; auto: byrows except small experts) (env EPMOE_CUTLASS_SWAP)"},
     {"comm-sms", "N", "dispatcher nvlink: SMs of the dispatch and combine kernels (env EPMOE_COMM_SMS)"},
     {"push-warps", "N", "dispatcher nvlink: combine warps per CTA that push rows, 4..12 (env EPMOE_NVL_PUSH_WARPS)"},
     {"combine-mode", "sm|ce", "dispatcher nvlink: who moves combine rows, SMs or the copy engine (env EPMOE_NVL_COMBINE)"},
@@ -104,7 +104,7 @@ void apply_tuning_flags(const Flags& f, Tuning& t) {
   t.widen_scratch_mb = int_flag(f, "widen-scratch-mb", t.widen_scratch_mb);
   t.nvfp4_prepare = switch01(f, "nvfp4-prepare", t.nvfp4_prepare);
   if (f.has("cutlass-swap") && !parse_cutlass_swap(f.get("cutlass-swap"), t.cutlass_swap))
-    throw UsageError("--cutlass-swap=" + f.get("cutlass-swap") + " is not a swap-AB choice; use auto, 0, 1, 64 or 128");
+    throw UsageError("--cutlass-swap=" + f.get("cutlass-swap") + " is not a swap-AB choice; use auto, 0, 1, 64, 128, 192 or byrows");
   t.comm_sms = int_flag(f, "comm-sms", t.comm_sms);
   t.push_warps = int_flag(f, "push-warps", t.push_warps);
   if (f.has("combine-mode") && !parse_combine_mode(f.get("combine-mode"), t.combine))

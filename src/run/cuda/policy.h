@@ -90,7 +90,19 @@ struct RowBucket {
 // [257, 384] swap-AB 128, above unswapped. A launch with no expert in its range costs a launch and
 // nothing else (uniform routing measured no slower than one launch). Forced widths (and off / on):
 // one bucket of all rows with swap_tile_n.
-std::vector<RowBucket> row_buckets(CutlassSwap swap, double expected_rows, bool fp8 = false);
+// Small experts (all local weights of both GEMMs, `weight_bytes`, under kSplitMinWeightBytes) run
+// one launch per GEMM instead: each launch, even with no expert in its range, costs its table fill
+// and its grid, ~5 us, which Qwen3-30B's 0.3 ms GEMM pairs cannot win back (measured under the
+// router, 64 local experts, H200: split 0.333 / 0.377 / 0.567 / 0.885 ms at M 4096 / 8192 / 16384 /
+// 32768 against one launch of swap-AB 128 0.255 / 0.325 / 0.493 / 0.831 or unswapped 0.305 / 0.334
+// / 0.498 / 0.804; bench/results/2026-12-01-session13-h200.md). Their tile: single_tile_n.
+std::vector<RowBucket> row_buckets(CutlassSwap swap, double expected_rows, bool fp8 = false,
+                                   double weight_bytes = 1e30);
+constexpr double kSplitMinWeightBytes = 1024.0 * 1024 * 1024;
+// The one tile of an unsplit automatic GEMM: swap-AB 128 up to kSwapMaxRows expected rows per expert
+// (under a router's uneven loads half the experts exceed the mean, so a 64-wide tile at a 64-row
+// mean would give them two tiles; measured best at 64 and 128 rows above), unswapped above.
+int single_tile_n(double expected_rows);
 // (The fused SwiGLU epilogue, tuning.fused_swiglu, exists unswapped only: where it is asked for
 // and GEMM1 can take it, automatic keeps one unswapped bucket above kSwapMaxRows, as before.)
 

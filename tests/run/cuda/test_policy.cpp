@@ -78,8 +78,10 @@ TEST(CudaPolicy, SwapAndCrossoverRules) {
   EXPECT_EQ(pol::swap_tile_n(CutlassSwap::n64, 1e6), 64);
   EXPECT_EQ(pol::swap_tile_n(CutlassSwap::n128, 1), 128);
   EXPECT_EQ(pol::swap_tile_n(CutlassSwap::n192, 1), 192);
-  // The split by rows (automatic, whatever the expected rows): the ranges cover every row count
-  // once, in order; bf16 and fp8 tables as documented in policy.h.
+  // The split by rows (byrows, and automatic for experts of at least kSplitMinWeightBytes, whatever
+  // the expected rows): the ranges cover every row count once, in order; bf16 and fp8 tables as
+  // documented in policy.h. Smaller experts under automatic: one launch, swap-AB 128 up to
+  // kSwapMaxRows expected rows, unswapped above.
   using RB = pol::RowBucket;
   constexpr int kAll = RB{}.hi;
   auto same = [](const std::vector<RB>& got, const std::vector<RB>& want) {
@@ -91,12 +93,25 @@ TEST(CudaPolicy, SwapAndCrossoverRules) {
       if (i) EXPECT_EQ(got[i].lo, got[i - 1].hi + 1) << i;
     }
   };
+  const double big = pol::kSplitMinWeightBytes, small = pol::kSplitMinWeightBytes - 1;
   for (const double rows : {1.0, 64.0, pol::kSwapMaxRows + 1, 1e5}) {
-    same(pol::row_buckets(CutlassSwap::automatic, rows),
-         {{0, 64, 64}, {65, 128, 128}, {129, 192, 192}, {193, 256, 0}, {257, 384, 192}, {385, kAll, 0}});
-    same(pol::row_buckets(CutlassSwap::automatic, rows, true),
-         {{0, 64, 64}, {65, 128, 128}, {129, 256, 0}, {257, 384, 128}, {385, kAll, 0}});
+    for (const auto& [sw, bytes] : {std::pair{CutlassSwap::automatic, big}, std::pair{CutlassSwap::byrows, big},
+                                    std::pair{CutlassSwap::byrows, 1.0}}) {
+      same(pol::row_buckets(sw, rows, false, bytes),
+           {{0, 64, 64}, {65, 128, 128}, {129, 192, 192}, {193, 256, 0}, {257, 384, 192}, {385, kAll, 0}});
+      same(pol::row_buckets(sw, rows, true, bytes),
+           {{0, 64, 64}, {65, 128, 128}, {129, 256, 0}, {257, 384, 128}, {385, kAll, 0}});
+    }
+    const int single = rows <= pol::kSwapMaxRows ? 128 : 0;
+    EXPECT_EQ(pol::single_tile_n(rows), single);
+    for (const bool fp8 : {false, true}) same(pol::row_buckets(CutlassSwap::automatic, rows, fp8, small), {{0, kAll, single}});
   }
+  // Which side of the bound the presets fall on (3 E H I weights of 1 or 2 bytes): Qwen3-30B-A3B
+  // (64 local experts, H 2048, I 768) one launch in bf16 and fp8; DeepSeek-V3 (128, 7168, 2048)
+  // and gpt-oss-120b (64, 2880, 2880) split in both.
+  EXPECT_LT(64.0 * 3 * 2048 * 768 * 2, pol::kSplitMinWeightBytes);
+  EXPECT_GE(128.0 * 3 * 7168 * 2048, pol::kSplitMinWeightBytes);
+  EXPECT_GE(64.0 * 3 * 2880 * 2880, pol::kSplitMinWeightBytes);
   for (const auto& [sw, rows, tile] : {std::tuple{CutlassSwap::off, 10.0, 0}, std::tuple{CutlassSwap::n64, 1e5, 64},
                                        std::tuple{CutlassSwap::n192, 1.0, 192}, std::tuple{CutlassSwap::on, 100.0, 128}})
     same(pol::row_buckets(sw, rows), {{0, kAll, tile}});
@@ -108,7 +123,8 @@ TEST(CudaPolicy, SwapAndCrossoverRules) {
   EXPECT_EQ(swapped_engines(kW8Fp8, 64), "cutlass-bf16-swap64(widened fp8)/cutlass-fp8-swap64");
   const Shape p;
   for (const CutlassSwap sw :
-       {CutlassSwap::automatic, CutlassSwap::off, CutlassSwap::on, CutlassSwap::n64, CutlassSwap::n128}) {
+       {CutlassSwap::automatic, CutlassSwap::off, CutlassSwap::on, CutlassSwap::n64, CutlassSwap::n128,
+        CutlassSwap::n192, CutlassSwap::byrows}) {
     MoeConfig cfg = make_cfg(p);
     cfg.tuning.cutlass_swap = sw;
     EXPECT_TRUE(validate(cfg.tuning).empty());

@@ -9,8 +9,9 @@
 // has an empty half), T = 1 and tokens with no expert. Large M at DeepSeek-V3 expert shapes: the
 // whole output against the mma engine (itself checked against the reference in
 // test_runner.cpp) and the first tokens against the reference. Every runner problem runs
-// unswapped, swap-AB with 64-, 128- and 192-wide token tiles and automatic (split by rows per
-// expert; tuning.cutlass_swap 0, 64, 128, 192, auto), each against the reference and the others
+// unswapped, swap-AB with 64-, 128- and 192-wide token tiles, split by rows per expert and
+// automatic (tuning.cutlass_swap 0, 64, 128, 192, byrows, auto; automatic runs these small experts
+// as one launch, policy::kSplitMinWeightBytes), each against the reference and the others
 // against the unswapped within the same bound; SwapAbRowsPerExpert adds exact per-expert loads of
 // 0, 1, 33, 64, 100, 150 and 257 rows and DeepSeek-V3 shapes at 64 rows per expert. The engine and
 // tile rules on the host (policy.h) are test_policy.cpp.
@@ -141,18 +142,19 @@ void run_problem(const Problem& p, uint32_t seed) {
     return y.download();
   };
   // The CUTLASS engine unswapped, swap-AB with 64-, 128- and 192-wide token tiles
-  // (tuning.cutlass_swap 0, 64, 128, 192) and automatic (the direct GEMMs split by rows per expert,
-  // policy::row_buckets, except a fused SwiGLU above kSwapMaxRows expected rows per expert; the
-  // widened ones take one width), each checked on its own below, then the others against the
-  // unswapped.
-  constexpr int kForms = 5;
-  const CutlassSwap forms[kForms] = {CutlassSwap::off, CutlassSwap::n64, CutlassSwap::n128, CutlassSwap::n192,
-                                     CutlassSwap::automatic};
+  // (tuning.cutlass_swap 0, 64, 128, 192), split by rows per expert (byrows: the direct GEMMs one
+  // launch per policy::row_buckets range; widened ones take one width) and automatic (these experts
+  // are all under policy::kSplitMinWeightBytes, so one launch of policy::single_tile_n), each
+  // checked on its own below, then the others against the unswapped.
+  constexpr int kForms = 6;
+  const CutlassSwap forms[kForms] = {CutlassSwap::off,  CutlassSwap::n64,    CutlassSwap::n128,
+                                     CutlassSwap::n192, CutlassSwap::byrows, CutlassSwap::automatic};
   const double er = cuda::policy::expected_rows(cfg, dout);
-  const bool fusable = std::string(p.expect).rfind("cutlass-bf16", 0) == 0 && p.iq == IntermediateQuant::none;
-  const int auto_direct = er <= cuda::policy::kSwapMaxRows || !fusable ? cuda::policy::kByRows : 0;
+  ASSERT_LT(3.0 * E * H * I * 2, cuda::policy::kSplitMinWeightBytes) << "automatic would split these experts";
+  const int auto_direct = cuda::policy::single_tile_n(er);
   const int auto_widened = cuda::policy::swap_tile_n(CutlassSwap::automatic, er);
-  const int tiles[kForms] = {0, 64, 128, 192, auto_direct};
+  const int tiles[kForms] = {0, 64, 128, 192, cuda::policy::kByRows, auto_direct};
+  const auto by_policy = [](CutlassSwap sw) { return sw == CutlassSwap::automatic || sw == CutlassSwap::byrows; };
   std::vector<bf16_raw> ycs[kForms];
   std::string names[kForms];
   for (int f = 0; f < kForms; ++f) {
@@ -162,13 +164,13 @@ void run_problem(const Problem& p, uint32_t seed) {
     std::string& engines = names[f];
     int chunks = -1;
     const auto yc = run_engine(Engine::cutlass, &engines, 0, &chunks, true, sw);
-    const std::string expect = sw == CutlassSwap::automatic ? tiled_engines(p.expect, auto_direct, auto_widened)
-                               : swap                       ? swapped_engines(p.expect, tiles[f])
-                                                            : std::string(p.expect);
+    const std::string expect = by_policy(sw) ? tiled_engines(p.expect, tiles[f], auto_widened)
+                               : swap        ? swapped_engines(p.expect, tiles[f])
+                                             : std::string(p.expect);
     EXPECT_EQ(engines, expect);
     // A run with a direct GEMM reports its tile; one with both widened, theirs.
     const bool both_widened = widened_gemm(p.expect, 1) && widened_gemm(p.expect, 2);
-    EXPECT_EQ(swapped, sw == CutlassSwap::automatic && both_widened ? auto_widened != 0 : swap);
+    EXPECT_EQ(swapped, by_policy(sw) && both_widened ? auto_widened != 0 : swap);
     // SwiGLU goes into GEMM1's epilogue exactly when GEMM1 runs unswapped on the bf16 GEMM (bf16 or
     // widened weights) and the intermediate stays bf16; then the unfused path must agree within the
     // bound (it rounds the up half to bf16 before the product, the fused one does not).
@@ -293,10 +295,10 @@ TEST(CutlassEngine, MatchesReference) {
 
 // Swap-AB where it is made for and at its edges: exactly 0, 1, 33, 64, 100, 150 and 257 rows on
 // the experts of one call (Load::listed: empty experts, one row, partial 64-wide token tiles,
-// several token tiles per weight tile, and one expert in each of the automatic split's four row
-// ranges) on every operand path, partial 128-row weight tiles (H 2880), and DeepSeek-V3 expert
-// shapes at about 64 rows per expert (uniform and skewed), the first tokens against the reference.
-// run_problem runs each problem unswapped, swapped (every token-tile width) and automatic, and
+// several token tiles per weight tile, and one expert in each of the split's four row ranges) on
+// every operand path, partial 128-row weight tiles (H 2880), and DeepSeek-V3 expert shapes at about
+// 64 rows per expert (uniform and skewed), the first tokens against the reference. run_problem
+// runs each problem unswapped, swapped (every token-tile width), split by rows and automatic, and
 // checks each against the reference and the others against the unswapped.
 TEST(CutlassEngine, SwapAbRowsPerExpert) {
   EPMOE_REQUIRE_GPU();
@@ -427,7 +429,7 @@ TEST(CutlassEngine, AutomaticChoice) {
       // policy::kDecodeMaxRowsNvfp4 (192) rows per expert, CUTLASS (widened) above.
       {386, A::fp8, W::nvfp4, true},  {384, A::fp8, W::nvfp4, false}, {256, A::fp8, W::nvfp4, false},
       {66, A::nvfp4, W::bf16, true},
-      {386, A::bf16, W::bf16, true},  // 193 rows per expert: past policy::kSwapMaxRows, still split
+      {386, A::bf16, W::bf16, true},  // 193 rows per expert: past policy::kSwapMaxRows, unswapped
   };
   std::mt19937 rng(7);
   for (const Case& c : cases) {
@@ -454,16 +456,14 @@ TEST(CutlassEngine, AutomaticChoice) {
     const std::string engines = runner.last_engines();
     EXPECT_EQ(engines.rfind("cutlass", 0) == 0, c.cutlass)
         << "C=" << c.C << " act " << format_name(c.act) << " weights " << format_name(c.wf) << ": " << engines;
-    // tuning.cutlass_swap auto: the direct GEMMs split by rows per expert (reported as kByRows);
-    // with both GEMMs widened, swap-AB up to kSwapMaxRows expected rows per expert, 64-wide token
-    // tiles up to kSwapNarrowMaxRows, else 128.
+    // tuning.cutlass_swap auto: swap-AB up to kSwapMaxRows expected rows per expert. The direct
+    // GEMMs of these small experts run one launch with 128-wide token tiles (single_tile_n); with
+    // both GEMMs widened, 64-wide token tiles up to kSwapNarrowMaxRows, else 128.
     const double rows = double(c.C) * K / E;
     const bool both_widened = widened_gemm(engines, 1) && widened_gemm(engines, 2);
-    EXPECT_EQ(runner.last_swap_ab(), c.cutlass && (!both_widened || rows <= cuda::policy::kSwapMaxRows)) << engines;
+    EXPECT_EQ(runner.last_swap_ab(), c.cutlass && rows <= cuda::policy::kSwapMaxRows) << engines;
     if (runner.last_swap_ab())
-      EXPECT_EQ(runner.last_swap_tile_n(), !both_widened                             ? cuda::policy::kByRows
-                                           : rows <= cuda::policy::kSwapNarrowMaxRows ? 64
-                                                                                      : 128)
+      EXPECT_EQ(runner.last_swap_tile_n(), !both_widened || rows > cuda::policy::kSwapNarrowMaxRows ? 128 : 64)
           << engines;
     runner.set_engine(Engine::mma);
     runner.run(dout, dw, y.get(), nullptr);
@@ -671,7 +671,8 @@ TEST(CutlassEngine, GraphReplayEqualsEager) {
     d.local_ids = lid.get();
     d.weights = wts.get();
     d.counts = cnt.get();
-    for (const CutlassSwap sw : {CutlassSwap::off, CutlassSwap::n64, CutlassSwap::n128, CutlassSwap::automatic}) {
+    for (const CutlassSwap sw :
+         {CutlassSwap::off, CutlassSwap::n64, CutlassSwap::n128, CutlassSwap::byrows, CutlassSwap::automatic}) {
       SCOPED_TRACE(cutlass_swap_name(sw));
       lid.upload(ids1);
       cuda::CudaRunner runner(cfg, 0);
@@ -705,12 +706,15 @@ TEST(CutlassEngine, GraphReplayEqualsEager) {
       EPMOE_CUDA_CHECK(cudaStreamSynchronize(st));
       EXPECT_EQ(first_diff(y.download(), e2), -1);
       EXPECT_NE(first_diff(e1, e2), -1);
-      // automatic: 100 expected rows per expert, the uneven load 38..228 per expert, so the direct
+      // byrows: 100 expected rows per expert, the uneven load 38..228 per expert, so the direct
       // GEMMs split by rows (and the split changes with the routing; the replay must follow it);
-      // both GEMMs widened (nvfp4) take the one width by expected rows instead.
-      const int want_auto = c.wf == W::nvfp4 ? 128 : cuda::policy::kByRows;
-      EXPECT_EQ(runner.last_swap_tile_n(),
-                sw == CutlassSwap::n64 ? 64 : sw == CutlassSwap::n128 ? 128 : sw == CutlassSwap::automatic ? want_auto : 0);
+      // both GEMMs widened (nvfp4) take the one width by expected rows instead. automatic: these
+      // small experts run one launch, 128-wide.
+      const int want_byrows = c.wf == W::nvfp4 ? 128 : cuda::policy::kByRows;
+      EXPECT_EQ(runner.last_swap_tile_n(), sw == CutlassSwap::n64                               ? 64
+                                           : sw == CutlassSwap::n128 || sw == CutlassSwap::automatic ? 128
+                                           : sw == CutlassSwap::byrows                           ? want_byrows
+                                                                                                 : 0);
       EPMOE_CUDA_CHECK(cudaGraphExecDestroy(exec));
       EPMOE_CUDA_CHECK(cudaGraphDestroy(graph));
       EPMOE_CUDA_CHECK(cudaStreamDestroy(st));
