@@ -45,9 +45,10 @@ int swap_tile_n(CutlassSwap swap, double expected_rows) {
 
 int single_tile_n(double expected_rows) { return expected_rows <= kSwapMaxRows ? 128 : 0; }
 
-std::vector<RowBucket> row_buckets(CutlassSwap swap, double expected_rows, bool fp8, double weight_bytes) {
+std::vector<RowBucket> row_buckets(CutlassSwap swap, double expected_rows, bool fp8, double weight_bytes,
+                                   int experts) {
   constexpr int kAll = RowBucket{}.hi;
-  if (swap == CutlassSwap::automatic && weight_bytes < kSplitMinWeightBytes)
+  if (swap == CutlassSwap::automatic && (weight_bytes < kSplitMinWeightBytes || experts < kSplitMinExperts))
     return {RowBucket{0, kAll, single_tile_n(expected_rows)}};
   if (swap == CutlassSwap::automatic || swap == CutlassSwap::byrows) {
     if (fp8) return {{0, 64, 64}, {65, 128, 128}, {129, 256, 0}, {257, 384, 128}, {385, kAll, 0}};
@@ -114,7 +115,7 @@ CutlassPlan cutlass_plan(const DispatchOutput& in, const ExpertWeights& w, Inter
   p.swap_tile_n = swap_tile_n(swap, expected_rows);
   // The bytes both GEMMs stream (fp8: one per weight, else bf16's two; nvfp4 is widened, unsplit).
   const double weight_bytes = double(E) * 3.0 * H * I * (fp8w ? 1 : 2);
-  p.buckets = row_buckets(swap, expected_rows, fp8w, weight_bytes);
+  p.buckets = row_buckets(swap, expected_rows, fp8w, weight_bytes, E);
   const bool fusable = fused_swiglu && p.gemm1 != CutlassPath::fp8 && !iq8;
   if (fusable && swap == CutlassSwap::automatic && expected_rows > kSwapMaxRows) p.buckets = {RowBucket{}};
   p.fused_swiglu = fusable && p.tile_n(p.gemm1) == 0;

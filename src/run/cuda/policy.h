@@ -90,15 +90,20 @@ struct RowBucket {
 // [257, 384] swap-AB 128, above unswapped. A launch with no expert in its range costs a launch and
 // nothing else (uniform routing measured no slower than one launch). Forced widths (and off / on):
 // one bucket of all rows with swap_tile_n.
-// Small experts (all local weights of both GEMMs, `weight_bytes`, under kSplitMinWeightBytes) run
-// one launch per GEMM instead: each launch, even with no expert in its range, costs its table fill
-// and its grid, ~5 us, which Qwen3-30B's 0.3 ms GEMM pairs cannot win back (measured under the
-// router, 64 local experts, H200: split 0.333 / 0.377 / 0.567 / 0.885 ms at M 4096 / 8192 / 16384 /
-// 32768 against one launch of swap-AB 128 0.255 / 0.325 / 0.493 / 0.831 or unswapped 0.305 / 0.334
-// / 0.498 / 0.804; bench/results/2026-12-01-session13-h200.md). Their tile: single_tile_n.
+// Automatic runs one launch per GEMM instead (tile: single_tile_n) where the split cannot pay:
+// - small experts (all local weights of both GEMMs, `weight_bytes`, under kSplitMinWeightBytes):
+//   each launch, even with no expert in its range, costs its table fill and its grid, ~5 us, which
+//   Qwen3-30B's 0.3 ms GEMM pairs cannot win back (under the router, 64 local experts, H200: split
+//   0.333 / 0.377 / 0.567 / 0.885 ms at M 4096 / 8192 / 16384 / 32768, one launch 0.252 / 0.326 /
+//   0.502 / 0.827; Mixtral-8x7B fp8, 4 experts, M 2048: split 1.158, one launch 0.914;
+//   bench/results/2026-12-01-session13-h200.md);
+// - few experts (`experts` under kSplitMinExperts): a range then holds one or two experts, and
+//   every launch adds its own last partial wave of tiles to the sum.
+// `cutlass_swap = byrows` splits whatever the size.
 std::vector<RowBucket> row_buckets(CutlassSwap swap, double expected_rows, bool fp8 = false,
-                                   double weight_bytes = 1e30);
+                                   double weight_bytes = 1e30, int experts = 1 << 30);
 constexpr double kSplitMinWeightBytes = 1024.0 * 1024 * 1024;
+constexpr int kSplitMinExperts = 16;
 // The one tile of an unsplit automatic GEMM: swap-AB 128 up to kSwapMaxRows expected rows per expert
 // (under a router's uneven loads half the experts exceed the mean, so a 64-wide tile at a 64-row
 // mean would give them two tiles; measured best at 64 and 128 rows above), unswapped above.

@@ -80,8 +80,8 @@ TEST(CudaPolicy, SwapAndCrossoverRules) {
   EXPECT_EQ(pol::swap_tile_n(CutlassSwap::n192, 1), 192);
   // The split by rows (byrows, and automatic for experts of at least kSplitMinWeightBytes, whatever
   // the expected rows): the ranges cover every row count once, in order; bf16 and fp8 tables as
-  // documented in policy.h. Smaller experts under automatic: one launch, swap-AB 128 up to
-  // kSwapMaxRows expected rows, unswapped above.
+  // documented in policy.h. Smaller or fewer experts under automatic: one launch, swap-AB 128 up
+  // to kSwapMaxRows expected rows, unswapped above.
   using RB = pol::RowBucket;
   constexpr int kAll = RB{}.hi;
   auto same = [](const std::vector<RB>& got, const std::vector<RB>& want) {
@@ -104,11 +104,16 @@ TEST(CudaPolicy, SwapAndCrossoverRules) {
     }
     const int single = rows <= pol::kSwapMaxRows ? 128 : 0;
     EXPECT_EQ(pol::single_tile_n(rows), single);
-    for (const bool fp8 : {false, true}) same(pol::row_buckets(CutlassSwap::automatic, rows, fp8, small), {{0, kAll, single}});
+    for (const bool fp8 : {false, true}) {
+      same(pol::row_buckets(CutlassSwap::automatic, rows, fp8, small), {{0, kAll, single}});
+      same(pol::row_buckets(CutlassSwap::automatic, rows, fp8, big, pol::kSplitMinExperts - 1), {{0, kAll, single}});
+      EXPECT_GT(pol::row_buckets(CutlassSwap::automatic, rows, fp8, big, pol::kSplitMinExperts).size(), 1u);
+      EXPECT_GT(pol::row_buckets(CutlassSwap::byrows, rows, fp8, small, 1).size(), 1u);
+    }
   }
-  // Which side of the bound the presets fall on (3 E H I weights of 1 or 2 bytes): Qwen3-30B-A3B
-  // (64 local experts, H 2048, I 768) one launch in bf16 and fp8; DeepSeek-V3 (128, 7168, 2048)
-  // and gpt-oss-120b (64, 2880, 2880) split in both.
+  // Which side of the bounds the presets fall on (3 E H I weights of 1 or 2 bytes): Qwen3-30B-A3B
+  // (64 local experts, H 2048, I 768) one launch in bf16 and fp8, Mixtral-8x7B (4 experts) by its
+  // expert count; DeepSeek-V3 (128, 7168, 2048) and gpt-oss-120b (64, 2880, 2880) split in both.
   EXPECT_LT(64.0 * 3 * 2048 * 768 * 2, pol::kSplitMinWeightBytes);
   EXPECT_GE(128.0 * 3 * 7168 * 2048, pol::kSplitMinWeightBytes);
   EXPECT_GE(64.0 * 3 * 2880 * 2880, pol::kSplitMinWeightBytes);
