@@ -41,62 +41,9 @@ __global__ void permute_kernel(ActFormat f, QuantParams p, const uint8_t* __rest
   }
 }
 
-// One 8-element chunk of a slot's row as loaded (16 bf16 bytes, 8 e4m3 codes and their block
-// scale, or 4 nvfp4 bytes and their block scale) and as the permute stores it (8 bf16: load_act's
-// values, rounded in the same pairs).
-template <ActFormat F>
-struct Chunk;
-template <>
-struct Chunk<ActFormat::bf16> {
-  uint4 q;
-  __device__ void load(const uint8_t* row, const uint8_t*, int c) { q = __ldg(reinterpret_cast<const uint4*>(row) + c); }
-  __device__ uint4 bf16(const QuantParams&) const { return q; }
-};
-__device__ __forceinline__ uint4 pack_bf16(const float (&v)[8]) {
-  uint32_t w[4];
-#pragma unroll
-  for (int j = 0; j < 4; ++j) {
-    const __nv_bfloat162 b = __floats2bfloat162_rn(v[2 * j], v[2 * j + 1]);
-    w[j] = *reinterpret_cast<const uint32_t*>(&b);
-  }
-  return make_uint4(w[0], w[1], w[2], w[3]);
-}
-template <>
-struct Chunk<ActFormat::fp8> {
-  uint2 q;
-  float s;
-  __device__ void load(const uint8_t* row, const uint8_t* sc, int c) {
-    q = __ldg(reinterpret_cast<const uint2*>(row) + c);
-    s = reinterpret_cast<const float*>(sc)[(8 * c) / 128];
-  }
-  __device__ uint4 bf16(const QuantParams&) const {
-    float v[8];
-#pragma unroll
-    for (int j = 0; j < 8; ++j) v[j] = dev::fp8_dequant(uint8_t((j < 4 ? q.x : q.y) >> (8 * (j & 3))), s);
-    return pack_bf16(v);
-  }
-};
-template <>
-struct Chunk<ActFormat::nvfp4> {
-  uint32_t q;
-  uint8_t s;
-  __device__ void load(const uint8_t* row, const uint8_t* sc, int c) {
-    q = __ldg(reinterpret_cast<const uint32_t*>(row) + c);
-    s = sc[(8 * c) / 16];
-  }
-  __device__ uint4 bf16(const QuantParams& p) const {
-    float v[8];
-#pragma unroll
-    for (int j = 0; j < 8; ++j) v[j] = dev::nvfp4_dequant(uint8_t((q >> (4 * j)) & 0xf), s, p.nvfp4_global_scale);
-    return pack_bf16(v);
-  }
-};
-
-// Vector permute (H % 8 == 0, 16-byte aligned payload and A): a thread step is one chunk, stored
-// as one 16-byte bf16 chunk per claimed row. A thread's first kPrefetch chunks are loaded before
-// the rows are claimed, so the load latency overlaps the claim's atomics and barrier instead of
-// following them (a CTA moves only one slot: at Qwen3-30B's H 2048 one chunk per thread).
-constexpr int kPrefetch = 4;
+// Vector permute (H % 8 == 0, 16-byte aligned payload and A): a thread step is 8 elements, read as
+// 16 (bf16), 8 (fp8) or 4 (nvfp4) bytes and stored as one 16-byte bf16 chunk per claimed row. The
+// values are load_act's, rounded in the same pairs.
 template <ActFormat F>
 __global__ void permute_vec_kernel(QuantParams p, const uint8_t* __restrict__ payload, const uint8_t* __restrict__ scales,
                                    const int32_t* __restrict__ ids, const int32_t* __restrict__ counts, int C, int K,
@@ -105,29 +52,36 @@ __global__ void permute_vec_kernel(QuantParams p, const uint8_t* __restrict__ pa
   __shared__ int32_t pos[32];
   const int64_t i = blockIdx.x;
   if (!slot_valid(i, C, counts)) return;
+  claim_rows(i, K, E, ids, offsets, fill, pair_pos, pos);
   const uint8_t* row = payload + i * int64_t(payload_bytes(F, H));
   const uint8_t* sc = scales ? scales + i * int64_t(scale_bytes(F, H)) : nullptr;
-  const int nch = H / 8;
-  Chunk<F> pre[kPrefetch];
+  for (int c = threadIdx.x; c < H / 8; c += blockDim.x) {
+    uint4 out;
+    if constexpr (F == ActFormat::bf16) {
+      out = __ldg(reinterpret_cast<const uint4*>(row) + c);
+    } else {
+      float v[8];
+      if constexpr (F == ActFormat::fp8) {
+        const uint2 q = __ldg(reinterpret_cast<const uint2*>(row) + c);
+        const float s = reinterpret_cast<const float*>(sc)[(8 * c) / 128];
 #pragma unroll
-  for (int j = 0; j < kPrefetch; ++j) {
-    const int c = threadIdx.x + j * blockDim.x;
-    if (c < nch) pre[j].load(row, sc, c);
-  }
-  claim_rows(i, K, E, ids, offsets, fill, pair_pos, pos);
-  auto store = [&](int c, uint4 out) {
+        for (int j = 0; j < 8; ++j) v[j] = dev::fp8_dequant(uint8_t((j < 4 ? q.x : q.y) >> (8 * (j & 3))), s);
+      } else {
+        const uint32_t q = __ldg(reinterpret_cast<const uint32_t*>(row) + c);
+        const uint8_t s = sc[(8 * c) / 16];
+#pragma unroll
+        for (int j = 0; j < 8; ++j) v[j] = dev::nvfp4_dequant(uint8_t((q >> (4 * j)) & 0xf), s, p.nvfp4_global_scale);
+      }
+      uint32_t w[4];
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const __nv_bfloat162 b = __floats2bfloat162_rn(v[2 * j], v[2 * j + 1]);
+        w[j] = *reinterpret_cast<const uint32_t*>(&b);
+      }
+      out = make_uint4(w[0], w[1], w[2], w[3]);
+    }
     for (int k = 0; k < K; ++k)
       if (pos[k] >= 0) reinterpret_cast<uint4*>(A + int64_t(pos[k]) * H)[c] = out;
-  };
-#pragma unroll
-  for (int j = 0; j < kPrefetch; ++j) {
-    const int c = threadIdx.x + j * blockDim.x;
-    if (c < nch) store(c, pre[j].bf16(p));
-  }
-  for (int c = threadIdx.x + kPrefetch * blockDim.x; c < nch; c += blockDim.x) {
-    Chunk<F> x;
-    x.load(row, sc, c);
-    store(c, x.bf16(p));
   }
 }
 
@@ -163,13 +117,11 @@ __global__ void reduce_kernel(const bf16_raw* __restrict__ o, const int32_t* __r
   }
 }
 
-// Vector weighted sum (H % 8 == 0, 16-byte aligned o and y): a thread owns kChunks 16-byte chunks
-// (8 elements each) of the slot's output and loads them from kRowsAtOnce expert rows before adding
-// in ascending k: 16 loads per thread in flight with top_k >= 4, and no add waits behind the load
-// of a later k (before: two rows at a time, 8 loads). With top_k 1 (the runner bench) it is a
-// scaled copy, 4 loads per thread as before (ncu, H200: 3.9 TB/s at DeepSeek-V3's H 7168).
-// Same operations and order as reduce_kernel.
-constexpr int kChunks = 4, kRowsAtOnce = 4;
+// Vector weighted sum (H % 8 == 0, 16-byte aligned o and y): a thread takes kChunks 16-byte chunks
+// (8 elements each) per step and loads them for kBatch experts at a time before adding in ascending
+// k, so 8 loads are in flight even with one expert per slot (one chunk per thread step: 2.9 TB/s
+// with top_k 1; bench/results/history-runner.md). Same operations and order as reduce_kernel.
+constexpr int kChunks = 4, kBatch = 2;
 __global__ void reduce_vec_kernel(const bf16_raw* __restrict__ o, const int32_t* __restrict__ pair_pos,
                                   const float* __restrict__ w, const int32_t* __restrict__ counts, int C, int K, int H,
                                   bf16_raw* __restrict__ y) {
@@ -185,10 +137,10 @@ __global__ void reduce_vec_kernel(const bf16_raw* __restrict__ o, const int32_t*
     for (int u = 0; u < kChunks; ++u)
 #pragma unroll
       for (int j = 0; j < 8; ++j) acc[u][j] = 0.f;
-    for (int k0 = 0; k0 < K; k0 += kRowsAtOnce) {
-      uint4 v[kRowsAtOnce][kChunks];
+    for (int k0 = 0; k0 < K; k0 += kBatch) {
+      uint4 v[kBatch][kChunks];
 #pragma unroll
-      for (int b = 0; b < kRowsAtOnce; ++b) {
+      for (int b = 0; b < kBatch; ++b) {
         const int q = k0 + b < K ? pos[k0 + b] : -1;
 #pragma unroll
         for (int u = 0; u < kChunks; ++u) {
@@ -198,7 +150,7 @@ __global__ void reduce_vec_kernel(const bf16_raw* __restrict__ o, const int32_t*
         }
       }
 #pragma unroll
-      for (int b = 0; b < kRowsAtOnce; ++b) {
+      for (int b = 0; b < kBatch; ++b) {
         const int k = k0 + b;
         if (k >= K || pos[k] < 0) continue;
         const float wv = wk[k];
