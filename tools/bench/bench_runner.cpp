@@ -81,7 +81,6 @@ struct Opts {
   // are the first E of the model's).
   enum class Routing { uniform, skew, router } routing = Routing::uniform;
   bool graph = false;  // time CUDA graph replays of one captured call instead of eager calls
-  int pingpong = -1;   // CudaRunner::set_cutlass_pingpong
   MoeConfig flags_cfg;                // the shared configuration and tuning flags, applied
   const Flags* flags_given = nullptr;
 };
@@ -189,7 +188,6 @@ void bench_preset(const Opts& o, const ModelPreset& given, double hbm_gbs, const
     EPMOE_CUDA_CHECK(cudaDeviceSynchronize());
     cuda::CudaRunner runner(cfg, 0);
     runner.set_engine(o.engine);
-    runner.set_cutlass_pingpong(o.pingpong);
     for (long long M : Ms) {
       cfg.capacity = int(M);
       const int32_t m32 = int32_t(M);
@@ -335,7 +333,6 @@ int bench_runner(const std::vector<std::string>& args) {
   flags.add("routing", "NAME", "how rows spread over the experts: uniform (default), skew (half of the rows on a tenth "
                                "of the experts) or router (the preset's router on random logits)");
   flags.add("skew", "", "short for --routing skew");
-  flags.add("cutlass-pingpong", "0|1", "unswapped CUTLASS GEMMs on the ping-pong (1) or cooperative (0) schedule (default: the runner's choice)");
   flags.add("graph", "", "time CUDA graph replays of one captured runner call (no host launch work) instead of eager calls");
   // The configuration fields a runner-only bench leaves free, and every tuning option (--engine:
   // auto, mma or cutlass, CUTLASS where the format allows; --intermediate-quant fp8: fp8 weights
@@ -369,8 +366,6 @@ int bench_runner(const std::vector<std::string>& args) {
     else throw UsageError("--routing=" + r + " is not a routing; use uniform, skew or router");
   }
   o.graph = flags.get_bool("graph", false);
-  o.pingpong = flags.get_int("cutlass-pingpong", -1);
-  if (o.pingpong < -1 || o.pingpong > 1) throw UsageError("--cutlass-pingpong: " + std::to_string(o.pingpong) + " must be 0 or 1");
   o.reps = flags.get_int("reps", quick ? 3 : 7);
   if (o.reps <= 0) throw UsageError("--reps: " + std::to_string(o.reps) + " must be positive");
   o.Ms = quick ? std::vector<long long>{128, 2048, 32768}

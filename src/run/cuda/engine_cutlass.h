@@ -66,9 +66,6 @@ struct Grouped {
   // splits one GEMM into launches by rows per expert, each with the tile that fits those rows
   // (policy::RowBucket). Decided on the device, from the device counts.
   int rows_lo = 0, rows_hi = 0x7fffffff;
-  // Unswapped only: the ping-pong instantiation (engine_cutlass_pingpong_{bf16,fp8}.cu: bf16 128x128
-  // tiles, fp8 64x128, one per consumer warpgroup) instead of the cooperative one; same product.
-  bool pingpong = false;
 };
 
 size_t bf16_workspace_bytes(int experts, int sms);
@@ -92,16 +89,12 @@ size_t bf16_swap_workspace_bytes(int experts, int sms, int tile_n);
 void grouped_gemm_bf16_swap(const Grouped& g, cudaStream_t stream);
 size_t fp8_swap_workspace_bytes(int experts, int sms, int tile_n);
 void grouped_gemm_fp8_swap(const Grouped& g, cudaStream_t stream);
-namespace detail {  // engine_cutlass_swap_*_n{128,192}.cu, engine_cutlass_pingpong_*.cu
+namespace detail {  // the 128- and 192-wide instantiations (engine_cutlass_swap_*_n{128,192}.cu)
 size_t bf16_swap_n128_workspace_bytes(int experts, int sms);
 void grouped_gemm_bf16_swap_n128(const Grouped& g, cudaStream_t stream);
 size_t fp8_swap_n128_workspace_bytes(int experts, int sms);
 void grouped_gemm_fp8_swap_n128(const Grouped& g, cudaStream_t stream);
 size_t bf16_swap_n192_workspace_bytes(int experts, int sms);
-size_t bf16_pingpong_workspace_bytes(int experts, int sms);
-void grouped_gemm_bf16_pingpong(const Grouped& g, cudaStream_t stream);
-size_t fp8_pingpong_workspace_bytes(int experts, int sms);
-void grouped_gemm_fp8_pingpong(const Grouped& g, cudaStream_t stream);
 void grouped_gemm_bf16_swap_n192(const Grouped& g, cudaStream_t stream);
 size_t fp8_swap_n192_workspace_bytes(int experts, int sms);
 void grouped_gemm_fp8_swap_n192(const Grouped& g, cudaStream_t stream);

@@ -55,17 +55,13 @@ using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
 
 bool available() { return true; }
 
-// Either schedule's (Grouped::pingpong), so that one workspace serves both.
-size_t bf16_workspace_bytes(int experts, int sms) {
-  return std::max(detail::workspace_bytes<Gemm, false>(experts, sms), detail::bf16_pingpong_workspace_bytes(experts, sms));
-}
+size_t bf16_workspace_bytes(int experts, int sms) { return detail::workspace_bytes<Gemm, false>(experts, sms); }
 
 void grouped_gemm_bf16(const Grouped& g, cudaStream_t stream) {
   if (g.swap_ab) return grouped_gemm_bf16_swap(g, stream);
   if (g.K % kAlign != 0 || g.N % kAlign != 0)
     throw UsageError("cutlass bf16 grouped GEMM: N=" + std::to_string(g.N) + " and K=" + std::to_string(g.K) +
                      " must be multiples of 8 (16-byte TMA rows)");
-  if (g.pingpong) return detail::grouped_gemm_bf16_pingpong(g, stream);
   detail::run<Gemm, false>(g, "bf16", stream);
 }
 

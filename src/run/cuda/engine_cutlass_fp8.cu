@@ -3,7 +3,6 @@
 #define EPMOE_CUTLASS_GROUPED_IMPL 1
 #include "run/cuda/engine_cutlass.h"
 
-#include <algorithm>
 #include <string>
 
 #include "core/cuda/check.h"
@@ -66,10 +65,7 @@ static_assert(Mainloop::ScaleGranularityM == 1 && Mainloop::ScaleGranularityN ==
 
 }  // namespace
 
-// Either schedule's (Grouped::pingpong), so that one workspace serves both.
-size_t fp8_workspace_bytes(int experts, int sms) {
-  return std::max(detail::workspace_bytes<Gemm, true>(experts, sms), detail::fp8_pingpong_workspace_bytes(experts, sms));
-}
+size_t fp8_workspace_bytes(int experts, int sms) { return detail::workspace_bytes<Gemm, true>(experts, sms); }
 
 void grouped_gemm_fp8(const Grouped& g, cudaStream_t stream) {
   if (g.swap_ab) return grouped_gemm_fp8_swap(g, stream);
@@ -77,7 +73,6 @@ void grouped_gemm_fp8(const Grouped& g, cudaStream_t stream) {
     throw UsageError("cutlass fp8 grouped GEMM: N=" + std::to_string(g.N) + " and K=" + std::to_string(g.K) +
                      " must be multiples of 128 (whole 128x128 weight scale tiles)");
   if (!g.sfa || !g.sfw) throw UsageError("cutlass fp8 grouped GEMM: activation and weight scales must be non-null");
-  if (g.pingpong) return detail::grouped_gemm_fp8_pingpong(g, stream);
   detail::run<Gemm, true>(g, "fp8", stream);
 }
 

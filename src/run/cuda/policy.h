@@ -73,7 +73,6 @@ inline bool use_swap_ab(CutlassSwap swap, double expected_rows) { return swap_ti
 // The experts with lo <= rows <= hi run in one launch with token tile tile_n (0 = unswapped).
 struct RowBucket {
   int lo = 0, hi = 0x7fffffff, tile_n = 0;
-  bool pingpong = false;  // unswapped (tile_n 0): the ping-pong instantiation (Grouped::pingpong)
 };
 // Real routing is not uniform: with the router on random logits, at a mean of 64 rows per expert
 // half the experts get more than 64, and one 64-wide tile width gives them two tiles each, every

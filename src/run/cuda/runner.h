@@ -87,9 +87,6 @@ class CudaRunner final : public Runner {
   // (tuning.cutlass_swap).
   void set_cutlass_swap(CutlassSwap s) { cutlass_swap_ = s; }
   CutlassSwap cutlass_swap() const { return cutlass_swap_; }
-  // The unswapped CUTLASS launches on the ping-pong schedule (1), the cooperative one (0), or as
-  // the policy decides (-1).
-  void set_cutlass_pingpong(int p) { cutlass_pingpong_ = p; }
   // Bound of the widening scratch in bytes (tuning.widen_scratch_mb MiB); tests shrink it to force
   // several chunks. 0 throws UsageError.
   void set_widen_scratch_bytes(size_t bytes);
@@ -122,7 +119,6 @@ class CudaRunner final : public Runner {
   int last_widen_chunks_ = 0;
   bool fused_swiglu_ = false, last_swiglu_fused_ = false;
   CutlassSwap cutlass_swap_ = CutlassSwap::automatic;
-  int cutlass_pingpong_ = -1;
   int last_swap_tile_n_ = 0;
   std::string engines_;  // last_engines() when built per run
   DeviceBuffer prep13_, prep2_;  // prepare(): nvfp4 weights in the decode engine's load order

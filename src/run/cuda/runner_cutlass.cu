@@ -38,7 +38,6 @@ void run_buckets(cutlass_engine::Grouped g, const std::vector<policy::RowBucket>
     g.rows_hi = b.hi;
     g.swap_ab = b.tile_n != 0;
     g.swap_tile_n = b.tile_n ? b.tile_n : 64;
-    g.pingpong = b.pingpong && !g.swap_ab;
     if (fp8)
       cutlass_engine::grouped_gemm_fp8(g, st);
     else
@@ -119,10 +118,8 @@ void CudaRunner::run_cutlass(const DispatchOutput& in, const ExpertWeights& w, b
   const WeightFormat wf = w.w13.format;
   const IntermediateQuant iq = cfg_.effective_intermediate_quant();
   const bool iq8 = iq == IntermediateQuant::fp8;
-  policy::CutlassPlan plan =
+  const policy::CutlassPlan plan =
       policy::cutlass_plan(in, w, iq, fused_swiglu_, cutlass_swap_, policy::expected_rows(cfg_, in), widen_scratch_);
-  if (cutlass_pingpong_ >= 0)
-    for (policy::RowBucket& b : plan.buckets) b.pingpong = cutlass_pingpong_ == 1 && b.tile_n == 0;
   const CutlassPath p1 = plan.gemm1, p2 = plan.gemm2;
   const bool fp8_1 = p1 == CutlassPath::fp8, fp8_2 = p2 == CutlassPath::fp8;
   const bool nvfp4 = wf == WeightFormat::nvfp4;

@@ -472,8 +472,7 @@ TEST(CutlassEngine, AutomaticChoice) {
   }
 }
 
-// The grouped GEMMs alone, unswapped (cooperative and ping-pong schedules) and swap-AB (64-, 128-
-// and 192-wide token tiles), against a
+// The grouped GEMMs alone, unswapped and swap-AB (64-, 128- and 192-wide token tiles), against a
 // float64 product of the same operands: groups with 0 rows (first, middle and last), one row,
 // partial m/n tiles (33, 100, 130, 257 rows: partial 128-row tiles unswapped, partial token tiles
 // swapped); out rows outside the groups must stay untouched. A launch restricted to a row range
@@ -530,13 +529,11 @@ TEST(CutlassEngine, GroupedGemmDirect) {
     Dev<float> dsa(sa), dsw(sw);
     Dev<bf16_raw> out(size_t(total + 8) * N);
     out.poison();
-    // One grouped GEMM with token tile `tile_n` (0 = unswapped, kPingpong = unswapped on the
-    // ping-pong schedule) over the experts with lo <= rows <= hi, into the poisoned `out`; returns
-    // `out`.
-    constexpr int kPingpong = -1;
+    // One grouped GEMM with token tile `tile_n` (0 = unswapped) over the experts with lo <= rows <=
+    // hi, into the poisoned `out`; returns `out`.
     auto launch = [&](int tile_n, int lo, int hi) {
       namespace ce = cuda::cutlass_engine;
-      const bool swap = tile_n > 0;
+      const bool swap = tile_n != 0;
       out.poison();
       ce::Grouped g;
       g.experts = E;
@@ -552,7 +549,6 @@ TEST(CutlassEngine, GroupedGemmDirect) {
       g.sms = sms;
       g.swap_ab = swap;
       g.swap_tile_n = swap ? tile_n : 64;
-      g.pingpong = tile_n == kPingpong;
       g.rows_lo = lo;
       g.rows_hi = hi;
       const size_t ws = fp8 ? (swap ? ce::fp8_swap_workspace_bytes(E, sms, tile_n) : ce::fp8_workspace_bytes(E, sms))
@@ -566,12 +562,11 @@ TEST(CutlassEngine, GroupedGemmDirect) {
       EPMOE_CUDA_CHECK(cudaDeviceSynchronize());
       return out.download();
     };
-    std::vector<bf16_raw> outs[5];  // by tile_n / 64; [4]: ping-pong
-    auto slot = [&](int tile_n) { return tile_n == kPingpong ? 4 : tile_n / 64; };
-    for (const int tile_n : {0, 64, 128, 192, kPingpong}) {
+    std::vector<bf16_raw> outs[4];
+    for (const int tile_n : {0, 64, 128, 192}) {
       SCOPED_TRACE("swap_tile_n " + std::to_string(tile_n));
       const auto o = launch(tile_n, 0, 0x7fffffff);
-      outs[slot(tile_n)] = o;
+      outs[tile_n / 64] = o;
       double worst = 0, scale = 0;
       for (int e = 0; e < E; ++e)
         for (int r = 0; r < rows[e]; ++r)
@@ -597,22 +592,21 @@ TEST(CutlassEngine, GroupedGemmDirect) {
     }
     // Swapped vs unswapped: both within the bound above of the exact product; how many outputs are
     // bitwise the same says whether the tensor cores summed in the same order (informational).
-    for (const int t : {1, 2, 3, 4}) {
+    for (const int t : {1, 2, 3}) {
       size_t same = 0;
       for (size_t i = 0; i < size_t(total) * N; ++i) same += outs[0][i] == outs[t][i];
-      std::printf("[cutlass] grouped %s %s%d vs unswapped: %zu of %zu outputs identical\n", fp8 ? "fp8" : "bf16",
-                  t == 4 ? "ping-pong" : "swap-AB ", t == 4 ? 0 : 64 * t, same, size_t(total) * N);
+      std::printf("[cutlass] grouped %s swap-AB %d vs unswapped: %zu of %zu outputs identical\n", fp8 ? "fp8" : "bf16",
+                  64 * t, same, size_t(total) * N);
     }
     // Row ranges: [33, 100] on the 128-wide tiles and [101, max] unswapped write exactly their experts
     // (33, 64, 100 rows; then 130, 257), each bitwise as that tile's launch over all experts.
     struct Range {
       int lo, hi, tile_n;
     };
-    for (const Range rg :
-         {Range{33, 100, 128}, Range{101, 0x7fffffff, 0}, Range{0, 1, 192}, Range{64, 257, kPingpong}}) {
+    for (const Range rg : {Range{33, 100, 128}, Range{101, 0x7fffffff, 0}, Range{0, 1, 192}}) {
       SCOPED_TRACE("rows " + std::to_string(rg.lo) + ".." + std::to_string(rg.hi) + " tile " + std::to_string(rg.tile_n));
       const auto o = launch(rg.tile_n, rg.lo, rg.hi);
-      const auto& full = outs[slot(rg.tile_n)];
+      const auto& full = outs[rg.tile_n / 64];
       int wrong = 0, ran = 0;
       for (int e = 0; e < E; ++e) {
         const bool in = rows[e] >= rg.lo && rows[e] <= rg.hi;
