@@ -88,17 +88,17 @@ struct RowBucket {
 // 96-register accumulator sets per thread under the 168-register cap; measured slower than 128-wide
 // pairs, router at M 16384 2.82 ms vs 2.53): [0, 64] 64, [65, 128] 128, [129, 256] unswapped,
 // [257, 384] swap-AB 128, above unswapped. A launch with no expert in its range costs a launch and
-// nothing else (uniform routing measured no slower than one launch). Forced widths (and off / on):
-// one bucket of all rows with swap_tile_n.
+// nothing else at DeepSeek-V3's sizes (uniform routing measured no slower than one launch). Forced
+// widths (and off / on): one bucket of all rows with swap_tile_n.
 // Automatic runs one launch per GEMM instead (tile: single_tile_n) where the split cannot pay:
 // - small experts (all local weights of both GEMMs, `weight_bytes`, under kSplitMinWeightBytes):
-//   each launch, even with no expert in its range, costs its table fill and its grid, ~5 us, which
-//   Qwen3-30B's 0.3 ms GEMM pairs cannot win back (under the router, 64 local experts, H200: split
-//   0.333 / 0.377 / 0.567 / 0.885 ms at M 4096 / 8192 / 16384 / 32768, one launch 0.252 / 0.326 /
-//   0.502 / 0.827; Mixtral-8x7B fp8, 4 experts, M 2048: split 1.158, one launch 0.914;
-//   bench/results/2026-12-01-session13-h200.md);
+//   each launch, even with no expert in its range, costs its table fill (~2 us) and a grid, which
+//   Qwen3-30B's 0.3 ms GEMM pairs cannot win back (under the router, 64 local experts, H200, one
+//   call: split 0.333 / 0.377 / 0.567 / 0.885 ms at M 4096 / 8192 / 16384 / 32768, one launch of
+//   single_tile_n's tile 0.255 / 0.325 / 0.498 / 0.804; bench/results/2026-12-01-session13-h200.md);
 // - few experts (`experts` under kSplitMinExperts): a range then holds one or two experts, and
-//   every launch adds its own last partial wave of tiles to the sum.
+//   every launch adds its own last partial wave of tiles to the sum (Mixtral-8x7B, 4 experts,
+//   router M 2048, one call: bf16 1.422 split vs 1.296, fp8 1.157 vs 1.065).
 // `cutlass_swap = byrows` splits whatever the size.
 std::vector<RowBucket> row_buckets(CutlassSwap swap, double expected_rows, bool fp8 = false,
                                    double weight_bytes = 1e30, int experts = 1 << 30);
