@@ -13,7 +13,8 @@
 //                    B: 128x128 fp32 tiles), promoted into fp32 every 128 of K (tile 128x128x128,
 //                    cluster 2x1).
 // Both clusters pair two m-tiles of one expert, so each weight tile is multicast to both.
-//   engine_cutlass_swap_{bf16,fp8}{,_n128,_n192}.cu (engine_cutlass_swap.cuh): the same products
+//   engine_cutlass_swap_{bf16,fp8}{,_n128,_n192}.cu, engine_cutlass_swap_fp8_n96.cu
+//                    (engine_cutlass_swap.cuh): the same products
 //                    swapped (swap-AB, Grouped::swap_ab): CUTLASS computes out_e^T = W_e * A_e^T, so
 //                    the weights' output dimension N is CUTLASS's M (128-row tiles) and the expert's
 //                    rows are its N (64-, 128- or 192-wide tiles, Grouped::swap_tile_n). Made for few rows per
@@ -97,6 +98,8 @@ void grouped_gemm_fp8_swap_n128(const Grouped& g, cudaStream_t stream);
 size_t bf16_swap_n192_workspace_bytes(int experts, int sms);
 void grouped_gemm_bf16_swap_n192(const Grouped& g, cudaStream_t stream);
 size_t fp8_swap_n192_workspace_bytes(int experts, int sms);
+size_t fp8_swap_n96_workspace_bytes(int experts, int sms);
+void grouped_gemm_fp8_swap_n96(const Grouped& g, cudaStream_t stream);
 void grouped_gemm_fp8_swap_n192(const Grouped& g, cudaStream_t stream);
 }  // namespace detail
 

@@ -3,7 +3,7 @@
 // operand type and token-tile width; engine_cutlass_swap_{bf16,fp8}{,_n128,_n192}.cu each
 // instantiate one (so that they build in parallel).
 //
-// Tiles: 128 weight rows x kTileN token rows (64, 128 or 192, Grouped::swap_tile_n) x 64 of K (bf16) or
+// Tiles: 128 weight rows x kTileN token rows (64, 128 or 192, fp8 also 96; Grouped::swap_tile_n) x 64 of K (bf16) or
 // 128 of K (fp8: K step = one scale block). Few rows per expert is where this runs (up to
 // policy::kSwapMaxRows), so the time is streaming each expert's weights once: one CTA per 128
 // weight rows per token tile, as many pipeline stages as shared memory holds to keep HBM busy.
@@ -37,11 +37,12 @@
 #include "run/cuda/engine_cutlass.h"
 
 namespace epmoe::cuda::cutlass_engine::swap {
-// The token-tile widths with an instantiation; `what` names the GEMM ("bf16", "fp8").
-inline void check_tile(int tile_n, const char* what) {
-  if (tile_n != 64 && tile_n != 128 && tile_n != 192)
+// The token-tile widths with an instantiation: 64, 128 and 192, and for fp8 96 (whose 192 spills);
+// `what` names the GEMM ("bf16", "fp8").
+inline void check_tile(int tile_n, const char* what, bool fp8) {
+  if (tile_n != 64 && tile_n != 128 && tile_n != 192 && !(fp8 && tile_n == 96))
     throw UsageError(std::string("cutlass ") + what + " swap-AB grouped GEMM: swap_tile_n=" + std::to_string(tile_n) +
-                     " has no instantiation; use 64, 128 or 192");
+                     " has no instantiation; use 64, 128 or 192" + (fp8 ? " (or 96)" : ""));
 }
 }  // namespace epmoe::cuda::cutlass_engine::swap
 

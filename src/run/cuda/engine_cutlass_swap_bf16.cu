@@ -13,14 +13,14 @@ namespace epmoe::cuda::cutlass_engine {
 #if defined(EPMOE_WITH_CUTLASS)
 
 size_t bf16_swap_workspace_bytes(int experts, int sms, int tile_n) {
-  swap::check_tile(tile_n, "bf16");
+  swap::check_tile(tile_n, "bf16", false);
   if (tile_n == 128) return detail::bf16_swap_n128_workspace_bytes(experts, sms);
   if (tile_n == 192) return detail::bf16_swap_n192_workspace_bytes(experts, sms);
   return detail::workspace_bytes<swap::Bf16<64>::Gemm, false, false, true>(experts, sms);
 }
 
 void grouped_gemm_bf16_swap(const Grouped& g, cudaStream_t stream) {
-  swap::check_tile(g.swap_tile_n, "bf16");
+  swap::check_tile(g.swap_tile_n, "bf16", false);
   if (g.K % 8 != 0 || g.N % 8 != 0)
     throw UsageError("cutlass bf16 swap-AB grouped GEMM: N=" + std::to_string(g.N) + " and K=" + std::to_string(g.K) +
                      " must be multiples of 8 (16-byte TMA rows)");

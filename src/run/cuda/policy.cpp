@@ -3,9 +3,11 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <stdexcept>
 #include <string>
 #include <utility>
 
+#include "epmoe/error.h"
 #include "run/cuda/engine.h"
 #include "run/cuda/engine_cutlass.h"
 #include "run/cuda/widen.h"
@@ -57,6 +59,54 @@ std::vector<RowBucket> row_buckets(CutlassSwap swap, double expected_rows, bool 
   RowBucket all;
   all.tile_n = swap_tile_n(swap, expected_rows);
   return {all};
+}
+
+std::vector<RowBucket> parse_row_buckets(const std::string& spec) {
+  auto fail = [&](const std::string& part, const std::string& why) {
+    throw UsageError("row buckets '" + spec + "': '" + part + "' " + why +
+                     "; write lo-hi:tile,...,lo-:tile from 0 up, tile 0 (unswapped), 64, 96, 128 or 192");
+  };
+  std::vector<RowBucket> out;
+  size_t at = 0;
+  while (at <= spec.size()) {
+    const size_t comma = std::min(spec.find(',', at), spec.size());
+    const std::string part = spec.substr(at, comma - at);
+    at = comma + 1;
+    const size_t dash = part.find('-'), colon = part.find(':');
+    if (dash == std::string::npos || colon == std::string::npos || colon < dash) fail(part, "is not lo-hi:tile");
+    RowBucket b;
+    try {
+      size_t used = 0;
+      b.lo = std::stoi(part.substr(0, dash), &used);
+      if (used != dash) fail(part, "has a bad lower bound");
+      const std::string hi = part.substr(dash + 1, colon - dash - 1);
+      if (!hi.empty()) {
+        b.hi = std::stoi(hi, &used);
+        if (used != hi.size()) fail(part, "has a bad upper bound");
+      }
+      const std::string tile = part.substr(colon + 1);
+      b.tile_n = std::stoi(tile, &used);
+      if (used != tile.size()) fail(part, "has a bad tile");
+    } catch (const std::logic_error&) {
+      fail(part, "has a number that does not parse");
+    }
+    if (b.lo != (out.empty() ? 0 : out.back().hi + 1)) fail(part, "does not start where the previous range ends (or at 0)");
+    if (b.hi < b.lo) fail(part, "ends before it starts");
+    if (b.tile_n != 0 && b.tile_n != 64 && b.tile_n != 96 && b.tile_n != 128 && b.tile_n != 192)
+      fail(part, "has a tile without an instantiation");
+    if (!out.empty() && out.back().hi == RowBucket{}.hi) fail(part, "follows the open last range");
+    out.push_back(b);
+  }
+  if (out.back().hi != RowBucket{}.hi) fail(spec.substr(spec.rfind(',') == std::string::npos ? 0 : spec.rfind(',') + 1),
+                                            "is the last range but not open (lo-:tile)");
+  return out;
+}
+
+void check_row_buckets(const std::vector<RowBucket>& buckets, bool fp8) {
+  for (const RowBucket& b : buckets)
+    if (b.tile_n == 96 && !fp8)
+      throw UsageError("row buckets: tile 96 exists for the fp8 GEMM only (rows " + std::to_string(b.lo) + "..); use "
+                       "64, 128 or 192 for bf16");
 }
 
 DecodeEngines decode_engines(bool wgmma_decode, int bm, WeightFormat wf, ActFormat act, IntermediateQuant iq,

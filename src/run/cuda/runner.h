@@ -27,11 +27,14 @@
 
 #include <cstddef>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "core/cuda/check.h"
 #include "epmoe/config.h"
 #include "epmoe/runner.h"
 #include "run/cuda/engine_cutlass.h"
+#include "run/cuda/policy.h"
 #include "run/cuda/prepare.h"
 
 namespace epmoe::cuda {
@@ -87,6 +90,10 @@ class CudaRunner final : public Runner {
   // (tuning.cutlass_swap).
   void set_cutlass_swap(CutlassSwap s) { cutlass_swap_ = s; }
   CutlassSwap cutlass_swap() const { return cutlass_swap_; }
+  // Replaces the split table of the direct CUTLASS GEMMs (policy::parse_row_buckets; empty = the
+  // policy's), whatever cutlass_swap says: for trying other ranges and tiles (bench runner
+  // --row-buckets). A tile the GEMM has no instantiation for throws UsageError at run().
+  void set_row_buckets(std::vector<policy::RowBucket> b) { row_buckets_ = std::move(b); }
   // Bound of the widening scratch in bytes (tuning.widen_scratch_mb MiB); tests shrink it to force
   // several chunks. 0 throws UsageError.
   void set_widen_scratch_bytes(size_t bytes);
@@ -119,6 +126,7 @@ class CudaRunner final : public Runner {
   int last_widen_chunks_ = 0;
   bool fused_swiglu_ = false, last_swiglu_fused_ = false;
   CutlassSwap cutlass_swap_ = CutlassSwap::automatic;
+  std::vector<policy::RowBucket> row_buckets_;
   int last_swap_tile_n_ = 0;
   std::string engines_;  // last_engines() when built per run
   DeviceBuffer prep13_, prep2_;  // prepare(): nvfp4 weights in the decode engine's load order

@@ -118,9 +118,14 @@ void CudaRunner::run_cutlass(const DispatchOutput& in, const ExpertWeights& w, b
   const WeightFormat wf = w.w13.format;
   const IntermediateQuant iq = cfg_.effective_intermediate_quant();
   const bool iq8 = iq == IntermediateQuant::fp8;
-  const policy::CutlassPlan plan =
+  policy::CutlassPlan plan =
       policy::cutlass_plan(in, w, iq, fused_swiglu_, cutlass_swap_, policy::expected_rows(cfg_, in), widen_scratch_);
   const CutlassPath p1 = plan.gemm1, p2 = plan.gemm2;
+  if (!row_buckets_.empty()) {
+    policy::check_row_buckets(row_buckets_, p1 != CutlassPath::bf16 && p2 != CutlassPath::bf16);
+    plan.buckets = row_buckets_;
+    plan.fused_swiglu = plan.fused_swiglu && plan.tile_n(p1) == 0;
+  }
   const bool fp8_1 = p1 == CutlassPath::fp8, fp8_2 = p2 == CutlassPath::fp8;
   const bool nvfp4 = wf == WeightFormat::nvfp4;
   const bool fuse = plan.fused_swiglu;

@@ -144,6 +144,42 @@ TEST(CudaPolicy, SwapAndCrossoverRules) {
   EXPECT_FALSE(pol::use_cutlass(Engine::mma, WeightFormat::bf16, 1000, 1));
 }
 
+// A split table as text (CudaRunner::set_row_buckets, bench runner --row-buckets): parsed into the
+// same buckets as the policy's own; every malformed table is a UsageError naming the part; 96 only
+// on the fp8 GEMM.
+TEST(CudaPolicy, RowBucketsFromText) {
+  namespace pol = cuda::policy;
+  constexpr int kAll = pol::RowBucket{}.hi;
+  const auto b = pol::parse_row_buckets("0-64:64,65-128:96,129-384:192,385-:0");
+  ASSERT_EQ(b.size(), 4u);
+  EXPECT_EQ(b[0].lo, 0);
+  EXPECT_EQ(b[0].hi, 64);
+  EXPECT_EQ(b[0].tile_n, 64);
+  EXPECT_EQ(b[1].tile_n, 96);
+  EXPECT_EQ(b[2].lo, 129);
+  EXPECT_EQ(b[2].hi, 384);
+  EXPECT_EQ(b[3].lo, 385);
+  EXPECT_EQ(b[3].hi, kAll);
+  EXPECT_EQ(b[3].tile_n, 0);
+  const auto one = pol::parse_row_buckets("0-:128");
+  ASSERT_EQ(one.size(), 1u);
+  EXPECT_EQ(one[0].hi, kAll);
+  for (const auto& [bad, part] : {std::pair{"", ""}, std::pair{"0-64:64", "0-64:64"}, std::pair{"1-:0", "1-:0"},
+                                  std::pair{"0-64:64,66-:0", "66-:0"}, std::pair{"0-64:80,65-:0", "0-64:80"},
+                                  std::pair{"0-:0,1-:0", "1-:0"}, std::pair{"0-x:64,65-:0", "0-x:64"},
+                                  std::pair{"0-64,65-:0", "0-64"}, std::pair{"0-64:64,65-60:0", "65-60:0"}}) {
+    try {
+      pol::parse_row_buckets(bad);
+      ADD_FAILURE() << "accepted '" << bad << "'";
+    } catch (const UsageError& e) {
+      EXPECT_NE(std::string(e.what()).find(std::string("'") + part + "'"), std::string::npos) << e.what();
+    }
+  }
+  EXPECT_NO_THROW(pol::check_row_buckets(b, true));
+  EXPECT_THROW(pol::check_row_buckets(b, false), UsageError);
+  EXPECT_NO_THROW(pol::check_row_buckets(pol::parse_row_buckets("0-:192"), false));
+}
+
 // tuning.fused_swiglu reaches the runner (the constructor touches no GPU and throws nothing);
 // set_fused_swiglu overrides it.
 TEST(CudaPolicy, FusedSwigluSwitch) {
