@@ -86,8 +86,10 @@ struct RowBucket {
 // swap-AB 192, [193, 256] unswapped (two m-tiles, one cluster), [257, 384] swap-AB 192 (two token
 // tiles instead of four m-tile slots), above unswapped. fp8 has no 192-wide tile (it spills: two
 // 96-register accumulator sets per thread under the 168-register cap; measured slower than 128-wide
-// pairs, router at M 16384 2.82 ms vs 2.53): [0, 64] 64, [65, 128] 128, [129, 256] unswapped,
-// [257, 384] swap-AB 128, above unswapped. A launch with no expert in its range costs a launch and
+// pairs, router at M 16384 2.82 ms vs 2.53): [0, 64] 64, [65, 128] 128, [129, 192] swap-AB 96 (two
+// 96-wide token tiles, 192 rows of MMA where an unswapped pair of 128-row m-tiles does 256: router
+// at M 16384 2.411 ms vs 2.587 with [129, 256] unswapped, the other M within 1.5%, session 13),
+// [193, 256] unswapped, [257, 384] swap-AB 128, above unswapped. A launch with no expert in its range costs a launch and
 // nothing else at DeepSeek-V3's sizes (uniform routing measured no slower than one launch). Forced
 // widths (and off / on): one bucket of all rows with swap_tile_n.
 // Automatic runs one launch per GEMM instead (tile: single_tile_n) where the split cannot pay:
