@@ -89,7 +89,9 @@ struct RowBucket {
 // pairs, router at M 16384 2.82 ms vs 2.53): [0, 64] 64, [65, 128] 128, [129, 192] swap-AB 96 (two
 // 96-wide token tiles, 192 rows of MMA where an unswapped pair of 128-row m-tiles does 256: router
 // at M 16384 2.411 ms vs 2.587 with [129, 256] unswapped, the other M within 1.5%, session 13),
-// [193, 256] unswapped, [257, 384] swap-AB 128, above unswapped. A launch with no expert in its range costs a launch and
+// [193, 256] unswapped, [257, 288] swap-AB 96 (three tiles: 288 rows of MMA instead of 384;
+// router at M 32768 3.897 ms vs 4.353 with [257, 384] on 128, M 24576 3.128 vs 3.083), [289, 384]
+// swap-AB 128, above unswapped. A launch with no expert in its range costs a launch and
 // nothing else at DeepSeek-V3's sizes (uniform routing measured no slower than one launch). Forced
 // widths (and off / on): one bucket of all rows with swap_tile_n.
 // Automatic runs one launch per GEMM instead (tile: single_tile_n) where the split cannot pay:

@@ -100,7 +100,7 @@ TEST(CudaPolicy, SwapAndCrossoverRules) {
       same(pol::row_buckets(sw, rows, false, bytes),
            {{0, 64, 64}, {65, 128, 128}, {129, 192, 192}, {193, 256, 0}, {257, 384, 192}, {385, kAll, 0}});
       same(pol::row_buckets(sw, rows, true, bytes),
-           {{0, 64, 64}, {65, 128, 128}, {129, 192, 96}, {193, 256, 0}, {257, 384, 128}, {385, kAll, 0}});
+           {{0, 64, 64}, {65, 128, 128}, {129, 192, 96}, {193, 256, 0}, {257, 288, 96}, {289, 384, 128}, {385, kAll, 0}});
     }
     const int single = rows <= pol::kSwapMaxRows ? 128 : 0;
     EXPECT_EQ(pol::single_tile_n(rows), single);
