@@ -92,11 +92,11 @@ std::vector<RowBucket> parse_row_buckets(const std::string& spec) {
     } catch (const std::logic_error&) {
       fail(part, "has a number that does not parse");
     }
+    if (!out.empty() && out.back().hi == RowBucket{}.hi) fail(part, "follows the open last range");
     if (b.lo != (out.empty() ? 0 : out.back().hi + 1)) fail(part, "does not start where the previous range ends (or at 0)");
     if (b.hi < b.lo) fail(part, "ends before it starts");
     if (b.tile_n != 0 && b.tile_n != 64 && b.tile_n != 96 && b.tile_n != 128 && b.tile_n != 192)
       fail(part, "has a tile without an instantiation");
-    if (!out.empty() && out.back().hi == RowBucket{}.hi) fail(part, "follows the open last range");
     out.push_back(b);
   }
   if (out.back().hi != RowBucket{}.hi) fail(spec.substr(spec.rfind(',') == std::string::npos ? 0 : spec.rfind(',') + 1),
