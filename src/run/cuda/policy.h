@@ -107,6 +107,7 @@ struct RowBucket {
 std::vector<RowBucket> row_buckets(CutlassSwap swap, double expected_rows, bool fp8 = false,
                                    double weight_bytes = 1e30, int experts = 1 << 30);
 constexpr double kSplitMinWeightBytes = 1024.0 * 1024 * 1024;
+constexpr int kSplitMinExperts = 16;
 // A split table as text, "lo-hi:tile,...,lo-:tile" (e.g. "0-64:64,65-128:128,129-:0"; tile 0 =
 // unswapped), for trying other ranges without a rebuild (CudaRunner::set_row_buckets, `epmoe bench
 // runner --row-buckets`). The ranges must start at 0, follow each other and end open; tiles 0, 64,
@@ -114,7 +115,6 @@ constexpr double kSplitMinWeightBytes = 1024.0 * 1024 * 1024;
 std::vector<RowBucket> parse_row_buckets(const std::string& spec);
 // Throws UsageError when a bucket's tile has no instantiation on that GEMM (96 is fp8's only).
 void check_row_buckets(const std::vector<RowBucket>& buckets, bool fp8);
-constexpr int kSplitMinExperts = 16;
 // The one tile of an unsplit automatic GEMM: swap-AB 128 up to kSwapMaxRows expected rows per expert
 // (under a router's uneven loads half the experts exceed the mean, so a 64-wide tile at a 64-row
 // mean would give them two tiles; measured best at 64 and 128 rows above), unswapped above.
