@@ -41,11 +41,6 @@ using cuda::DeviceBuffer;
 double median_ms(const std::function<void()>& fn, int warm, int reps) {
   return median_us(nullptr, TimeSpec{warm, reps, false, true}, fn) / 1e3;
 }
-// The same for a call captured once into a CUDA graph on `st` and replayed: the GPU's time without
-// the host's launch work (what a server that replays graphs sees).
-double median_graph_ms(cudaStream_t st, const std::function<void()>& fn, int warm, int reps) {
-  return median_us(st, TimeSpec{warm, reps, true, true}, fn) / 1e3;
-}
 
 void check_cublas(cublasStatus_t s, const char* what) {
   if (s != CUBLAS_STATUS_SUCCESS) throw BackendError(std::string("cuBLAS ") + what + " failed with status " + std::to_string(int(s)));
@@ -213,9 +208,10 @@ void bench_preset(const Opts& o, const ModelPreset& given, double hbm_gbs, const
       in.weights = wts.get<float>();
       in.counts = counts.get<int32_t>();
       const int r = M >= 32768 ? std::max(3, reps / 2) : reps;
-      const double ms = o.graph ? median_graph_ms(
-                                      graph_stream, [&] { runner.run(in, dw.w, y.get<bf16_raw>(), graph_stream); }, 2, r)
-                                : median_ms([&] { runner.run(in, dw.w, y.get<bf16_raw>(), nullptr); }, 2, r);
+      // --graph: one call captured on graph_stream and replayed, the GPU's time without the host's
+      // launch work (what a server replaying graphs sees); else eager calls on the default stream.
+      const auto call = [&] { runner.run(in, dw.w, y.get<bf16_raw>(), graph_stream); };
+      const double ms = median_us(graph_stream, TimeSpec{2, r, o.graph, true}, call) / 1e3;
       rows.push_back({M, f, ms, runner.last_engines()});
       std::fprintf(stderr, "  %s %s M=%lld: %.3f ms (bm %d, %s)\n", pre.name.c_str(), format_name(f), M, ms,
                    runner.last_block_m(), runner.last_engines());

@@ -36,6 +36,12 @@ namespace epmoe::cuda::cutlass_engine {
 // entry point below throws UsageError.
 bool available();
 
+// Whether a swap-AB instantiation with token tiles `tile_n` wide exists (engine_cutlass_swap_*.cu):
+// 64, 128 and 192, and for fp8 also 96 (its 192-wide tile spills).
+constexpr bool swap_tile_exists(int tile_n, bool fp8) {
+  return tile_n == 64 || tile_n == 128 || tile_n == 192 || (fp8 && tile_n == 96);
+}
+
 // out_e[rows_e][N] = A_e[rows_e][K] * W_e[N][K]^T for every local expert e, rows of all experts
 // packed by expert in A and out (expert e's rows start at offsets[e]).
 struct Grouped {

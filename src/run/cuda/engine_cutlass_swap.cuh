@@ -37,10 +37,9 @@
 #include "run/cuda/engine_cutlass.h"
 
 namespace epmoe::cuda::cutlass_engine::swap {
-// The token-tile widths with an instantiation: 64, 128 and 192, and for fp8 96 (whose 192 spills);
-// `what` names the GEMM ("bf16", "fp8").
+// Throws unless swap_tile_exists(tile_n, fp8); `what` names the GEMM ("bf16", "fp8").
 inline void check_tile(int tile_n, const char* what, bool fp8) {
-  if (tile_n != 64 && tile_n != 128 && tile_n != 192 && !(fp8 && tile_n == 96))
+  if (!swap_tile_exists(tile_n, fp8))
     throw UsageError(std::string("cutlass ") + what + " swap-AB grouped GEMM: swap_tile_n=" + std::to_string(tile_n) +
                      " has no instantiation; use 64, 128 or 192" + (fp8 ? " (or 96)" : ""));
 }

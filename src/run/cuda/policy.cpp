@@ -95,7 +95,7 @@ std::vector<RowBucket> parse_row_buckets(const std::string& spec) {
     if (!out.empty() && out.back().hi == RowBucket{}.hi) fail(part, "follows the open last range");
     if (b.lo != (out.empty() ? 0 : out.back().hi + 1)) fail(part, "does not start where the previous range ends (or at 0)");
     if (b.hi < b.lo) fail(part, "ends before it starts");
-    if (b.tile_n != 0 && b.tile_n != 64 && b.tile_n != 96 && b.tile_n != 128 && b.tile_n != 192)
+    if (b.tile_n != 0 && !cutlass_engine::swap_tile_exists(b.tile_n, true))
       fail(part, "has a tile without an instantiation");
     out.push_back(b);
   }
@@ -106,9 +106,10 @@ std::vector<RowBucket> parse_row_buckets(const std::string& spec) {
 
 void check_row_buckets(const std::vector<RowBucket>& buckets, bool fp8) {
   for (const RowBucket& b : buckets)
-    if (b.tile_n == 96 && !fp8)
-      throw UsageError("row buckets: tile 96 exists for the fp8 GEMM only (rows " + std::to_string(b.lo) + "..); use "
-                       "64, 128 or 192 for bf16");
+    if (b.tile_n != 0 && !cutlass_engine::swap_tile_exists(b.tile_n, fp8))
+      throw UsageError("row buckets: tile " + std::to_string(b.tile_n) + " (rows " + std::to_string(b.lo) +
+                       "..) has no swap-AB instantiation on the " + (fp8 ? "fp8" : "bf16") +
+                       " GEMM; use 0, 64, 128 or 192" + (fp8 ? " (or 96)" : ""));
 }
 
 DecodeEngines decode_engines(bool wgmma_decode, int bm, WeightFormat wf, ActFormat act, IntermediateQuant iq,

@@ -113,7 +113,8 @@ constexpr int kSplitMinExperts = 16;
 // runner --row-buckets`). The ranges must start at 0, follow each other and end open; tiles 0, 64,
 // 96, 128 or 192 (96 exists for fp8 only: check_row_buckets). Throws UsageError naming the part.
 std::vector<RowBucket> parse_row_buckets(const std::string& spec);
-// Throws UsageError when a bucket's tile has no instantiation on that GEMM (96 is fp8's only).
+// Throws UsageError when a bucket's tile has no instantiation on that GEMM
+// (cutlass_engine::swap_tile_exists: 96 is fp8's only).
 void check_row_buckets(const std::vector<RowBucket>& buckets, bool fp8);
 // The one tile of an unsplit automatic GEMM: swap-AB 128 up to kSwapMaxRows expected rows per expert
 // (under a router's uneven loads half the experts exceed the mean, so a 64-wide tile at a 64-row
