@@ -77,7 +77,6 @@ struct Opts {
   enum class Routing { uniform, skew, router } routing = Routing::uniform;
   bool graph = false;  // time CUDA graph replays of one captured call instead of eager calls
   std::vector<cuda::policy::RowBucket> row_buckets;  // CudaRunner::set_row_buckets (empty: the policy's)
-  int nvfp4_wide_tile = 0;  // CudaRunner::set_nvfp4_wide_tile (0: the policy's)
   MoeConfig flags_cfg;                // the shared configuration and tuning flags, applied
   const Flags* flags_given = nullptr;
 };
@@ -186,7 +185,6 @@ void bench_preset(const Opts& o, const ModelPreset& given, double hbm_gbs, const
     cuda::CudaRunner runner(cfg, 0);
     runner.set_engine(o.engine);
     runner.set_row_buckets(o.row_buckets);
-    runner.set_nvfp4_wide_tile(o.nvfp4_wide_tile);
     for (long long M : Ms) {
       cfg.capacity = int(M);
       const int32_t m32 = int32_t(M);
@@ -334,7 +332,6 @@ int bench_runner(const std::vector<std::string>& args) {
                                "of the experts) or router (the preset's router on random logits)");
   flags.add("skew", "", "short for --routing skew");
   flags.add("row-buckets", "SPEC", "CUTLASS split table instead of the policy's, lo-hi:tile,...,lo-:tile (tile 0 unswapped, 64, 96 (fp8), 128, 192), e.g. 0-64:64,65-128:128,129-:0");
-  flags.add("nvfp4-wide-tile", "N", "token tile of the wide nvfp4 engine: auto (default: by expected rows per expert), 128 or 256");
   flags.add("graph", "", "time CUDA graph replays of one captured runner call (no host launch work) instead of eager calls");
   // The configuration fields a runner-only bench leaves free, and every tuning option (--engine:
   // auto, mma or cutlass, CUTLASS where the format allows; --intermediate-quant fp8: fp8 weights
@@ -368,11 +365,6 @@ int bench_runner(const std::vector<std::string>& args) {
     else throw UsageError("--routing=" + r + " is not a routing; use uniform, skew or router");
   }
   o.graph = flags.get_bool("graph", false);
-  if (flags.has("nvfp4-wide-tile")) {
-    const std::string t = flags.get("nvfp4-wide-tile");
-    if (t == "128" || t == "256") o.nvfp4_wide_tile = std::stoi(t);
-    else if (t != "auto") throw UsageError("--nvfp4-wide-tile=" + t + " is not a tile; use auto, 128 or 256");
-  }
   if (flags.has("row-buckets")) o.row_buckets = cuda::policy::parse_row_buckets(flags.get("row-buckets"));
   o.reps = flags.get_int("reps", quick ? 3 : 7);
   if (o.reps <= 0) throw UsageError("--reps: " + std::to_string(o.reps) + " must be positive");

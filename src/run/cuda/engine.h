@@ -78,14 +78,8 @@ void prepare_nvfp4_weights(const MatrixView& m, bool fused, int N, void* out, cu
 // covers its rows (engine_wgmma_nvfp4_wide.cu): many rows per expert. Prepared weights, tile table
 // of kWgmmaWideBlockM rows; the same arithmetic, so the same bits as the 32-row engines.
 void launch_grouped_gemm_wgmma_nvfp4_wide(const GemmArgs& a, cudaStream_t stream);
-// The same again with token tiles of up to kWgmmaWide256BlockM rows (engine_wgmma_nvfp4_wide256.cu):
-// each weight decoded once per 256 tokens, at twice the token reads per weight row of the wide
-// engine for tiles of up to 128 rows (a CTA holds 128 weight rows instead of 256). Tile table of
-// kWgmmaWide256BlockM rows; the same bits.
-void launch_grouped_gemm_wgmma_nvfp4_wide256(const GemmArgs& a, cudaStream_t stream);
 constexpr int kWgmmaBlockM = 32;
 constexpr int kWgmmaWideBlockM = 128;
-constexpr int kWgmmaWide256BlockM = 256;
 
 inline void launch_grouped_gemm(const GemmArgs& a, int bm, cudaStream_t stream) {
   switch (a.W.format) {

@@ -138,11 +138,6 @@ bool use_nvfp4_wide(RunnerEngine engine, const DecodeEngines& d32, bool prepared
          expected_rows > double(decode_max_rows) && expected_rows <= kNvfp4WideMaxRows;
 }
 
-int nvfp4_wide_block_m(double expected_rows, int forced) {
-  if (forced == kWgmmaWideBlockM || forced == kWgmmaWide256BlockM) return forced;
-  return expected_rows > kNvfp4Wide256MinRows ? kWgmmaWide256BlockM : kWgmmaWideBlockM;
-}
-
 std::string path_name(CutlassPath p, WeightFormat wf, int swap_tile_n) {
   std::string s = p == CutlassPath::fp8 ? "cutlass-fp8" : "cutlass-bf16";
   if (swap_tile_n == kByRows) s += "-byrows";

@@ -171,12 +171,6 @@ int decode_max_rows(WeightFormat wf, const DecodeEngines& d32, int tuned, bool p
 constexpr double kNvfp4WideMaxRows = 640.0;
 bool use_nvfp4_wide(RunnerEngine engine, const DecodeEngines& d32, bool prepared, double expected_rows,
                     int decode_max_rows);
-// Its token tile: kWgmmaWide256BlockM rows above kNvfp4Wide256MinRows expected rows per expert,
-// else kWgmmaWideBlockM; `forced` (CudaRunner::set_nvfp4_wide_tile) 128 or 256 wins. Up to 128 rows
-// the 128-row tile has an expert's rows in one tile and reads the tokens once per 256 weight rows;
-// above, its experts take two tiles and decode every weight twice, which the 256-row tile does once.
-constexpr double kNvfp4Wide256MinRows = 112.0;
-int nvfp4_wide_block_m(double expected_rows, int forced = 0);
 
 // ---- CUTLASS engine (large M) --------------------------------------------------------------------
 // Operand path of one GEMM on the CUTLASS engine: bf16 weights on the bf16 GEMM; fp8 weights on

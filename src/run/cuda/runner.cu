@@ -22,8 +22,7 @@ std::string mat_desc(const MatrixView& m) {
 // One grouped GEMM on the engine chosen for it (decode wgmma variants, else mma.sync).
 void launch_on_engine(const GemmArgs& g, bool wgmma_fp8, bool wgmma_bf16, bool wgmma_nvfp4, bool wide, int bm,
                       cudaStream_t st) {
-  if (wide && bm == kWgmmaWide256BlockM) launch_grouped_gemm_wgmma_nvfp4_wide256(g, st);
-  else if (wide) launch_grouped_gemm_wgmma_nvfp4_wide(g, st);
+  if (wide) launch_grouped_gemm_wgmma_nvfp4_wide(g, st);
   else if (wgmma_fp8) launch_grouped_gemm_wgmma_fp8(g, st);
   else if (wgmma_bf16) launch_grouped_gemm_wgmma_bf16(g, st);
   else if (wgmma_nvfp4 && g.W.prepared) launch_grouped_gemm_wgmma_nvfp4_prepared(g, st);
@@ -57,13 +56,6 @@ void CudaRunner::set_engine(Engine e) {
     throw UsageError("runner cuda: engine cutlass was asked for, but this build has no CUTLASS (run scripts/setup.sh and "
                      "re-run cmake), or use engine auto/mma");
   engine_ = e;
-}
-
-void CudaRunner::set_nvfp4_wide_tile(int rows) {
-  if (rows != 0 && rows != kWgmmaWideBlockM && rows != kWgmmaWide256BlockM)
-    throw UsageError("runner cuda: nvfp4 wide token tile " + std::to_string(rows) + "; use 0 (automatic), " +
-                     std::to_string(kWgmmaWideBlockM) + " or " + std::to_string(kWgmmaWide256BlockM));
-  force_wide_bm_ = rows;
 }
 
 void CudaRunner::set_widen_scratch_bytes(size_t bytes) {
@@ -129,7 +121,7 @@ void CudaRunner::run(const DispatchOutput& in, const ExpertWeights& w, bf16_raw*
   const bool prepared = w.w13.prepared && w.w2.prepared;
   const int decode_limit = policy::decode_max_rows(w.w13.format, d32, cfg_.tuning.decode_max_rows, prepared);
   const bool wide = force_bm_ == 0 && policy::use_nvfp4_wide(engine_, d32, prepared, avg, decode_limit);
-  const int bm = wide ? policy::nvfp4_wide_block_m(avg, force_wide_bm_) : policy::block_m(avg, force_bm_, decode_limit);
+  const int bm = wide ? kWgmmaWideBlockM : policy::block_m(avg, force_bm_, decode_limit);
   last_bm_ = bm;
   const int64_t max_tiles = (max_rows + bm - 1) / bm + E;
   if (max_rows > INT32_MAX) throw UsageError("runner cuda: R*C*K=" + std::to_string(max_rows) + " rows exceed 2^31");
@@ -148,12 +140,8 @@ void CudaRunner::run(const DispatchOutput& in, const ExpertWeights& w, bf16_raw*
       {{"wgmma-bf16/wgmma-bf16", "wgmma-bf16/wgmma-bf16"}, {"wgmma-bf16/wgmma-bf16", "wgmma-bf16/wgmma-bf16"}}};
   last_engines_ = kEngines[d.bf16][d.fp8_1][d.fp8_2];
   if (d.nvfp4_1 || d.nvfp4_2) {
-    auto name = [wide, bm](bool wg, const MatrixView& m) {
-      return !wg                             ? "mma"
-             : wide && bm == kWgmmaWideBlockM ? "wgmma-nvfp4w"
-             : wide                           ? "wgmma-nvfp4w256"
-             : m.prepared                     ? "wgmma-nvfp4p"
-                                              : "wgmma-nvfp4";
+    auto name = [wide](bool wg, const MatrixView& m) {
+      return !wg ? "mma" : wide ? "wgmma-nvfp4w" : m.prepared ? "wgmma-nvfp4p" : "wgmma-nvfp4";
     };
     engines_ = std::string(name(d.nvfp4_1, w.w13)) + "/" + name(d.nvfp4_2, w.w2);
     last_engines_ = engines_.c_str();

@@ -78,8 +78,6 @@ class CudaRunner final : public Runner {
   Engine engine() const { return engine_; }
   // Force the m-tile (0 = automatic, policy::block_m).
   void set_block_m(int bm) { force_bm_ = bm; }
-  // The wide nvfp4 engine's token tile: 0 = automatic (policy::nvfp4_wide_block_m), 128 or 256.
-  void set_nvfp4_wide_tile(int rows);
   // Decode (m-tile 32) GEMMs on the Hopper wgmma engines (default) or on the mma.sync one (false).
   void set_wgmma_decode(bool on) { wgmma_decode_ = on; }
   // The decode wgmma engine's pipeline (tuning.wgmma_defer; the same results bitwise).
@@ -114,7 +112,7 @@ class CudaRunner final : public Runner {
 
   MoeConfig cfg_;
   int device_ = 0;
-  int last_bm_ = 0, force_bm_ = 0, force_wide_bm_ = 0;
+  int last_bm_ = 0, force_bm_ = 0;
   bool wgmma_decode_ = true;
   const char* last_engines_ = "";
   DeviceBuffer cnt_, offsets_, fill_, tiles_, num_tiles_, pair_pos_, a_, h_, o_;

@@ -1,11 +1,9 @@
-// The wide nvfp4 engines (engine_wgmma_nvfp4_wide.cu, 128-row token tiles, and
-// engine_wgmma_nvfp4_wide256.cu, 256-row ones): past one 32-row m-tile per expert, prepared nvfp4
-// weights run on one of them by default (policy::use_nvfp4_wide, nvfp4_wide_block_m). Each must give
-// the same bits as the 32-row prepared decode engine on the same call (the same decode, K order and k16 steps), match
+// The wide nvfp4 engine (engine_wgmma_nvfp4_wide.cu): past one 32-row m-tile per expert, prepared
+// nvfp4 weights run on it by default (policy::use_nvfp4_wide). It must give the same bits as the
+// 32-row prepared decode engine on the same call (the same decode, K order and k16 steps), match
 // the CPU reference within the runner's bound, and leave invalid slots alone, on DeepSeek-V3,
 // Qwen3 and Mixtral expert shapes, with uneven and empty experts, every partial-tile width (1-31,
-// 33-63 rows in an expert's last tile, and around every 32-row width up to 256 and past it) and T
-// = 0 and 1; gpt-oss (K % 128 == 64: a last half stage,
+// 33-63 rows in an expert's last tile) and T = 0 and 1; gpt-oss (K % 128 == 64: a last half stage,
 // an odd number of weight tiles per GEMM) too.
 #include <gtest/gtest.h>
 
@@ -54,10 +52,9 @@ std::vector<int32_t> uneven_ids(std::mt19937& rng, int64_t T, int E, int K) {
   return ids;
 }
 
-// Runs one call on prepared weights with the 32-row decode engine everywhere (decode_max_rows
-// huge), then with decode_max_rows = wide_limit (0: the default choice, a wide engine when the rows
-// per expert pass one m-tile) and each wide token tile (128, 256; only the default where no wide
-// engine is expected), and checks each against the reference and the decode engine's bits.
+// Runs one call twice on prepared weights: the 32-row decode engine everywhere (decode_max_rows
+// huge) and with decode_max_rows = wide_limit (0: the default choice, the wide engine when the rows
+// per expert pass one m-tile), then checks both against the reference and each other.
 void compare_engines(const char* name, const MoeConfig& cfg, const TestWeights& wt, const std::vector<bf16_raw>& x,
                      int64_t T, const std::vector<int32_t>& ids, const std::vector<float>& tw, int wide_limit,
                      bool expect_wide) {
@@ -69,49 +66,33 @@ void compare_engines(const char* name, const MoeConfig& cfg, const TestWeights& 
   ref.run(recv.view(cfg.quant_params()), wt.on_host, y_ref.data(), nullptr);
   DevDispatch dd(recv, cfg.quant_params());
 
-  // {decode_max_rows, forced wide tile, expected engines}
-  struct Run {
-    int limit, tile;
-    std::string engines;
-  };
-  std::vector<Run> runs = {{65536, 0, "wgmma-nvfp4p/wgmma-nvfp4p"}};
-  if (expect_wide) {
-    runs.push_back({wide_limit, cuda::kWgmmaWideBlockM, "wgmma-nvfp4w/wgmma-nvfp4w"});
-    runs.push_back({wide_limit, cuda::kWgmmaWide256BlockM, "wgmma-nvfp4w256/wgmma-nvfp4w256"});
-  } else {
-    runs.push_back({wide_limit, 0, ""});
-  }
-  std::vector<bf16_raw> decode_out;
-  for (size_t r = 0; r < runs.size(); ++r) {
+  std::vector<bf16_raw> out[2];
+  std::string engines[2];
+  for (int wide = 0; wide < 2; ++wide) {
     MoeConfig c = cfg;
-    c.tuning.decode_max_rows = runs[r].limit;
+    c.tuning.decode_max_rows = wide ? wide_limit : 65536;
     cuda::CudaRunner runner(c, 0);
-    runner.set_nvfp4_wide_tile(runs[r].tile);
     ExpertWeights w = wt.on_device;
     runner.prepare(w, nullptr);
     Dev<bf16_raw> y(size_t(C) * H);
     y.poison();
     runner.run(dd.view, w, y.get(), nullptr);
     EPMOE_CUDA_CHECK(cudaDeviceSynchronize());
-    const std::vector<bf16_raw> out = y.download();
-    const std::string engines = runner.last_engines();
-    const Diff d = compare_rows(out, y_ref, n, H);
-    std::printf("[nvfp4 wide] %-18s T=%-5lld %-32s bm %3d  max|a-b|/max|ref| %.3e  1-cos %.3e\n", name,
-                static_cast<long long>(T), engines.c_str(), runner.last_block_m(), d.rel(), d.one_minus_cos);
+    out[wide] = y.download();
+    engines[wide] = runner.last_engines();
+    const Diff d = compare_rows(out[wide], y_ref, n, H);
+    std::printf("[nvfp4 wide] %-18s T=%-5lld %-28s bm %3d  max|a-b|/max|ref| %.3e  1-cos %.3e\n", name,
+                static_cast<long long>(T), engines[wide].c_str(), runner.last_block_m(), d.rel(), d.one_minus_cos);
     if (n > 0) expect_within_bound(d, c.effective_intermediate_quant());
-    expect_poison_after(out, n, H);
-    if (!runs[r].engines.empty()) EXPECT_EQ(engines, runs[r].engines);
-    else EXPECT_EQ(engines.rfind("wgmma-nvfp4w", 0) == 0, false) << engines;  // no wide engine expected
-    if (r == 0) {
-      decode_out = out;
-      continue;
-    }
-    if (engines.rfind("wgmma-nvfp4", 0) != 0) continue;  // not a decode engine: no bitwise claim
-    size_t differ = 0;
-    for (size_t i = 0; i < size_t(n) * H; ++i) differ += decode_out[i] != out[i];
-    EXPECT_EQ(differ, 0u) << "of " << size_t(n) * H << " outputs differ between " << runs[0].engines << " and "
-                          << engines;
+    expect_poison_after(out[wide], n, H);
   }
+  EXPECT_EQ(engines[1] == "wgmma-nvfp4w/wgmma-nvfp4w", expect_wide) << engines[1];
+  if (expect_wide) EXPECT_EQ(engines[0], "wgmma-nvfp4p/wgmma-nvfp4p");
+  size_t differ = 0;
+  for (size_t i = 0; i < size_t(n) * H; ++i) differ += out[0][i] != out[1][i];
+  if (engines[0] == "wgmma-nvfp4p/wgmma-nvfp4p")
+    EXPECT_EQ(differ, 0u) << "of " << size_t(n) * H << " outputs differ between " << engines[0] << " and "
+                          << engines[1];
 }
 
 // p with uneven_ids routing and the default engine choice.
@@ -154,26 +135,6 @@ TEST(CudaRunnerNvfp4WideRules, WhenTheWideEngineRuns) {
               !cuda::cutlass_engine::available());
 }
 
-// The token tile: 128 rows up to kNvfp4Wide256MinRows expected rows per expert, 256 above; a forced
-// 128 or 256 wins; other values are refused before any work.
-TEST(CudaRunnerNvfp4WideRules, TokenTile) {
-  using cuda::policy::nvfp4_wide_block_m;
-  const double t = cuda::policy::kNvfp4Wide256MinRows;
-  EXPECT_EQ(nvfp4_wide_block_m(t), cuda::kWgmmaWideBlockM);
-  EXPECT_EQ(nvfp4_wide_block_m(t + 1), cuda::kWgmmaWide256BlockM);
-  EXPECT_EQ(nvfp4_wide_block_m(t + 1, cuda::kWgmmaWideBlockM), cuda::kWgmmaWideBlockM);
-  EXPECT_EQ(nvfp4_wide_block_m(40, cuda::kWgmmaWide256BlockM), cuda::kWgmmaWide256BlockM);
-  MoeConfig cfg;
-  cuda::CudaRunner runner(cfg, 0);
-  for (const int ok : {0, 128, 256}) EXPECT_NO_THROW(runner.set_nvfp4_wide_tile(ok));
-  try {
-    runner.set_nvfp4_wide_tile(192);
-    ADD_FAILURE() << "tile 192 was accepted";
-  } catch (const UsageError& e) {
-    EXPECT_NE(std::string(e.what()).find("192"), std::string::npos) << e.what();
-  }
-}
-
 TEST(CudaRunnerNvfp4Wide, EqualsDecodeEngineAndReference) {
   EPMOE_REQUIRE_GPU();
   using A = ActFormat;
@@ -192,10 +153,10 @@ TEST(CudaRunnerNvfp4Wide, EqualsDecodeEngineAndReference) {
 
 TEST(CudaRunnerNvfp4Wide, EveryPartialTileWidth) {
   EPMOE_REQUIRE_GPU();
-  // Expert 0 gets rows0 rows (around each boundary of the 32-row token-tile widths up to 256, one
-  // and two tiles of either engine), experts 1-3 get 40 each.
+  // Expert 0 gets rows0 rows (around each boundary of the 32 / 64 / 96 / 128 token-tile widths, one
+  // and two tiles), experts 1-3 get 40 each.
   const int H = 256, I = 128, E = 4, K = 1;
-  for (const int rows0 : {33, 63, 64, 65, 95, 97, 127, 128, 129, 160, 161, 192, 193, 225, 255, 256, 257, 300}) {
+  for (const int rows0 : {33, 63, 64, 65, 95, 97, 127, 128, 129, 160}) {
     const int C = rows0 + 3 * 40;
     Problem p{H, I, E, K, C, ActFormat::bf16};
     p.name = "widths";
