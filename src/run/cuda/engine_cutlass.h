@@ -128,6 +128,9 @@ void swiglu(const bf16_raw* h, const int32_t* offsets, const int32_t* cnt, int E
 // ---- shared implementation of the two instantiations (engine_cutlass_bf16.cu, engine_cutlass_fp8.cu) ----
 // Only those files define EPMOE_CUTLASS_GROUPED_IMPL (and have the CUTLASS include directory).
 #if defined(EPMOE_CUTLASS_GROUPED_IMPL) && defined(EPMOE_WITH_CUTLASS)
+#include <array>
+#include <memory>
+#include <mutex>
 #include <string>
 
 #include "core/cuda/check.h"
@@ -298,6 +301,44 @@ size_t workspace_bytes(int E, int sms) {
   return T::bytes(E) + T::round(Gemm::get_workspace_size(args)) + 256;
 }
 
+// Initialized GEMMs by everything make_args reads besides the template: the workspace the tables
+// are carved from, the experts, SMs, device and alpha. For the same key the arguments are the same
+// bytes, so can_implement, the host-side Params (TMA descriptors encoded by the driver) and the
+// shared-memory attribute are done once per key instead of on every call: that host work cost up
+// to 13% of an eager call at Qwen3-30B's sizes (bench runner --graph, session 13). A few entries per
+// instantiation (one per runner and call site in practice); the oldest is replaced.
+template <class Gemm>
+class InitCache {
+ public:
+  struct Key {
+    const void* workspace;
+    int experts, sms, device;
+    const float* alpha;
+    bool operator==(const Key&) const = default;
+  };
+  std::shared_ptr<Gemm> find(const Key& k) {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const Entry& e : entries_)
+      if (e.gemm && e.key == k) return e.gemm;
+    return nullptr;
+  }
+  void add(const Key& k, std::shared_ptr<Gemm> g) {
+    std::lock_guard<std::mutex> lock(mu_);
+    entries_[next_] = Entry{k, std::move(g)};
+    next_ = (next_ + 1) % kEntries;
+  }
+
+ private:
+  static constexpr int kEntries = 8;
+  struct Entry {
+    Key key{};
+    std::shared_ptr<Gemm> gemm;
+  };
+  std::mutex mu_;
+  std::array<Entry, kEntries> entries_{};
+  int next_ = 0;
+};
+
 template <class Gemm, bool kScaled, bool kSource = false, bool kSwap = false>
 void run(const Grouped& g, const char* what, cudaStream_t stream) {
   using T = Tables<Gemm, kScaled, kSource, kSwap>;
@@ -314,17 +355,28 @@ void run(const Grouped& g, const char* what, cudaStream_t stream) {
                                                                g.out);
   EPMOE_CUDA_CHECK_LAUNCH();
   const auto args = make_args<Gemm, kScaled, kSource, kSwap>(t, g.experts, g.sms, device, g.alpha);
-  Gemm gemm;
   auto fail = [&](cutlass::Status s, const char* step) {
     throw BackendError(std::string("cutlass ") + what + " grouped GEMM: " + step + " failed: " +
                        cutlassGetStatusString(s) + " (N=" + std::to_string(g.N) + ", K=" + std::to_string(g.K) + ")");
   };
-  cutlass::Status s = gemm.can_implement(args);
-  if (s != cutlass::Status::kSuccess) fail(s, "can_implement");
   uint8_t* cutlass_ws = static_cast<uint8_t*>(g.workspace) + T::bytes(g.experts);
-  s = gemm.initialize(args, cutlass_ws, stream);
-  if (s != cutlass::Status::kSuccess) fail(s, "initialize");
-  s = gemm.run(stream);
+  static InitCache<Gemm> cache;
+  const typename InitCache<Gemm>::Key key{g.workspace, g.experts, g.sms, device, g.alpha};
+  std::shared_ptr<Gemm> gemm = cache.find(key);
+  cutlass::Status s;
+  if (gemm) {
+    // What initialize does besides the Params: the kernel's workspace, every call.
+    s = Gemm::GemmKernel::initialize_workspace(args, cutlass_ws, stream);
+    if (s != cutlass::Status::kSuccess) fail(s, "initialize_workspace");
+  } else {
+    gemm = std::make_shared<Gemm>();
+    s = gemm->can_implement(args);
+    if (s != cutlass::Status::kSuccess) fail(s, "can_implement");
+    s = gemm->initialize(args, cutlass_ws, stream);
+    if (s != cutlass::Status::kSuccess) fail(s, "initialize");
+    cache.add(key, gemm);
+  }
+  s = gemm->run(stream);
   if (s != cutlass::Status::kSuccess) fail(s, "run");
   EPMOE_CUDA_CHECK_LAUNCH();
 }
