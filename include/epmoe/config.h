@@ -26,10 +26,10 @@ struct RouterConfig {
 };
 
 // Whether the runner re-quantizes silu(gate)*up before the second GEMM (fp8: e4m3 with block-128
-// scales along I). GPU runners then feed GEMM2 to fp8 tensor cores; the reference runner reproduces
-// the same rounding, so the two can be compared tightly. `automatic` (spelled "auto") follows the
-// weights: fp8 for fp8 weights when I % 128 == 0, which is how DeepSeek-V3/R1 fp8 checkpoints are
-// served, else none. MoeConfig::effective_intermediate_quant() resolves it; only that is consumed.
+// scales along I, the last block partial when I % 128 != 0). GPU runners then feed GEMM2 to fp8
+// tensor cores; the reference runner reproduces the same rounding, so the two can be compared
+// tightly. `automatic` (spelled "auto") follows the weights: fp8 for fp8 weights when I % 16 == 0,
+// which is how DeepSeek-V3/R1 fp8 checkpoints are served, else none. MoeConfig::effective_intermediate_quant() resolves it; only that is consumed.
 enum class IntermediateQuant : uint8_t { none, fp8, automatic };
 
 const char* intermediate_quant_name(IntermediateQuant q);  // "none", "fp8", "auto"
@@ -70,14 +70,14 @@ struct MoeConfig {
   QuantParams quant_params() const { return QuantParams{fp8_ue8m0, nvfp4_global_scale}; }
   ExpertPlacement resolved_placement() const;  // the explicit map or the contiguous one
   // intermediate_quant with automatic resolved (never automatic): fp8 when weight_format is fp8 and
-  // intermediate % 128 == 0, else none; an explicit none or fp8 as given.
+  // intermediate % 16 == 0, else none; an explicit none or fp8 as given.
   IntermediateQuant effective_intermediate_quant() const;
 };
 
 struct ConfigIssue {
   std::string field;    // e.g. "hidden"
   std::string value;    // e.g. "7000"
-  std::string message;  // e.g. "hidden=7000 is not a multiple of 128, which dispatch format fp8 requires"
+  std::string message;  // e.g. "hidden=7000 is not a multiple of 16, which dispatch format fp8 requires"
 };
 
 // Every problem with `cfg`, in field order, then its tuning, the EPMOE_* environment and the

@@ -13,7 +13,8 @@
 namespace epmoe {
 
 // ---- single blocks -------------------------------------------------------------------------
-// fp8 block of 128 (n may be < 128 only in tests): writes n e4m3 codes, returns the fp32 scale.
+// fp8 block of n <= 128 values (fewer only in a row's last block, when its length is not a
+// multiple of 128): writes n e4m3 codes, returns the fp32 scale.
 float quantize_fp8_block(const float* x, int n, bool ue8m0, uint8_t* q);
 // nvfp4 block of 16: writes 8 packed bytes (element 2i low nibble), returns the e4m3 scale code.
 uint8_t quantize_nvfp4_block(const float* x16, float global_scale, uint8_t* packed8);

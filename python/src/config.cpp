@@ -98,7 +98,7 @@ void bind_config(nb::module_& m) {
       .value("sigmoid_grouped_topk", RouterKind::sigmoid_grouped_topk);
   nb::enum_<IntermediateQuant>(m, "IntermediateQuant",
                                "Re-quantization of silu(gate)*up before GEMM2: auto (fp8 for fp8 weights with "
-                               "I % 128 == 0, else none), none or fp8.")
+                               "I % 16 == 0, else none), none or fp8.")
       .value("auto", IntermediateQuant::automatic)
       .value("none", IntermediateQuant::none)
       .value("fp8", IntermediateQuant::fp8);
@@ -161,7 +161,7 @@ void bind_config(nb::module_& m) {
   static constexpr const char* config_names = EPMOE_CONFIG_FIELDS(EPMOE_NAME) "placement";
   nb::class_<MoeConfig> cfg(m, "MoeConfig",
                             "One MoE layer's configuration (keyword arguments: every field). intermediate_quant "
-                            "defaults to \"auto\": fp8 for fp8 weights with intermediate % 128 == 0, else none "
+                            "defaults to \"auto\": fp8 for fp8 weights with intermediate % 16 == 0, else none "
                             "(effective_intermediate_quant says which).");
   cfg.def("__init__", [](MoeConfig* c, nb::kwargs kw) {
     new (c) MoeConfig();
@@ -179,7 +179,7 @@ void bind_config(nb::module_& m) {
       .def("fingerprint", [](const MoeConfig& c) { return config_fingerprint(c); })
       .def_prop_ro("experts_per_rank", &MoeConfig::experts_per_rank)
       .def_prop_ro("effective_intermediate_quant", &MoeConfig::effective_intermediate_quant,
-                   "intermediate_quant with auto resolved: fp8 for fp8 weights with I % 128 == 0, else none.")
+                   "intermediate_quant with auto resolved: fp8 for fp8 weights with I % 16 == 0, else none.")
       .def("copy", [](const MoeConfig& c) { return MoeConfig(c); })
       .def("__repr__", [](const MoeConfig& c) { return "MoeConfig:\n" + describe(c); });
 

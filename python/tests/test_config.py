@@ -86,7 +86,7 @@ def test_validate_returns_field_value_message():
     issues = c.validate()
     fields = {i.field: i for i in issues}
     assert "hidden" in fields and fields["hidden"].value == "200"
-    assert "multiple of 128" in fields["hidden"].message
+    assert "multiple of 16" in fields["hidden"].message
     assert "capacity" in fields
     with pytest.raises(epmoe.UsageError, match="invalid MoE configuration"):
         c.validate_or_raise()

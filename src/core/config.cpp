@@ -27,7 +27,7 @@ ExpertPlacement MoeConfig::resolved_placement() const {
 
 IntermediateQuant MoeConfig::effective_intermediate_quant() const {
   if (intermediate_quant != IntermediateQuant::automatic) return intermediate_quant;
-  return weight_format == WeightFormat::fp8 && intermediate >= 1 && intermediate % 128 == 0 ? IntermediateQuant::fp8
+  return weight_format == WeightFormat::fp8 && intermediate >= 1 && intermediate % 16 == 0 ? IntermediateQuant::fp8
                                                                                              : IntermediateQuant::none;
 }
 
@@ -98,7 +98,8 @@ void check_hidden(const MoeConfig& c, Issues& is) {
          "use weight format bf16 or a hidden size that is a multiple of 16");
   }
   if (c.combine_format == ActFormat::fp8) {
-    need(128, "combine format fp8", "use combine format bf16 or a hidden size that is a multiple of 128");
+    need(16, "combine format fp8 (blocks of 128, the last one partial, moved in 16-byte pieces)",
+         "use combine format bf16 or a hidden size that is a multiple of 16");
   }
 }
 
@@ -119,8 +120,8 @@ void check_intermediate(const MoeConfig& c, Issues& is) {
          "use weight format bf16 or an intermediate size that is a multiple of 16");
   }
   if (c.intermediate_quant == IntermediateQuant::fp8) {
-    need(128, "intermediate_quant fp8 (block-128 scales along I)",
-         "use intermediate_quant none or an intermediate size that is a multiple of 128");
+    need(16, "intermediate_quant fp8 (block-128 scales along I, the last block partial)",
+         "use intermediate_quant none or an intermediate size that is a multiple of 16");
   }
 }
 
@@ -359,7 +360,7 @@ std::string describe(const MoeConfig& c) {
   os << "weights:    " << format_name(c.weight_format) << "\n";
   os << "combine:    " << format_name(c.combine_format) << "\n";
   os << "interm. q:  " << intermediate_quant_name(c.effective_intermediate_quant());
-  if (c.intermediate_quant == IntermediateQuant::automatic) os << " (auto: fp8 for fp8 weights with I % 128 == 0)";
+  if (c.intermediate_quant == IntermediateQuant::automatic) os << " (auto: fp8 for fp8 weights with I % 16 == 0)";
   os << "\n";
   os << "backends:   dispatcher=" << c.dispatcher << " runner=" << c.runner << "\n";
   os << "timeout:    " << c.timeout_ms << " ms\n";

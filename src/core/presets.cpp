@@ -63,7 +63,8 @@ std::vector<ModelPreset> build() {
   // experts_per_token 4, num_hidden_layers 36. Its router takes the softmax of the top-4 logits
   // (= softmax + renormalize). Its experts use a clamped SwiGLU with biases, which epmoe's plain
   // SwiGLU does not reproduce: the preset gives the shape and traffic, not the model's numerics.
-  // 2880 is not a multiple of 128, so fp8 dispatch/weights are rejected; nvfp4 (16) works.
+  // 2880 is not a multiple of 128: fp8 weights have partial edge tiles (W13's gate and up tiled
+  // apart), fp8 activations a partial last 128-block.
   v.push_back({"gpt-oss-120b", shape(2880, 2880, 128, 4, softmax(true)), 36});
   return v;
 }

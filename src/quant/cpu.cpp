@@ -136,8 +136,9 @@ void quantize_rows(ActFormat f, const QuantParams& p, const bf16_raw* in, int64_
     for (int i = 0; i < H; ++i) row[i] = num::bf16_to_f32(src[i]);
     uint8_t* sc = scales + size_t(t) * sb;
     if (f == ActFormat::fp8) {
-      for (int b = 0; b < H / 128; ++b) {
-        store_f32(sc + 4 * b, quantize_fp8_block(row.data() + 128 * b, 128, p.ue8m0, dst + 128 * b));
+      for (int b = 0; b < fp8_blocks(H); ++b) {
+        const int n = std::min(128, H - 128 * b);
+        store_f32(sc + 4 * b, quantize_fp8_block(row.data() + 128 * b, n, p.ue8m0, dst + 128 * b));
       }
     } else {
       for (int b = 0; b < H / 16; ++b) {

@@ -129,10 +129,10 @@ void expert_ffn_row(const float* w13, const float* w2, int H, int I, const float
 }
 
 ReferenceRunner::ReferenceRunner(const MoeConfig& cfg) : cfg_(cfg) {
-  if (cfg.effective_intermediate_quant() == IntermediateQuant::fp8 && cfg.intermediate % 128 != 0)
+  if (cfg.effective_intermediate_quant() == IntermediateQuant::fp8 && cfg.intermediate % 16 != 0)
     throw UsageError("intermediate=" + std::to_string(cfg.intermediate) +
-                     " is not a multiple of 128, which intermediate_quant=fp8 needs (block-128 scales); "
-                     "use intermediate_quant=none or a multiple of 128");
+                     " is not a multiple of 16, which intermediate_quant=fp8 needs (block-128 scales, the last "
+                     "block partial); use intermediate_quant=none or a multiple of 16");
 }
 
 void ReferenceRunner::dense_all(const MatrixView& m, const std::vector<int>& experts, std::vector<const float*>& out) {

@@ -5,8 +5,9 @@
 //   x   = dequantize_rows(format, quant, payload, scales)              fp32 [H]
 //   g_i = dot(W13_e[i],   x)   u_i = dot(W13_e[I+i], x)                 fp32, see dot_f32
 //   a_i = (g_i * sigmoid_f32(g_i)) * u_i                                fp32 (num::sigmoid_f32)
-//   if effective_intermediate_quant() == fp8: per block of 128 of a (I % 128 == 0):
-//       scale = quantize_fp8_block(a_blk, 128, ue8m0, q); a_i = e4m3_to_f32(q_i) * scale
+//   if effective_intermediate_quant() == fp8: per block of 128 of a (the last one I - 128 b long
+//   when I % 128 != 0; I % 16 == 0):
+//       scale = quantize_fp8_block(a_blk, len, ue8m0, q); a_i = e4m3_to_f32(q_i) * scale
 //   o_j = dot(W2_e[j], a)                                               fp32 [H]
 //   y   = sum over k ascending of w_k * o   (fp32, starting from 0.f), then bf16 (RNE)
 // Weights are dequantized to fp32 with dequantize_matrix_rows. Without intermediate quantization

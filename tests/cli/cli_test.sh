@@ -21,7 +21,7 @@ expect 0 'usage: epmoe <command>' -- help
 for c in run validate bench; do expect 0 'usage: epmoe '"$c" -- "$c" --help; done
 expect 2 'unknown flag --bogus' -- run --bogus
 expect 2 'unknown command' -- frobnicate
-expect 2 'hidden=7000 is not a multiple of 128, which dispatch format fp8 requires' -- validate --hidden 7000 --dispatch fp8
+expect 2 'hidden=7000 is not a multiple of 16, which dispatch format fp8 requires' -- validate --hidden 7000 --dispatch fp8
 expect 2 'preset' -- validate --preset no-such-model
 expect 0 'R=2 C=128' -- validate --preset deepseek-v3 --experts 16 --ranks 2 --capacity 128 --device cpu --tokens 8
 expect 2 'legal pairs' -- validate --preset tiny --dispatcher cpu --runner nosuch

@@ -67,8 +67,10 @@ TEST(CoreConfig, HiddenMultiples) {
   c.dispatch_format = ActFormat::fp8;
   ConfigIssue i = only_issue(c, "hidden");
   EXPECT_EQ(i.value, "7000");
-  expect_has(i.message, "hidden=7000 is not a multiple of 128, which dispatch format fp8 requires");
+  expect_has(i.message, "hidden=7000 is not a multiple of 16, which dispatch format fp8 requires");
   expect_has(i.message, "use dispatch format bf16");
+  c.hidden = 2880;  // multiple of 16, not 128: a partial last fp8 block (FORMATS.md)
+  EXPECT_TRUE(validate(c).empty()) << issues_text(validate(c));
 
   c.hidden = 200;
   c.dispatch_format = ActFormat::nvfp4;
@@ -84,7 +86,9 @@ TEST(CoreConfig, HiddenMultiples) {
   EXPECT_TRUE(validate(c).empty()) << issues_text(validate(c));
   c.weight_format = WeightFormat::bf16;
   c.combine_format = ActFormat::fp8;
-  expect_has(only_issue(c, "hidden").message, "which combine format fp8 requires");
+  EXPECT_TRUE(validate(c).empty()) << issues_text(validate(c));  // a partial last block
+  c.hidden = 200;
+  expect_has(only_issue(c, "hidden").message, "which combine format fp8");
 
   c = base();
   c.hidden = 0;
@@ -96,13 +100,16 @@ TEST(CoreConfig, IntermediateMultiples) {
   c.intermediate = 2880;  // fp8 weights take it: W13's gate and up tiled apart, partial edge tiles
   c.weight_format = WeightFormat::fp8;
   EXPECT_TRUE(validate(c).empty()) << issues_text(validate(c));
-  EXPECT_EQ(c.effective_intermediate_quant(), IntermediateQuant::none);
+  // and the fp8 intermediate, whose last 128-block is partial
+  EXPECT_EQ(c.effective_intermediate_quant(), IntermediateQuant::fp8);
   c.weight_format = WeightFormat::nvfp4;
   c.intermediate = 24;
   expect_has(only_issue(c, "intermediate").message, "not a multiple of 16, which weight format nvfp4");
   c.weight_format = WeightFormat::bf16;
   c.intermediate = 192;
   c.intermediate_quant = IntermediateQuant::fp8;
+  EXPECT_TRUE(validate(c).empty()) << issues_text(validate(c));  // one whole block and a partial one
+  c.intermediate = 200;
   expect_has(only_issue(c, "intermediate").message, "intermediate_quant fp8");
 }
 
@@ -348,8 +355,10 @@ TEST(CoreConfig, IntermediateQuantAutoResolvesFromTheWeights) {
   EXPECT_EQ(with_iq(WF::nvfp4, 2048, IQ::automatic).effective_intermediate_quant(), IQ::none);
   EXPECT_EQ(with_iq(WF::fp8, 2048, IQ::automatic).effective_intermediate_quant(), IQ::fp8);
   EXPECT_EQ(with_iq(WF::fp8, 128, IQ::automatic).effective_intermediate_quant(), IQ::fp8);
-  // gpt-oss: I = 2880 has no 128-blocks, so auto means none (fp8 weights are refused there anyway).
-  EXPECT_EQ(with_iq(WF::fp8, 2880, IQ::automatic).effective_intermediate_quant(), IQ::none);
+  // gpt-oss: I = 2880 ends on a partial 128-block, which the fp8 intermediate takes; I % 16 != 0
+  // cannot be blocked, so auto means none there.
+  EXPECT_EQ(with_iq(WF::fp8, 2880, IQ::automatic).effective_intermediate_quant(), IQ::fp8);
+  EXPECT_EQ(with_iq(WF::fp8, 200, IQ::automatic).effective_intermediate_quant(), IQ::none);
   EXPECT_EQ(with_iq(WF::fp8, 0, IQ::automatic).effective_intermediate_quant(), IQ::none);
   // Explicit values are kept whatever the weights.
   for (WF wf : {WF::bf16, WF::fp8, WF::nvfp4}) {
@@ -374,17 +383,14 @@ TEST(CoreConfig, IntermediateQuantNames) {
 }
 
 TEST(CoreConfig, IntermediateQuantAutoIsNeverAnIssue) {
-  // auto with an intermediate size fp8 blocks cannot cover resolves to none instead of failing;
-  // an explicit fp8 there stays an issue.
-  MoeConfig c = with_iq(WeightFormat::bf16, 192, IntermediateQuant::automatic);
-  EXPECT_TRUE(validate(c).empty()) << issues_text(validate(c));
-  c.weight_format = WeightFormat::nvfp4;
-  c.intermediate = 2880;
+  // auto with an intermediate size fp8 blocks cannot cover (I % 16 != 0) resolves to none instead
+  // of failing; an explicit fp8 there stays an issue.
+  MoeConfig c = with_iq(WeightFormat::bf16, 200, IntermediateQuant::automatic);
   EXPECT_TRUE(validate(c).empty()) << issues_text(validate(c));
   c.intermediate_quant = IntermediateQuant::fp8;
   expect_has(only_issue(c, "intermediate").message, "intermediate_quant fp8");
-  // fp8 weights with I % 128 != 0: valid, and auto resolves to none (no issue for the intermediate).
-  c = with_iq(WeightFormat::fp8, 192, IntermediateQuant::automatic);
+  // fp8 weights with I % 16 != 0: valid, and auto resolves to none (no issue for the intermediate).
+  c = with_iq(WeightFormat::fp8, 200, IntermediateQuant::automatic);
   EXPECT_TRUE(validate(c).empty()) << issues_text(validate(c));
   EXPECT_EQ(c.effective_intermediate_quant(), IntermediateQuant::none);
 }
@@ -467,12 +473,12 @@ TEST(CorePresets, AllValidateWithTwoRanksBf16) {
     t.nvfp4_global_scale = 100.f;
     EXPECT_TRUE(validate(t).empty()) << format_name(f) << "\n" << issues_text(validate(t));
   }
-  // gpt-oss's 2880 is no multiple of 128: fp8 dispatch is refused with the reason.
+  // gpt-oss's 2880 is no multiple of 128: fp8 dispatch takes it with a partial last block.
   MoeConfig g = preset("gpt-oss-120b").config;
   g.num_ranks = 2;
   g.capacity = 8;
   g.dispatch_format = ActFormat::fp8;
-  expect_has(only_issue(g, "hidden").message, "hidden=2880 is not a multiple of 128");
+  EXPECT_TRUE(validate(g).empty()) << issues_text(validate(g));
 }
 
 }  // namespace

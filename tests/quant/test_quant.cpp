@@ -233,9 +233,15 @@ TEST(QuantCpu, RowsBf16IsExact) {
   for (size_t i = 0; i < out.size(); ++i) EXPECT_EQ(out[i], num::bf16_to_f32(in[i]));
 }
 
+// H = 336 ends on a partial block of 80 (as gpt-oss's 2880 on one of 64): ceil(H/128) scales, the
+// last one that block's own, with the same block rule over its 80 values.
 TEST(QuantCpu, RowsFp8MatchBlocksAndLayout) {
-  const int H = 384, T = 3;
+  const int T = 3;
+  for (const int H : {384, 336})
   for (bool ue8m0 : {false, true}) {
+    SCOPED_TRACE("H " + std::to_string(H));
+    const int nb = (H + 127) / 128;
+    ASSERT_EQ(scale_bytes(ActFormat::fp8, H), size_t(nb) * 4);
     auto in = random_rows(T, H, 2);
     in[1 * H + 200] = num::f32_to_bf16(40.f);  // row 1, block 1 gets a large amax
     std::vector<uint8_t> payload(T * payload_bytes(ActFormat::fp8, H)), scales(T * scale_bytes(ActFormat::fp8, H));
@@ -245,18 +251,17 @@ TEST(QuantCpu, RowsFp8MatchBlocksAndLayout) {
     std::vector<float> out(size_t(T) * H);
     dequantize_rows(ActFormat::fp8, p, payload.data(), scales.data(), T, H, out.data());
     for (int t = 0; t < T; ++t) {
-      for (int b = 0; b < H / 128; ++b) {
+      for (int b = 0; b < nb; ++b) {
+        const int n = std::min(128, H - 128 * b);
         float x[128];
         uint8_t q[128];
-        for (int i = 0; i < 128; ++i) x[i] = num::bf16_to_f32(in[t * H + b * 128 + i]);
-        const float s = quantize_fp8_block(x, 128, ue8m0, q);
+        for (int i = 0; i < n; ++i) x[i] = num::bf16_to_f32(in[t * H + b * 128 + i]);
+        const float s = quantize_fp8_block(x, n, ue8m0, q);
         float stored;
-        std::memcpy(&stored, scales.data() + (t * (H / 128) + b) * 4, 4);
+        std::memcpy(&stored, scales.data() + (t * nb + b) * 4, 4);
         ASSERT_EQ(stored, s);
-        ASSERT_EQ(std::memcmp(q, payload.data() + t * H + b * 128, 128), 0);
-        float amax = 0;
-        for (float v : x) amax = std::max(amax, std::fabs(v));
-        for (int i = 0; i < 128; ++i) {
+        ASSERT_EQ(std::memcmp(q, payload.data() + t * H + b * 128, n), 0);
+        for (int i = 0; i < n; ++i) {
           const float d = out[t * H + b * 128 + i];
           EXPECT_EQ(d, e4m3_to_f32(q[i]) * s);
           // 3 mantissa bits: half-ulp relative error 2^-4, subnormals add at most 2^-10 * scale.
@@ -265,9 +270,28 @@ TEST(QuantCpu, RowsFp8MatchBlocksAndLayout) {
       }
     }
     float s11;
-    std::memcpy(&s11, scales.data() + (1 * 3 + 1) * 4, 4);
+    std::memcpy(&s11, scales.data() + (1 * nb + 1) * 4, 4);
     EXPECT_EQ(s11, ue8m0 ? 0.125f : 40.f / 448.f);
   }
+}
+
+// The partial last block's scale follows its own values only: a large value there sets it, and
+// the whole blocks before it keep theirs.
+TEST(QuantCpu, RowsFp8PartialLastBlockIsItsOwn) {
+  const int H = 2880, nb = 23;
+  std::vector<bf16_raw> in(H, num::f32_to_bf16(0.5f));
+  in[H - 1] = num::f32_to_bf16(100.f);
+  std::vector<uint8_t> payload(H), scales(nb * 4);
+  quantize_rows(ActFormat::fp8, {}, in.data(), 1, H, payload.data(), scales.data());
+  float first, last;
+  std::memcpy(&first, scales.data(), 4);
+  std::memcpy(&last, scales.data() + (nb - 1) * 4, 4);
+  EXPECT_EQ(first, 0.5f / 448.f);
+  EXPECT_EQ(last, 100.f / 448.f);
+  std::vector<float> out(H);
+  dequantize_rows(ActFormat::fp8, {}, payload.data(), scales.data(), 1, H, out.data());
+  EXPECT_EQ(out[H - 1], 100.f);
+  EXPECT_EQ(out[0], 0.5f);
 }
 
 TEST(QuantCpu, RowsNvfp4MatchBlocksAndLayout) {
@@ -302,7 +326,7 @@ TEST(QuantCpu, RowsNvfp4MatchBlocksAndLayout) {
 TEST(QuantCpu, RowsRejectBadArguments) {
   std::vector<bf16_raw> in(100);
   std::vector<uint8_t> a(1000), b(1000);
-  EXPECT_THROW(quantize_rows(ActFormat::fp8, {}, in.data(), 1, 100, a.data(), b.data()), UsageError);
+  EXPECT_THROW(quantize_rows(ActFormat::fp8, {}, in.data(), 1, 100, a.data(), b.data()), UsageError);  // % 16
   EXPECT_THROW(quantize_rows(ActFormat::nvfp4, {}, in.data(), 1, 32, a.data(), b.data()), UsageError);  // gs 0
   try {
     quantize_rows(ActFormat::nvfp4, {}, in.data(), 1, 20, a.data(), b.data());

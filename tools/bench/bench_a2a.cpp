@@ -345,7 +345,7 @@ void a2a_rank(Communicator& comm, const Opts& o) {
         cfg.dispatcher = dname;
         cfg.runner = "cuda";
         cfg.placement.reset();
-        // A format the shape cannot take (fp8 needs H % 128 == 0, ...) is skipped and said; every
+        // A format the shape cannot take (fp8 and nvfp4 need H % 16 == 0, ...) is skipped and said; every
         // rank decides alike from the same configuration.
         try {
           detail::check_gpu_a2a_config(cfg, R, r, "bench a2a");

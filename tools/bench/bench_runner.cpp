@@ -168,10 +168,11 @@ void bench_preset(const Opts& o, const ModelPreset& given, double hbm_gbs, const
     cfg.num_ranks = 1;
     cfg.capacity = int(maxM);
     cfg.weight_format = f;
-    // fp8 tokens for fp8/nvfp4 weights (the fp8 recipe), bf16 where the hidden size has no 128-blocks.
-    cfg.dispatch_format = f == WeightFormat::bf16 || H % 128 != 0 ? ActFormat::bf16 : ActFormat::fp8;
+    // fp8 tokens for fp8/nvfp4 weights (the fp8 recipe; a partial last 128-block where H % 128 != 0),
+    // bf16 where the hidden size is not a multiple of 16.
+    cfg.dispatch_format = f == WeightFormat::bf16 || H % 16 != 0 ? ActFormat::bf16 : ActFormat::fp8;
     cfg.intermediate_quant = o.iq;
-    // A format the shape cannot take (fp8 needs H and I multiples of 128) is skipped and said.
+    // A format the shape cannot take is skipped and said.
     try {
       validate_or_throw(cfg);
     } catch (const UsageError& e) {

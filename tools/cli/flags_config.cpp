@@ -39,7 +39,7 @@ const FlagSpec kConfigFlags[] = {
     {"nvfp4-global-scale", "X", "nvfp4 dispatch: activation global scale (run: default calibrated per layer from the data)"},
     {"weights", "FMT", "weight format bf16|fp8|nvfp4 (run: default the dispatch format's family)"},
     {"combine", "FMT", "combine format bf16|fp8"},
-    {"intermediate-quant", "Q", "auto|none|fp8: re-quantize silu(gate)*up to fp8 before the second GEMM (auto, the default: fp8 for fp8 weights with I % 128 == 0, else none)"},
+    {"intermediate-quant", "Q", "auto|none|fp8: re-quantize silu(gate)*up to fp8 before the second GEMM (auto, the default: fp8 for fp8 weights with I % 16 == 0, else none)"},
     {"iq", "Q", "short for --intermediate-quant"},
     {"dispatcher", "NAME", "dispatcher backend (cpu: cpu, or local for one rank; cuda: nvlink|nccl, or local for one GPU)"},
     {"runner", "NAME", "runner backend (reference on cpu, cuda on GPUs)"},

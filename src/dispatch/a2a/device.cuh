@@ -148,7 +148,8 @@ __device__ __forceinline__ float bf16f(uint32_t bits16) { return num::bf16_to_f3
 
 // One warp: quantizes row `x` (H bf16) once per chunk and stores it to `ndst` destinations; lane i
 // (< ndst) holds destination i's payload and scale pointers for this token. Stores are 16 bytes
-// (bf16, fp8) or 8 bytes (nvfp4) wide; H % 128 == 0 for fp8, % 16 for nvfp4, % 8 for bf16.
+// (bf16, fp8) or 8 bytes (nvfp4) wide; H % 16 == 0 for fp8 (a partial last 128-block: its lanes
+// past H count 0 towards the amax and store nothing) and nvfp4, % 8 for bf16.
 // Only elements [e0, e1) are handled (e0 a multiple of 512, e1 one too or H), so that several warps
 // can share one row when there are few tokens.
 __device__ inline void push_row(ActFormat f, const QuantParams& q, const bf16_raw* x, int H, int ndst, uint8_t* my_pp,
@@ -172,11 +173,11 @@ __device__ inline void push_row(ActFormat f, const QuantParams& q, const bf16_ra
     return;
   }
   if (f == ActFormat::fp8) {
-    const int nblk = e1 / 128;
+    const int nblk = fp8_blocks(e1);
     const int g = lane >> 3, sub = lane & 7;
     for (int b0 = e0 / 128; b0 < nblk; b0 += 4) {
       const int blk = b0 + g;
-      const bool active = blk < nblk;
+      const bool active = blk < nblk && blk * 128 + sub * 16 < e1;
       float v[16];
       float amax = 0.f;
       if (active) {
@@ -203,7 +204,7 @@ __device__ inline void push_row(ActFormat f, const QuantParams& q, const bf16_ra
       for (int i = 0; i < ndst; ++i) {
         uint8_t* pp = reinterpret_cast<uint8_t*>(__shfl_sync(0xffffffffu, reinterpret_cast<uintptr_t>(my_pp), i));
         uint8_t* sp = reinterpret_cast<uint8_t*>(__shfl_sync(0xffffffffu, reinterpret_cast<uintptr_t>(my_sp), i));
-        if (active) {
+        if (active) {  // a block's lane 0 is active whenever any of its lanes is
           *reinterpret_cast<uint4*>(pp + blk * 128 + sub * 16) = make_uint4(out[0], out[1], out[2], out[3]);
           if (sub == 0) reinterpret_cast<float*>(sp)[blk] = bp.scale;
         }

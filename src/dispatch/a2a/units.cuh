@@ -55,7 +55,9 @@ __device__ __forceinline__ void unit_load(const bf16_raw* row, int H, int e0, Un
 #pragma unroll
     for (int g = 0; g < 2; ++g) {
       const int e = e0 + 512 * g + 16 * lane;
-      const bool on = e < H;  // H % 128 == 0: a whole block is on or off
+      // H % 16 == 0: a lane's 16 elements are all on or off; in a partial last block the lanes past
+      // H load zeros, which leave the block's amax as it is, and store nothing.
+      const bool on = e < H;
       r.v[2 * g] = on ? ldg16(row + e) : zero4();
       r.v[2 * g + 1] = on ? ldg16(row + e + 8) : zero4();
     }

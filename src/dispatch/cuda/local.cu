@@ -116,18 +116,21 @@ __global__ void combine_kernel(ActFormat f, QuantParams p, const bf16_raw* __res
       o[i] = num::f32_to_bf16(__fadd_rn(0.0f, num::bf16_to_f32(row[i])));
     return;
   }
-  // fp8 round trip per block of 128: quantize as the sender would, dequantize as the home rank.
+  // fp8 round trip per block of 128 (the last one partial when H % 128 != 0; lanes past H count 0
+  // towards the amax): quantize as the sender would, dequantize as the home rank.
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
-  for (int b = warp; b < H / 128; b += warps) {
+  for (int b = warp; b < fp8_blocks(H); b += warps) {
+    const bool on = b * 128 + lane * 4 < H;
     float v[4];
     float amax = 0.f;
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-      v[i] = num::bf16_to_f32(row[b * 128 + lane * 4 + i]);
+      v[i] = on ? num::bf16_to_f32(row[b * 128 + lane * 4 + i]) : 0.f;
       amax = fmaxf(amax, fabsf(v[i]));
     }
     amax = dev::warp_max(amax);
     const dev::Fp8Block bp = dev::fp8_block_params(amax, p.ue8m0);
+    if (!on) continue;
 #pragma unroll
     for (int i = 0; i < 4; ++i)
       o[b * 128 + lane * 4 + i] =
@@ -139,8 +142,8 @@ __global__ void combine_kernel(ActFormat f, QuantParams p, const bf16_raw* __res
 
 void combine_local(ActFormat f, const QuantParams& p, const bf16_raw* y, const int32_t* slot_of_token, int64_t T,
                    int H, bf16_raw* out, cudaStream_t stream) {
-  if (f == ActFormat::fp8 && H % 128 != 0)
-    throw UsageError("combine: hidden=" + std::to_string(H) + " is not a multiple of 128, which fp8 combine requires");
+  if (f == ActFormat::fp8 && H % 16 != 0)
+    throw UsageError("combine: hidden=" + std::to_string(H) + " is not a multiple of 16, which fp8 combine requires");
   if (T <= 0) return;
   combine_kernel<<<static_cast<unsigned>(T), 256, 0, stream>>>(f, p, y, slot_of_token, H, out);
   EPMOE_CUDA_CHECK_LAUNCH();

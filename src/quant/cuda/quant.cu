@@ -18,7 +18,8 @@ __device__ __forceinline__ bool row_skipped(int64_t j, const int32_t* row_map, c
   return *src < 0;
 }
 
-// One CTA per output row; fp8 uses one warp per 128-block (4 values a lane), nvfp4 one thread per
+// One CTA per output row; fp8 uses one warp per 128-block (4 values a lane; in a partial last
+// block the lanes past H count 0 towards the amax, as if the block ended there), nvfp4 one thread per
 // 16-block, bf16 a 16-byte copy per thread.
 __global__ void quantize_kernel(ActFormat f, QuantParams p, const bf16_raw* __restrict__ in,
                                 const int32_t* __restrict__ row_map, const int32_t* __restrict__ n_valid,
@@ -36,8 +37,9 @@ __global__ void quantize_kernel(ActFormat f, QuantParams p, const bf16_raw* __re
     for (int i = chunks * 8 + threadIdx.x; i < H; i += blockDim.x) reinterpret_cast<bf16_raw*>(out)[i] = x[i];
   } else if (f == ActFormat::fp8) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
-    for (int b = warp; b < H / 128; b += warps) {
-      const uint2 raw = *reinterpret_cast<const uint2*>(x + b * 128 + lane * 4);
+    for (int b = warp; b < fp8_blocks(H); b += warps) {
+      const bool on = b * 128 + lane * 4 < H;
+      const uint2 raw = on ? *reinterpret_cast<const uint2*>(x + b * 128 + lane * 4) : make_uint2(0, 0);
       float v[4] = {num::bf16_to_f32(raw.x & 0xffff), num::bf16_to_f32(raw.x >> 16),
                     num::bf16_to_f32(raw.y & 0xffff), num::bf16_to_f32(raw.y >> 16)};
       float amax = fmaxf(fmaxf(fabsf(v[0]), fabsf(v[1])), fmaxf(fabsf(v[2]), fabsf(v[3])));
@@ -46,7 +48,7 @@ __global__ void quantize_kernel(ActFormat f, QuantParams p, const bf16_raw* __re
       uint32_t q = 0;
 #pragma unroll
       for (int i = 0; i < 4; ++i) q |= static_cast<uint32_t>(dev::fp8_code(v[i], bp)) << (8 * i);
-      *reinterpret_cast<uint32_t*>(out + b * 128 + lane * 4) = q;
+      if (on) *reinterpret_cast<uint32_t*>(out + b * 128 + lane * 4) = q;
       if (lane == 0) reinterpret_cast<float*>(sc)[b] = bp.scale;
     }
   } else {

@@ -24,7 +24,7 @@ void quantize_rows_gather(ActFormat f, const QuantParams& p, const bf16_raw* in,
                           const int32_t* n_valid, int64_t rows, int H, uint8_t* payload, uint8_t* scales,
                           cudaStream_t stream);
 
-// Throws UsageError when H does not suit format f (multiple of 128 for fp8, 16 for nvfp4) or when
+// Throws UsageError when H does not suit format f (multiple of 16 for fp8 and nvfp4) or when
 // nvfp4 has no positive global scale.
 void check_quant_args(ActFormat f, const QuantParams& p, int H, const char* who);
 

@@ -171,7 +171,8 @@ __global__ void swiglu_vec_kernel(const bf16_raw* __restrict__ h, const int32_t*
       for (int j = 0; j < 8; ++j) v[j] = 0.f;
     }
     if (a8 || round_trip) {
-      // The block of these columns is 16 lanes wide (I % 128 == 0 here: whole blocks in or out).
+      // The block of these columns is 16 lanes wide; in a partial last block (I % 128 != 0, the
+      // round trip only: the fp8 GEMM2 needs whole tiles) the lanes past I add 0 to the amax.
 #pragma unroll
       for (int o = 8; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
       const dev::Fp8Block bp = dev::fp8_block_params(amax, ue8m0);

@@ -230,7 +230,11 @@ __global__ void __launch_bounds__(kThreads) wgmma_gemm_kernel(GemmArgs p) {
   constexpr int EB = FP8 ? 1 : 2;            // bytes per element
   constexpr int KPS = kRowBytes / EB;        // K values per stage
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const int K = p.K, KT = K / KPS;
+  // fp8: K % 128 != 0 (gpt-oss, 2880) ends on a partial stage whose chunks past K are zero-filled
+  // for both operands (K % 16 == 0: a 16-byte chunk is all in or all out); its scales are the
+  // partial blocks' own. bf16: K % 64 == 0.
+  const int K = p.K, KT = (K + KPS - 1) / KPS;
+  const int k_bytes = K * EB;
   const int rows_w = p.W.rows, cols_w = p.W.cols;
   const uint8_t* Abytes = FP8 ? p.A8 : reinterpret_cast<const uint8_t*>(p.A);
   const int64_t a_row_bytes = int64_t(K) * EB, w_row_bytes = int64_t(cols_w) * EB;
@@ -295,14 +299,18 @@ __global__ void __launch_bounds__(kThreads) wgmma_gemm_kernel(GemmArgs p) {
   auto load_next = [&]() {
     const uint32_t st = base + uint32_t(lc.slot) * Layout::STAGE;
     const int64_t k0 = int64_t(lc.kt) * kRowBytes;
+    const bool kin = k0 + ch * 16 < k_bytes;
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
       const bool v = (lok >> j) & 1u;
-      const uint8_t* src = v ? lw[j >> 2] + (j & 3) * w16 + k0 : lw_masked + k0;
-      cp_async16(st + Layout::W + sw_off + 2048u * j, src, v);
+      const uint8_t* src = v && kin ? lw[j >> 2] + (j & 3) * w16 + k0 : lw_masked;
+      cp_async16(st + Layout::W + sw_off + 2048u * j, src, v && kin);
     }
 #pragma unroll
-    for (int j = 0; j < 2; ++j) cp_async16(st + Layout::A + sw_off + 2048u * j, la[j] + k0, (lok >> (8 + j)) & 1u);
+    for (int j = 0; j < 2; ++j) {
+      const bool v = ((lok >> (8 + j)) & 1u) && kin;
+      cp_async16(st + Layout::A + sw_off + 2048u * j, v ? la[j] + k0 : la[0], v);
+    }
     if constexpr (FP8) {
       if (tid < kBT)
         cp_async4(st + Layout::SA + tid * 4, lsa + int64_t(lc.kt) * p.a_scales_ld, (lok >> 10) & 1u);
@@ -417,7 +425,7 @@ __global__ void __launch_bounds__(kThreads) wgmma_gemm_kernel(GemmArgs p) {
 template <bool FP8, bool DEFER>
 void launch(const GemmArgs& a, cudaStream_t stream) {
   const char* what = FP8 ? "cuda runner (wgmma fp8)" : "cuda runner (wgmma bf16)";
-  const int kps = FP8 ? 128 : 64;
+  const int kps = FP8 ? 16 : 64;  // fp8: a partial last stage (above)
   if (a.K % kps != 0)
     throw UsageError(std::string(what) + ": GEMM K=" + std::to_string(a.K) + " is not a multiple of " +
                      std::to_string(kps) + "; use the mma.sync engine for this shape");

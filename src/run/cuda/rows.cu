@@ -255,22 +255,25 @@ __global__ void permute_fp8_kernel(const uint8_t* __restrict__ payload, const ui
         if (pos[k] >= 0) A8[int64_t(pos[k]) * H + h] = v;
     }
   }
-  const float* sc = reinterpret_cast<const float*>(scales + i * int64_t(H / 128) * 4);
-  for (int b = threadIdx.x; b < H / 128; b += blockDim.x) {
+  const float* sc = reinterpret_cast<const float*>(scales + i * int64_t(fp8_blocks(H)) * 4);
+  for (int b = threadIdx.x; b < fp8_blocks(H); b += blockDim.x) {
     const float s = sc[b];
     for (int k = 0; k < K; ++k)
       if (pos[k] >= 0) as_t[b * ld + pos[k]] = s;
   }
 }
 
-// Block b (128 elements) of an intermediate row, read by one warp: this lane's 4 values into v, and
-// the block's fp8 parameters from the warp-wide amax. Both intermediate kernels start so.
-__device__ __forceinline__ dev::Fp8Block load_block128(const bf16_raw* row, int b, int lane, bool ue8m0,
-                                                        float (&v)[4]) {
+// Block b (128 elements, fewer in the last block of a row of n % 128 != 0) of an intermediate row
+// of n, read by one warp: this lane's 4 values into v (0 past n, which leaves the amax as it is),
+// and the block's fp8 parameters from the warp-wide amax. Both intermediate kernels start so; a lane
+// with `on` false stores nothing.
+__device__ __forceinline__ dev::Fp8Block load_block128(const bf16_raw* row, int n, int b, int lane, bool ue8m0,
+                                                        float (&v)[4], bool& on) {
+  on = b * 128 + lane * 4 < n;
   float amax = 0.f;
 #pragma unroll
   for (int q = 0; q < 4; ++q) {
-    v[q] = num::bf16_to_f32(row[b * 128 + lane * 4 + q]);
+    v[q] = on ? num::bf16_to_f32(row[b * 128 + lane * 4 + q]) : 0.f;
     amax = fmaxf(amax, fabsf(v[q]));
   }
   return dev::fp8_block_params(dev::warp_max(amax), ue8m0);
@@ -286,13 +289,14 @@ __global__ void intermediate_to_fp8_kernel(const bf16_raw* __restrict__ h, const
   if (r >= rows) return;
   const bf16_raw* row = h + r * I;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
-  for (int b = warp; b < I / 128; b += warps) {
+  for (int b = warp; b < fp8_blocks(I); b += warps) {
     float v[4];
-    const dev::Fp8Block bp = load_block128(row, b, lane, ue8m0, v);
+    bool on;
+    const dev::Fp8Block bp = load_block128(row, I, b, lane, ue8m0, v, on);
     uint32_t packed = 0;
 #pragma unroll
     for (int q = 0; q < 4; ++q) packed |= uint32_t(dev::fp8_code(v[q], bp)) << (8 * q);
-    *reinterpret_cast<uint32_t*>(h8 + r * I + b * 128 + lane * 4) = packed;
+    if (on) *reinterpret_cast<uint32_t*>(h8 + r * I + b * 128 + lane * 4) = packed;
     if (lane == 0) hs_t[b * ld + r] = bp.scale;
   }
 }
@@ -305,9 +309,11 @@ __global__ void intermediate_fp8_kernel(bf16_raw* __restrict__ h, const int32_t*
   if (r >= rows) return;
   bf16_raw* row = h + r * I;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
-  for (int b = warp; b < I / 128; b += warps) {
+  for (int b = warp; b < fp8_blocks(I); b += warps) {
     float v[4];
-    const dev::Fp8Block bp = load_block128(row, b, lane, ue8m0, v);
+    bool on;
+    const dev::Fp8Block bp = load_block128(row, I, b, lane, ue8m0, v, on);
+    if (!on) continue;
 #pragma unroll
     for (int q = 0; q < 4; ++q)
       row[b * 128 + lane * 4 + q] = num::f32_to_bf16(dev::fp8_dequant(dev::fp8_code(v[q], bp), bp.scale));

@@ -148,11 +148,11 @@ void CudaRunner::run(const DispatchOutput& in, const ExpertWeights& w, bf16_raw*
   }
   if (d.fp8_1) {
     a8_.reserve(size_t(max_rows) * H);
-    as_.reserve(size_t(max_rows) * (H / 128) * 4);
+    as_.reserve(size_t(max_rows) * fp8_blocks(H) * 4);
   }
   if (d.fp8_2) {
     h8_.reserve(size_t(max_rows) * I);
-    hs_.reserve(size_t(max_rows) * (I / 128) * 4);
+    hs_.reserve(size_t(max_rows) * fp8_blocks(I) * 4);
   }
 
   launch_count(in, bm, cnt_.get<int32_t>(), offsets_.get<int32_t>(), fill_.get<int32_t>(), tiles_.get<MTile>(),

@@ -158,13 +158,13 @@ void CudaRunner::run_cutlass(const DispatchOutput& in, const ExpertWeights& w, b
   o_.reserve(size_t(max_rows) * H * 2);
   if (fp8_1) {
     a8_.reserve(size_t(max_rows) * H);
-    as_.reserve(size_t(max_rows) * (H / 128) * 4);
+    as_.reserve(size_t(max_rows) * fp8_blocks(H) * 4);
   } else {
     a_.reserve(size_t(max_rows) * H * 2);
   }
   if (fp8_2) {
     h8_.reserve(size_t(max_rows) * I);
-    hs_.reserve(size_t(max_rows) * (I / 128) * 4);
+    hs_.reserve(size_t(max_rows) * fp8_blocks(I) * 4);
   } else {
     h_.reserve(size_t(max_rows) * I * 2);
   }

@@ -549,8 +549,9 @@ void expect_nvlink_shapes(const std::vector<NvlinkShape>& shapes, uint32_t seed,
 
 // nvlink: rows of DeepSeek-V3 width (7 units of 1024 elements per row, several units per token in
 // flight, more tokens than one CTA's slot pass) and widths that end inside a unit (H % 1024 != 0,
-// nvfp4 rows that are only 8-byte aligned, bf16 rows of an odd number of 16-byte chunks), each
-// with two steps on one dispatcher so that stale slots of the first step must read -1.
+// nvfp4 rows that are only 8-byte aligned, bf16 rows of an odd number of 16-byte chunks, fp8 rows
+// ending on a partial 128-block: gpt-oss's 2880, and 1104 = 8.625 blocks), each with two steps on
+// one dispatcher so that stale slots of the first step must read -1.
 TEST(NvlinkDispatch, WideAndOddRowsMatchCpuFabric) {
   NEED_GPUS(2);
   expect_nvlink_shapes({{7168, ActFormat::fp8, ActFormat::bf16, 24, {{700, 513}, {64, 700}}},
@@ -558,7 +559,9 @@ TEST(NvlinkDispatch, WideAndOddRowsMatchCpuFabric) {
                         {7168, ActFormat::nvfp4, ActFormat::fp8, 24, {{257, 300}, {300, 3}}},
                         {1152, ActFormat::fp8, ActFormat::fp8, 5, {{333, 700}, {700, 1}}},
                         {1040, ActFormat::nvfp4, ActFormat::bf16, 7, {{700, 650}, {20, 700}}},
-                        {1032, ActFormat::bf16, ActFormat::bf16, 3, {{700, 699}, {1, 2}}}},
+                        {1032, ActFormat::bf16, ActFormat::bf16, 3, {{700, 699}, {1, 2}}},
+                        {2880, ActFormat::fp8, ActFormat::fp8, 24, {{700, 300}, {5, 700}}},
+                        {1104, ActFormat::fp8, ActFormat::fp8, 5, {{333, 700}, {700, 1}}}},
                        900, "nvlink");
 }
 

@@ -145,8 +145,17 @@ void run_problem(const Problem& p, uint32_t seed, bool both_decode_engines = fal
       EXPECT_EQ(e.substr(0, e.find('/')), H % 128 == 0 ? "wgmma-nvfp4" : "mma");
       EXPECT_EQ(e.substr(e.find('/') + 1), p.I % 128 == 0 ? "wgmma-nvfp4" : "mma");
     }
-    // intermediate_quant auto on fp8 weights (I % 128 == 0) resolves to fp8: GEMM2 on an fp8 x fp8
-    // engine wherever one runs it (decode wgmma at m-tile 32, or CUTLASS).
+    // fp8 weights in decode with e4m3 operands take the wgmma fp8 engine, also where K ends on a
+    // partial 128-block (H or I % 128 == 64): GEMM1 with an fp8 dispatch, GEMM2 with an fp8
+    // intermediate.
+    if (p.wf == WeightFormat::fp8 && wgmma && runner.last_block_m() == 32) {
+      const std::string e = runner.last_engines();
+      if (p.act == ActFormat::fp8) EXPECT_EQ(e.substr(0, e.find('/')), "wgmma-fp8") << e;
+      if (cfg.effective_intermediate_quant() == IntermediateQuant::fp8)
+        EXPECT_EQ(e.substr(e.find('/') + 1), "wgmma-fp8") << e;
+    }
+    // intermediate_quant auto on fp8 weights resolves to fp8: GEMM2 on an fp8 x fp8 engine wherever
+    // one runs it (decode wgmma at m-tile 32, or CUTLASS where I % 128 == 0).
     if (p.iq == IntermediateQuant::automatic && p.wf == WeightFormat::fp8 && p.I % 128 == 0) {
       const std::string e = runner.last_engines(), g2 = e.substr(e.find('/') + 1);
       if (wgmma && runner.last_block_m() == 32) EXPECT_EQ(g2, "wgmma-fp8") << e;
@@ -226,6 +235,11 @@ TEST(CudaRunner, DecodeEnginesMatchReference) {
       // fp8 GEMM1 (fp8 dispatch) and the mma.sync engine; gpt-oss with every dimension partial.
       {2048, 576, 4, 2, 12, A::fp8, W::fp8, IQ::none, 32, -1, false, "fp8 I%128=64"},
       {2880, 2880, 4, 4, 10, A::bf16, W::fp8, IQ::none, 32, -1, false, "gpt-oss fp8"},
+      // fp8 activations and intermediate with a partial last 128-block (K % 128 == 64 in both
+      // GEMMs): the wgmma fp8 engine's partial last stage.
+      {2880, 2880, 4, 4, 10, A::fp8, W::fp8, IQ::fp8, 32, -1, false, "gpt-oss fp8-act iq=fp8"},
+      {2880, 2880, 4, 4, 10, A::fp8, W::fp8, IQ::none, 32, -1, false, "gpt-oss fp8-act"},
+      {320, 192, 8, 2, 24, A::fp8, W::fp8, IQ::fp8, 32, -1, false, "H=320 I=192 fp8-act iq=fp8"},
       {1024, 512, 64, 1, 64, A::fp8, W::fp8, IQ::fp8, 32, -1, false, "E=64 K=1"},
       {7168, 2048, 4, 2, 12, A::bf16, W::nvfp4, IQ::none, 32, -1, false, "dsv3 nvfp4"},
       {7168, 2048, 4, 2, 12, A::nvfp4, W::nvfp4, IQ::none, 32, -1, false, "dsv3 nvfp4 nvfp4-act"},
