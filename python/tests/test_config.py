@@ -32,9 +32,12 @@ def test_intermediate_quant_auto_follows_the_weights():
     assert fp8.effective_intermediate_quant == epmoe.IntermediateQuant.fp8
     assert small(weight_format="bf16").effective_intermediate_quant == epmoe.IntermediateQuant.none
     assert small(weight_format="nvfp4").effective_intermediate_quant == epmoe.IntermediateQuant.none
-    # No 128-blocks along I (gpt-oss' 2880): auto means none, and is not an issue.
+    # nvfp4 weights: none whatever I; fp8 weights with gpt-oss' I = 2880 (a partial last 128-block):
+    # fp8; auto is never an issue.
     odd = small(weight_format="nvfp4", intermediate=2880)
     assert odd.effective_intermediate_quant == epmoe.IntermediateQuant.none and odd.validate() == []
+    odd8 = small(weight_format="fp8", intermediate=2880)
+    assert odd8.effective_intermediate_quant == epmoe.IntermediateQuant.fp8 and odd8.validate() == []
     # Explicit values are kept.
     assert small(weight_format="fp8", intermediate_quant="none").effective_intermediate_quant.name == "none"
     assert small(intermediate_quant=epmoe.IntermediateQuant.fp8).effective_intermediate_quant.name == "fp8"
