@@ -204,8 +204,13 @@ __global__ void swiglu_vec_kernel(const bf16_raw* __restrict__ h, const int32_t*
 void swiglu(const bf16_raw* h, const int32_t* offsets, const int32_t* cnt, int E, int I, int64_t max_rows,
             bool fp8_round_trip, bool ue8m0, bf16_raw* a, uint8_t* a8, float* sfa8, cudaStream_t stream) {
   if (E <= 0 || max_rows <= 0) return;
-  if ((a8 || fp8_round_trip) && I % 128 != 0)
-    throw UsageError("cutlass swiglu: fp8 intermediate needs intermediate % 128 == 0, got " + std::to_string(I));
+  // The e4m3 codes feed the CUTLASS fp8 GEMM2, which takes whole 128-blocks only; the round trip
+  // takes a partial last block (its lanes past I add 0 to the amax, in both kernels).
+  if (a8 && I % 128 != 0)
+    throw UsageError("cutlass swiglu: fp8 codes for the fp8 GEMM2 need intermediate % 128 == 0, got " +
+                     std::to_string(I));
+  if (fp8_round_trip && I % 16 != 0)
+    throw UsageError("cutlass swiglu: the fp8 round trip needs intermediate % 16 == 0, got " + std::to_string(I));
   const bool vec = I % 8 == 0 && reinterpret_cast<uintptr_t>(h) % 16 == 0 &&
                    (a8 ? reinterpret_cast<uintptr_t>(a8) % 8 == 0 : reinterpret_cast<uintptr_t>(a) % 16 == 0) &&
                    max_rows * ((I + 255) / 256) < (int64_t(1) << 31);

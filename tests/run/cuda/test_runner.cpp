@@ -273,6 +273,10 @@ TEST(CudaRunner, AutoIntermediateQuantFollowsTheWeights) {
   };
   for (const Problem& p : decode) run_problem(p, seed++, /*both_decode_engines=*/true);
   run_problem({2048, 768, 16, 8, 300, A::fp8, W::fp8, au, 0, -1, false, "qwen3 fp8 iq=auto large M"}, seed++);
+  // I % 128 == 64: auto is fp8 there too; past decode the weights are widened (the CUTLASS fp8 GEMMs
+  // take whole tiles) and the SwiGLU pass takes the intermediate's partial last block.
+  run_problem({2880, 2880, 4, 4, 60, A::fp8, W::fp8, au, 0, -1, false, "gpt-oss fp8 iq=auto large M"}, seed++);
+  run_problem({320, 192, 4, 2, 200, A::fp8, W::fp8, au, 0, -1, false, "H=320 I=192 fp8 iq=auto large M"}, seed++);
 }
 
 TEST(CudaRunner, RejectsMismatchedWeights) {
