@@ -120,16 +120,9 @@ __global__ void combine_kernel(ActFormat f, QuantParams p, const bf16_raw* __res
   // towards the amax): quantize as the sender would, dequantize as the home rank.
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
   for (int b = warp; b < fp8_blocks(H); b += warps) {
-    const bool on = b * 128 + lane * 4 < H;
     float v[4];
-    float amax = 0.f;
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      v[i] = on ? num::bf16_to_f32(row[b * 128 + lane * 4 + i]) : 0.f;
-      amax = fmaxf(amax, fabsf(v[i]));
-    }
-    amax = dev::warp_max(amax);
-    const dev::Fp8Block bp = dev::fp8_block_params(amax, p.ue8m0);
+    bool on;
+    const dev::Fp8Block bp = dev::fp8_warp_block(row, H, b, lane, p.ue8m0, v, on);
     if (!on) continue;
 #pragma unroll
     for (int i = 0; i < 4; ++i)

@@ -73,6 +73,21 @@ __device__ __forceinline__ float warp_max(float v) {
   return v;
 }
 
+// fp8 block b of a bf16 row of n elements, one warp per block: this lane's 4 values into v and the
+// block's parameters from the warp-wide amax. The last block is partial when n % 128 != 0 (n % 4 ==
+// 0): a lane past n gets zeros, which leave the amax as it is, and `on` false (it stores nothing).
+__device__ __forceinline__ Fp8Block fp8_warp_block(const bf16_raw* row, int n, int b, int lane, bool ue8m0,
+                                                   float (&v)[4], bool& on) {
+  on = b * 128 + lane * 4 < n;
+  float amax = 0.f;
+#pragma unroll
+  for (int q = 0; q < 4; ++q) {
+    v[q] = on ? num::bf16_to_f32(row[b * 128 + lane * 4 + q]) : 0.f;
+    amax = fmaxf(amax, fabsf(v[q]));
+  }
+  return fp8_block_params(warp_max(amax), ue8m0);
+}
+
 // nvfp4 block of 16 (x in fp32): packed 8 bytes (element 2i low nibble) and the e4m3 scale code.
 __device__ __forceinline__ uint8_t nvfp4_block(const float* x, float gs, uint8_t* packed) {
   float amax = 0.f;

@@ -263,22 +263,6 @@ __global__ void permute_fp8_kernel(const uint8_t* __restrict__ payload, const ui
   }
 }
 
-// Block b (128 elements, fewer in the last block of a row of n % 128 != 0) of an intermediate row
-// of n, read by one warp: this lane's 4 values into v (0 past n, which leaves the amax as it is),
-// and the block's fp8 parameters from the warp-wide amax. Both intermediate kernels start so; a lane
-// with `on` false stores nothing.
-__device__ __forceinline__ dev::Fp8Block load_block128(const bf16_raw* row, int n, int b, int lane, bool ue8m0,
-                                                        float (&v)[4], bool& on) {
-  on = b * 128 + lane * 4 < n;
-  float amax = 0.f;
-#pragma unroll
-  for (int q = 0; q < 4; ++q) {
-    v[q] = on ? num::bf16_to_f32(row[b * 128 + lane * 4 + q]) : 0.f;
-    amax = fmaxf(amax, fabsf(v[q]));
-  }
-  return dev::fp8_block_params(dev::warp_max(amax), ue8m0);
-}
-
 // h rows (bf16) to e4m3 codes + block-128 scales (intermediate_quant = fp8) for the wgmma fp8
 // GEMM2: the same codes and scales as the round trip below, kept as codes. One warp per block.
 __global__ void intermediate_to_fp8_kernel(const bf16_raw* __restrict__ h, const int32_t* __restrict__ offsets,
@@ -292,7 +276,7 @@ __global__ void intermediate_to_fp8_kernel(const bf16_raw* __restrict__ h, const
   for (int b = warp; b < fp8_blocks(I); b += warps) {
     float v[4];
     bool on;
-    const dev::Fp8Block bp = load_block128(row, I, b, lane, ue8m0, v, on);
+    const dev::Fp8Block bp = dev::fp8_warp_block(row, I, b, lane, ue8m0, v, on);
     uint32_t packed = 0;
 #pragma unroll
     for (int q = 0; q < 4; ++q) packed |= uint32_t(dev::fp8_code(v[q], bp)) << (8 * q);
@@ -312,7 +296,7 @@ __global__ void intermediate_fp8_kernel(bf16_raw* __restrict__ h, const int32_t*
   for (int b = warp; b < fp8_blocks(I); b += warps) {
     float v[4];
     bool on;
-    const dev::Fp8Block bp = load_block128(row, I, b, lane, ue8m0, v, on);
+    const dev::Fp8Block bp = dev::fp8_warp_block(row, I, b, lane, ue8m0, v, on);
     if (!on) continue;
 #pragma unroll
     for (int q = 0; q < 4; ++q)
