@@ -49,10 +49,13 @@ struct Grouped {
   const int32_t* rows = nullptr;     // [E] on the device
   const int32_t* offsets = nullptr;  // [E] on the device
   const void* A = nullptr;           // [rows][K]: bf16, or e4m3 for the fp8 GEMM
-  const float* sfa = nullptr;        // fp8: [rows][K/128] fp32 (one scale per row and 128 of K)
+  const float* sfa = nullptr;        // fp8: [rows][ceil(K/128)] fp32 (one scale per row and 128 of K)
   const void* W = nullptr;           // [E][N][K]: bf16, or e4m3
-  const float* sfw = nullptr;        // fp8: [E][N/128][K/128] fp32 (MatrixView's tile scales)
-  bf16_raw* out = nullptr;           // [rows][N]
+  const float* sfw = nullptr;        // fp8: [E][ceil(N/128)][ceil(K/128)] fp32 (MatrixView's tile scales)
+  bf16_raw* out = nullptr;           // [rows][out_ld]
+  // Elements between two rows of out; 0 = N. GEMM1 run as its gate and up halves (N = I) into one
+  // [rows][2I] buffer passes 2I, the up half with out + I.
+  int64_t out_ld = 0;
   // Per-group factor of the fp32 accumulator before the bf16 store, alpha[e] for group e (device,
   // [experts]); null = 1. The runner passes 1/global_scale of widened nvfp4 weights here. It is a
   // runtime argument of the existing epilogue (LinearCombination's alpha_ptr with an L stride of
@@ -61,6 +64,9 @@ struct Grouped {
   // Elements between two experts' weight matrices; 0 = N * K. GEMM1 run as its gate and up halves
   // (grouped_gemm_bf16_swiglu) passes 2I * H with N = I.
   int64_t w_expert_stride = 0;
+  // fp8: floats between two experts' weight scales; 0 = ceil(N/128) * ceil(K/128). The gate and up
+  // halves of a W13 whose scale grid splits at I pass that of the whole matrix.
+  int64_t sfw_expert_stride = 0;
   // grouped_gemm_bf16_swiglu only: the gate [rows][N] bf16, read by the epilogue as its source.
   const bf16_raw* src = nullptr;
   void* workspace = nullptr;         // *_workspace_bytes(experts, sms) bytes, 256-byte aligned
@@ -84,8 +90,13 @@ void grouped_gemm_bf16(const Grouped& g, cudaStream_t stream);
 size_t swiglu_workspace_bytes(int experts, int sms);
 void grouped_gemm_bf16_swiglu(const Grouped& g, cudaStream_t stream);
 size_t fp8_workspace_bytes(int experts, int sms);
-// Needs N % 128 == 0 and K % 128 == 0 (whole scale tiles).
+// Needs K % 16 == 0 (16-byte TMA rows). A last partial 128-block of K or of N is its own scale
+// block: TMA fills the codes past K with zeros, and the scale loads past N are predicated off, so
+// the partial tile computes exactly its own elements. A W13 whose scale grid splits at I with
+// I % 128 != 0 has a tile row holding two blocks; it runs as its two halves (runner_cutlass.cu).
 void grouped_gemm_fp8(const Grouped& g, cudaStream_t stream);
+// The argument checks of both fp8 GEMMs (UsageError naming the field).
+void check_fp8(const Grouped& g, const char* what);
 
 // Swap-AB instantiations (engine_cutlass_swap_bf16.cu, engine_cutlass_swap_fp8.cu), reached through
 // grouped_gemm_bf16 / grouped_gemm_fp8 with g.swap_ab; same arguments and limits. The fp8 one keeps
@@ -110,8 +121,8 @@ void grouped_gemm_fp8_swap_n192(const Grouped& g, cudaStream_t stream);
 }  // namespace detail
 
 // fp8 engine's permute: every valid (slot, k) pair claims a row of its expert's segment (offsets +
-// atomic fill, as the bf16 permute does) and gets the slot's e4m3 bytes and its H/128 scales as they
-// are (no requantization). Writes pair_pos [S][K] (row or -1).
+// atomic fill, as the bf16 permute does) and gets the slot's e4m3 bytes and its ceil(H/128) scales
+// as they are (no requantization). Writes pair_pos [S][K] (row or -1).
 void permute_fp8(const uint8_t* payload, const float* scales, const int32_t* ids, const int32_t* counts,
                  int64_t slots, int C, int K, int E, int H, const int32_t* offsets, int32_t* fill,
                  int32_t* pair_pos, uint8_t* a8, float* sfa, cudaStream_t stream);
@@ -215,15 +226,15 @@ struct Tables {
 template <class T>
 __global__ void fill_tables(T t, int E, int N, int K, const int32_t* __restrict__ rows,
                             const int32_t* __restrict__ offsets, int rows_lo, int rows_hi, const void* A,
-                            const float* sfa, const void* W, int64_t w_stride, const float* sfw, const bf16_raw* src,
-                            bf16_raw* out) {
+                            const float* sfa, const void* W, int64_t w_stride, const float* sfw, int64_t sfw_stride,
+                            const bf16_raw* src, bf16_raw* out, int64_t out_ld) {
   const int e = blockIdx.x * blockDim.x + threadIdx.x;
   if (e >= E) return;
   const int m = rows[e] >= rows_lo && rows[e] <= rows_hi ? rows[e] : 0;
   const int64_t off = offsets[e];
   const auto* rows_ptr = static_cast<const typename T::ERows*>(A) + off * K;
   const auto* w_ptr = static_cast<const typename T::EW*>(W) + int64_t(e) * w_stride;
-  t.d[e] = reinterpret_cast<typename T::ED*>(out) + off * N;
+  t.d[e] = reinterpret_cast<typename T::ED*>(out) + off * out_ld;
   // Both operands K-major (row stride K) as stored, in either role.
   t.sa[e] = cute::make_stride(int64_t(K), cute::Int<1>{}, cute::Int<0>{});
   t.sb[e] = cute::make_stride(int64_t(K), cute::Int<1>{}, cute::Int<0>{});
@@ -231,16 +242,16 @@ __global__ void fill_tables(T t, int E, int N, int K, const int32_t* __restrict_
     t.shapes[e] = typename T::Shape3{N, m, K};
     t.a[e] = w_ptr;
     t.b[e] = rows_ptr;
-    t.sd[e] = cute::make_stride(cute::Int<1>{}, int64_t(N), cute::Int<0>{});
+    t.sd[e] = cute::make_stride(cute::Int<1>{}, out_ld, cute::Int<0>{});
   } else {
     t.shapes[e] = typename T::Shape3{m, N, K};
     t.a[e] = rows_ptr;
     t.b[e] = w_ptr;
-    t.sd[e] = cute::make_stride(int64_t(N), cute::Int<1>{}, cute::Int<0>{});
+    t.sd[e] = cute::make_stride(out_ld, cute::Int<1>{}, cute::Int<0>{});
   }
   if constexpr (T::scaled) {
-    const float* rows_sf = sfa + off * (K / 128);
-    const float* w_sf = sfw + int64_t(e) * (N / 128) * (K / 128);
+    const float* rows_sf = sfa + off * ((K + 127) / 128);
+    const float* w_sf = sfw + int64_t(e) * sfw_stride;
     t.sfa[e] = T::swap ? w_sf : rows_sf;
     t.sfb[e] = T::swap ? rows_sf : w_sf;
   }
@@ -351,9 +362,13 @@ void run(const Grouped& g, const char* what, cudaStream_t stream) {
   const T t = T::carve(g.workspace, g.experts);
   if (kSource && !g.src) throw UsageError(std::string("cutlass ") + what + ": the source (gate) is null");
   const int64_t w_stride = g.w_expert_stride ? g.w_expert_stride : int64_t(g.N) * g.K;
+  const int64_t sfw_stride =
+      g.sfw_expert_stride ? g.sfw_expert_stride : int64_t((g.N + 127) / 128) * ((g.K + 127) / 128);
+  const int64_t out_ld = g.out_ld ? g.out_ld : g.N;
+  if (kSource && out_ld != g.N) throw UsageError(std::string("cutlass ") + what + ": out_ld must be N with a source");
   fill_tables<T><<<(g.experts + 127) / 128, 128, 0, stream>>>(t, g.experts, g.N, g.K, g.rows, g.offsets, g.rows_lo,
-                                                               g.rows_hi, g.A, g.sfa, g.W, w_stride, g.sfw, g.src,
-                                                               g.out);
+                                                               g.rows_hi, g.A, g.sfa, g.W, w_stride, g.sfw, sfw_stride,
+                                                               g.src, g.out, out_ld);
   EPMOE_CUDA_CHECK_LAUNCH();
   const auto args = make_args<Gemm, kScaled, kSource, kSwap>(t, g.experts, g.sms, device, g.alpha);
   auto fail = [&](cutlass::Status s, const char* step) {

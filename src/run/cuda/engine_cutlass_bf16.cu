@@ -139,7 +139,7 @@ __global__ void swiglu_vec_kernel(const bf16_raw* __restrict__ h, const int32_t*
   const uint32_t warps = blockDim.x >> 5;
   const uint32_t ng = uint32_t(I + 255) / 256;
   const uint32_t total = rows * ng;
-  const int nb = I / 128;
+  const int nb = (I + 127) / 128;
   for (uint32_t w = blockIdx.x * warps + (threadIdx.x >> 5); w < total; w += gridDim.x * warps) {
     const uint32_t r = w / ng;
     const int c0 = int(w - r * ng) * 256 + lane * 8;
@@ -171,8 +171,8 @@ __global__ void swiglu_vec_kernel(const bf16_raw* __restrict__ h, const int32_t*
       for (int j = 0; j < 8; ++j) v[j] = 0.f;
     }
     if (a8 || round_trip) {
-      // The block of these columns is 16 lanes wide; in a partial last block (I % 128 != 0, the
-      // round trip only: the fp8 GEMM2 needs whole tiles) the lanes past I add 0 to the amax.
+      // The block of these columns is 16 lanes wide; in a partial last block (I % 128 != 0) the
+      // lanes past I add 0 to the amax.
 #pragma unroll
       for (int o = 8; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
       const dev::Fp8Block bp = dev::fp8_block_params(amax, ue8m0);
@@ -204,13 +204,9 @@ __global__ void swiglu_vec_kernel(const bf16_raw* __restrict__ h, const int32_t*
 void swiglu(const bf16_raw* h, const int32_t* offsets, const int32_t* cnt, int E, int I, int64_t max_rows,
             bool fp8_round_trip, bool ue8m0, bf16_raw* a, uint8_t* a8, float* sfa8, cudaStream_t stream) {
   if (E <= 0 || max_rows <= 0) return;
-  // The e4m3 codes feed the CUTLASS fp8 GEMM2, which takes whole 128-blocks only; the round trip
-  // takes a partial last block (its lanes past I add 0 to the amax, in both kernels).
-  if (a8 && I % 128 != 0)
-    throw UsageError("cutlass swiglu: fp8 codes for the fp8 GEMM2 need intermediate % 128 == 0, got " +
-                     std::to_string(I));
-  if (fp8_round_trip && I % 16 != 0)
-    throw UsageError("cutlass swiglu: the fp8 round trip needs intermediate % 16 == 0, got " + std::to_string(I));
+  // Both fp8 forms take a partial last block (its lanes past I add 0 to the amax, in both kernels).
+  if ((a8 || fp8_round_trip) && I % 16 != 0)
+    throw UsageError("cutlass swiglu: the fp8 intermediate needs intermediate % 16 == 0, got " + std::to_string(I));
   const bool vec = I % 8 == 0 && reinterpret_cast<uintptr_t>(h) % 16 == 0 &&
                    (a8 ? reinterpret_cast<uintptr_t>(a8) % 8 == 0 : reinterpret_cast<uintptr_t>(a) % 16 == 0) &&
                    max_rows * ((I + 255) / 256) < (int64_t(1) << 31);

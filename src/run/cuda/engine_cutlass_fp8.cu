@@ -67,18 +67,28 @@ static_assert(Mainloop::ScaleGranularityM == 1 && Mainloop::ScaleGranularityN ==
 
 size_t fp8_workspace_bytes(int experts, int sms) { return detail::workspace_bytes<Gemm, true>(experts, sms); }
 
+void check_fp8(const Grouped& g, const char* what) {
+  const int64_t ld = g.out_ld ? g.out_ld : g.N;
+  if (g.K % 16 != 0)
+    throw UsageError(std::string("cutlass ") + what + ": K=" + std::to_string(g.K) +
+                     " must be a multiple of 16 (16-byte TMA rows of e4m3)");
+  if (ld < g.N || ld % 8 != 0)
+    throw UsageError(std::string("cutlass ") + what + ": out_ld=" + std::to_string(ld) + " must be >= N=" +
+                     std::to_string(g.N) + " and a multiple of 8 (16-byte TMA rows of bf16)");
+  if (!g.sfa || !g.sfw)
+    throw UsageError(std::string("cutlass ") + what + ": activation and weight scales must be non-null");
+}
+
 void grouped_gemm_fp8(const Grouped& g, cudaStream_t stream) {
   if (g.swap_ab) return grouped_gemm_fp8_swap(g, stream);
-  if (g.K % 128 != 0 || g.N % 128 != 0)
-    throw UsageError("cutlass fp8 grouped GEMM: N=" + std::to_string(g.N) + " and K=" + std::to_string(g.K) +
-                     " must be multiples of 128 (whole 128x128 weight scale tiles)");
-  if (!g.sfa || !g.sfw) throw UsageError("cutlass fp8 grouped GEMM: activation and weight scales must be non-null");
+  check_fp8(g, "fp8 grouped GEMM");
   detail::run<Gemm, true>(g, "fp8", stream);
 }
 
 #else  // built without the CUTLASS headers
 
 size_t fp8_workspace_bytes(int, int) { return 0; }
+void check_fp8(const Grouped&, const char*) {}
 void grouped_gemm_fp8(const Grouped&, cudaStream_t) {
   throw UsageError("runner cuda: engine cutlass is not available (built without CUTLASS headers; run scripts/setup.sh "
                    "and re-run cmake), use EPMOE_RUNNER_ENGINE=mma or auto");
@@ -90,7 +100,7 @@ namespace {
 
 // One CTA per slot: claims a row per valid (slot, k) (same rule as the bf16 permute: expert offset
 // plus an atomic fill counter) and copies the slot's e4m3 row (16 bytes per thread step) and its
-// fp32 block scales there.
+// fp32 block scales (ceil(H/128): the last block may be partial) there.
 __global__ void permute_fp8_kernel(const uint8_t* __restrict__ payload, const float* __restrict__ scales,
                                    const int32_t* __restrict__ ids, const int32_t* __restrict__ counts, int C, int K,
                                    int E, int H, const int32_t* __restrict__ offsets, int32_t* __restrict__ fill,
@@ -100,16 +110,17 @@ __global__ void permute_fp8_kernel(const uint8_t* __restrict__ payload, const fl
   if (!slot_valid(i, C, counts)) return;
   claim_rows(i, K, E, ids, offsets, fill, pair_pos, pos);
   const uint4* src = reinterpret_cast<const uint4*>(payload + i * int64_t(H));
-  const float* ssrc = scales + i * int64_t(H / 128);
+  const int nb = (H + 127) / 128;
+  const float* ssrc = scales + i * int64_t(nb);
   for (int c = threadIdx.x; c < H / 16; c += blockDim.x) {
     const uint4 v = src[c];
     for (int k = 0; k < K; ++k)
       if (pos[k] >= 0) reinterpret_cast<uint4*>(a8 + int64_t(pos[k]) * H)[c] = v;
   }
-  for (int b = threadIdx.x; b < H / 128; b += blockDim.x) {
+  for (int b = threadIdx.x; b < nb; b += blockDim.x) {
     const float s = ssrc[b];
     for (int k = 0; k < K; ++k)
-      if (pos[k] >= 0) sfa[int64_t(pos[k]) * (H / 128) + b] = s;
+      if (pos[k] >= 0) sfa[int64_t(pos[k]) * nb + b] = s;
   }
 }
 
@@ -119,7 +130,7 @@ void permute_fp8(const uint8_t* payload, const float* scales, const int32_t* ids
                  int64_t slots, int C, int K, int E, int H, const int32_t* offsets, int32_t* fill,
                  int32_t* pair_pos, uint8_t* a8, float* sfa, cudaStream_t stream) {
   if (slots <= 0) return;
-  if (H % 128 != 0) throw UsageError("cutlass fp8 permute: hidden=" + std::to_string(H) + " must be a multiple of 128");
+  if (H % 16 != 0) throw UsageError("cutlass fp8 permute: hidden=" + std::to_string(H) + " must be a multiple of 16");
   if (K > 32) throw UsageError("cutlass fp8 permute: top_k=" + std::to_string(K) + " exceeds 32");
   permute_fp8_kernel<<<unsigned(slots), 128, 0, stream>>>(payload, scales, ids, counts, C, K, E, H, offsets, fill,
                                                           pair_pos, a8, sfa);

@@ -22,11 +22,7 @@ size_t fp8_swap_workspace_bytes(int experts, int sms, int tile_n) {
 
 void grouped_gemm_fp8_swap(const Grouped& g, cudaStream_t stream) {
   swap::check_tile(g.swap_tile_n, "fp8", true);
-  if (g.K % 128 != 0 || g.N % 128 != 0)
-    throw UsageError("cutlass fp8 swap-AB grouped GEMM: N=" + std::to_string(g.N) + " and K=" + std::to_string(g.K) +
-                     " must be multiples of 128 (whole 128x128 weight scale tiles)");
-  if (!g.sfa || !g.sfw)
-    throw UsageError("cutlass fp8 swap-AB grouped GEMM: activation and weight scales must be non-null");
+  check_fp8(g, "fp8 swap-AB grouped GEMM");
   if (g.swap_tile_n == 96) return detail::grouped_gemm_fp8_swap_n96(g, stream);
   if (g.swap_tile_n == 128) return detail::grouped_gemm_fp8_swap_n128(g, stream);
   if (g.swap_tile_n == 192) return detail::grouped_gemm_fp8_swap_n192(g, stream);

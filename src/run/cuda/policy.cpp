@@ -157,14 +157,17 @@ CutlassPlan cutlass_plan(const DispatchOutput& in, const ExpertWeights& w, Inter
   const WeightFormat wf = w.w13.format;
   const bool iq8 = iq == IntermediateQuant::fp8;
   const bool fp8w = wf == WeightFormat::fp8;
-  const bool whole_tiles = H % 128 == 0 && I % 128 == 0;
+  // 16-byte TMA rows of e4m3 (the fp8 formats' own rule, checked again here); a partial last
+  // 128-block in H or I is its own scale block on the fp8 GEMMs.
+  const bool tma_rows = H % 16 == 0 && I % 16 == 0;
   // fp8 GEMM1: the dispatched e4m3 rows are the A operand as they are (16-byte row copies).
-  const bool fp8_1 = fp8w && in.format == ActFormat::fp8 && whole_tiles &&
+  const bool fp8_1 = fp8w && in.format == ActFormat::fp8 && tma_rows &&
                      reinterpret_cast<uintptr_t>(in.payload) % 16 == 0 && w.w13.scales;
-  const bool fp8_2 = fp8w && iq8 && whole_tiles && w.w2.scales;
+  const bool fp8_2 = fp8w && iq8 && tma_rows && w.w2.scales;
   CutlassPlan p;
   p.gemm1 = wf == WeightFormat::bf16 ? CutlassPath::bf16 : fp8_1 ? CutlassPath::fp8 : CutlassPath::widened;
   p.gemm2 = wf == WeightFormat::bf16 ? CutlassPath::bf16 : fp8_2 ? CutlassPath::fp8 : CutlassPath::widened;
+  p.split_w13 = p.gemm1 == CutlassPath::fp8 && I % 128 != 0;
   p.swap_tile_n = swap_tile_n(swap, expected_rows);
   // The bytes both GEMMs stream (fp8: one per weight, else bf16's two; nvfp4 is widened, unsplit).
   const double weight_bytes = double(E) * 3.0 * H * I * (fp8w ? 1 : 2);

@@ -174,8 +174,9 @@ bool use_nvfp4_wide(RunnerEngine engine, const DecodeEngines& d32, bool prepared
 
 // ---- CUTLASS engine (large M) --------------------------------------------------------------------
 // Operand path of one GEMM on the CUTLASS engine: bf16 weights on the bf16 GEMM; fp8 weights on
-// the fp8 x fp8 GEMM where the other operand is e4m3 already (GEMM1: fp8 dispatch with H, I % 128
-// == 0, a 16-byte aligned payload and weight scales; GEMM2: intermediate_quant = fp8), so that a
+// the fp8 x fp8 GEMM where the other operand is e4m3 already (GEMM1: fp8 dispatch with a 16-byte
+// aligned payload and weight scales; GEMM2: intermediate_quant = fp8; partial 128-tiles in H or I
+// included, W13 then run as its gate and up halves, split_w13), so that a
 // bf16 operand keeps its numerics (never requantized to e4m3); otherwise (fp8 with a bf16 operand,
 // nvfp4 always) widened to bf16 in a scratch buffer and run on the bf16 GEMM.
 enum class CutlassPath { bf16, fp8, widened };
@@ -198,6 +199,10 @@ struct CutlassPlan {
   // follows.
   int swap_tile_n = 0;
   std::vector<RowBucket> buckets;
+  // GEMM1 on the fp8 GEMM with I % 128 != 0: W13's scale grid splits at I (FORMATS.md), so one
+  // 128-row weight tile would span the gate's last block and the up's first. It runs as its gate
+  // half and its up half (N = I each, their own scale tiles) into the two column halves of [rows][2I].
+  bool split_w13 = false;
   // The direct GEMMs' tile for names and RunnerInfo: the one bucket's tile_n, or kByRows.
   int direct_tile_n() const { return buckets.size() == 1 ? buckets[0].tile_n : kByRows; }
   // The tile of a GEMM on path p: swap_tile_n widened, direct_tile_n otherwise.
@@ -216,7 +221,7 @@ CutlassPlan cutlass_plan(const DispatchOutput& in, const ExpertWeights& w, Inter
 // ---- configuration limits --------------------------------------------------------------------------
 // The engines' limits on a configuration (RunnerInfo::check of runner "cuda", called by
 // validate()): hidden and intermediate multiples of 64 (the tiles), engine cutlass only in a build
-// with CUTLASS. top_k <= 32 and intermediate % 128 with intermediate_quant = fp8 are limits of the
+// with CUTLASS. top_k <= 32 and intermediate % 16 with intermediate_quant = fp8 are limits of the
 // runner too, but validate() already enforces them (top_k <= 16, the fp8 intermediate's blocks) for
 // every runner, so they are not reported twice.
 void check_config(const MoeConfig& cfg, std::vector<ConfigIssue>& issues);

@@ -4,6 +4,7 @@
 #include <string>
 #include <vector>
 
+#include "epmoe/format.h"
 #include "run/cuda/engine.h"
 #include "run/cuda/engine_cutlass.h"
 #include "run/cuda/policy.h"
@@ -43,6 +44,23 @@ void run_buckets(cutlass_engine::Grouped g, const std::vector<policy::RowBucket>
     else
       cutlass_engine::grouped_gemm_bf16(g, st);
   }
+}
+
+// fp8 GEMM1 `g` (N = 2I) as its gate and up halves (policy::CutlassPlan::split_w13): each N = I
+// with its own scale tile rows, written into the two column halves of g.out [rows][2I]; the
+// result is the same [rows][2I] the single GEMM writes where I % 128 == 0.
+void run_fp8_halves(cutlass_engine::Grouped g, const std::vector<policy::RowBucket>& buckets, cudaStream_t st) {
+  const int I = g.N / 2;
+  const int64_t ib = fp8_blocks(I), kb = fp8_blocks(g.K);
+  g.N = I;
+  g.out_ld = int64_t(2) * I;
+  g.w_expert_stride = int64_t(2) * I * g.K;
+  g.sfw_expert_stride = 2 * ib * kb;
+  run_buckets(g, buckets, true, st);
+  g.W = static_cast<const uint8_t*>(g.W) + int64_t(I) * g.K;
+  g.sfw += ib * kb;
+  g.out += I;
+  run_buckets(g, buckets, true, st);
 }
 
 // The workspace the launches of `buckets` (fp8 or bf16 GEMMs) share: the largest one's.
@@ -95,7 +113,8 @@ int CudaRunner::run_widened(const cutlass_engine::Grouped& g, const MatrixView& 
 // epilogue (gemm1_swiglu, engine_cutlass_swiglu.cu). Per GEMM the operand path is (policy.h):
 //   bf16 weights: CUTLASS bf16;
 //   fp8 weights: CUTLASS fp8 where the other operand is e4m3 already (GEMM1: fp8 dispatch, GEMM2:
-//     intermediate_quant = fp8), else widened to bf16(e4m3 * tile scale) + CUTLASS bf16, so that a
+//     intermediate_quant = fp8; partial 128-tiles in H or I too, GEMM1 then as its gate and up halves
+//     where I % 128 != 0, run_fp8_halves), else widened to bf16(e4m3 * tile scale) + CUTLASS bf16, so that a
 //     bf16 operand keeps its numerics (never requantized to e4m3);
 //   nvfp4 weights: widened to bf16(e2m1 * block scale) + CUTLASS bf16 with alpha = 1/gs per expert.
 // Where 1/gs goes: into the bf16 GEMM's epilogue as a per-group alpha (a runtime argument of the
@@ -202,7 +221,10 @@ void CudaRunner::run_cutlass(const DispatchOutput& in, const ExpertWeights& w, b
     g1.A = a8_.get<uint8_t>();
     g1.sfa = as_.get<float>();
     g1.sfw = static_cast<const float*>(w.w13.scales);
-    run_buckets(g1, plan.buckets, true, st);
+    if (plan.split_w13)
+      run_fp8_halves(g1, plan.buckets, st);
+    else
+      run_buckets(g1, plan.buckets, true, st);
   } else if (fuse) {
     // gu_ holds the gate half [rows][I]; the up half's epilogue writes the intermediate into h_.
     g1.A = a_.get<bf16_raw>();

@@ -155,8 +155,8 @@ void run_problem(const Problem& p, uint32_t seed, bool both_decode_engines = fal
         EXPECT_EQ(e.substr(e.find('/') + 1), "wgmma-fp8") << e;
     }
     // intermediate_quant auto on fp8 weights resolves to fp8: GEMM2 on an fp8 x fp8 engine wherever
-    // one runs it (decode wgmma at m-tile 32, or CUTLASS where I % 128 == 0).
-    if (p.iq == IntermediateQuant::automatic && p.wf == WeightFormat::fp8 && p.I % 128 == 0) {
+    // one runs it (decode wgmma at m-tile 32, or CUTLASS, partial 128-tiles included).
+    if (p.iq == IntermediateQuant::automatic && p.wf == WeightFormat::fp8) {
       const std::string e = runner.last_engines(), g2 = e.substr(e.find('/') + 1);
       if (wgmma && runner.last_block_m() == 32) EXPECT_EQ(g2, "wgmma-fp8") << e;
       // Swapped or not (cutlass-fp8, -swap64, -swap128), never widened.
@@ -273,8 +273,8 @@ TEST(CudaRunner, AutoIntermediateQuantFollowsTheWeights) {
   };
   for (const Problem& p : decode) run_problem(p, seed++, /*both_decode_engines=*/true);
   run_problem({2048, 768, 16, 8, 300, A::fp8, W::fp8, au, 0, -1, false, "qwen3 fp8 iq=auto large M"}, seed++);
-  // I % 128 == 64: auto is fp8 there too; past decode the weights are widened (the CUTLASS fp8 GEMMs
-  // take whole tiles) and the SwiGLU pass takes the intermediate's partial last block.
+  // I % 128 == 64: auto is fp8 there too; past decode both GEMMs run on CUTLASS fp8 with partial
+  // tiles (W13 as its gate and up halves) and the SwiGLU pass quantizes a partial last block.
   run_problem({2880, 2880, 4, 4, 60, A::fp8, W::fp8, au, 0, -1, false, "gpt-oss fp8 iq=auto large M"}, seed++);
   run_problem({320, 192, 4, 2, 200, A::fp8, W::fp8, au, 0, -1, false, "H=320 I=192 fp8 iq=auto large M"}, seed++);
 }

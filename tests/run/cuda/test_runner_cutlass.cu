@@ -282,6 +282,12 @@ TEST(CutlassEngine, MatchesReference) {
       // fp8 weights whose dims are not whole 128-tiles (H 2880 = 22.5 tiles): widened, partial scale tiles.
       {2880, 576, 4, 2, 200, A::bf16, W::fp8, kNone, Load::uneven, -1, -1, false, kW8W8, "odd tiles"},
       {2880, 576, 4, 2, 200, A::bf16, W::nvfp4, kNone, Load::uneven, -1, -1, false, kW4, "odd tiles"},
+      // fp8 x fp8 with partial 128-tiles (gpt-oss-120b's rule: H and I multiples of 16): K and N
+      // residues of both GEMMs, W13 (I % 128 == 64) as its gate and up halves, the partial blocks'
+      // own scales; and H % 128 == 64 with whole I (one GEMM1 launch, K residue only).
+      {2880, 576, 4, 2, 200, A::fp8, W::fp8, kFp8, Load::uneven, -1, -1, false, kFp8Both, "odd tiles fp8"},
+      {2880, 576, 4, 2, 200, A::fp8, W::fp8, kNone, Load::uneven, -1, -1, false, kFp8W2, "odd tiles fp8"},
+      {2880, 512, 4, 2, 200, A::fp8, W::fp8, kFp8, Load::uneven, -1, -1, false, kFp8Both, "odd H fp8"},
       // Qwen3-30B experts, top-8.
       {2048, 768, 16, 8, 256, A::fp8, W::fp8, kFp8, Load::uneven, -1, -1, false, kFp8Both, "qwen3-30b"},
       {2048, 768, 16, 8, 256, A::bf16, W::bf16, kNone, Load::uniform, -1, -1, false, kBf16, "qwen3-30b"},
@@ -296,7 +302,7 @@ TEST(CutlassEngine, MatchesReference) {
 // Swap-AB where it is made for and at its edges: exactly 0, 1, 33, 64, 100, 150 and 257 rows on
 // the experts of one call (Load::listed: empty experts, one row, partial 64-wide token tiles,
 // several token tiles per weight tile, and one expert in each of the split's four row ranges) on
-// every operand path, partial 128-row weight tiles (H 2880), and DeepSeek-V3 expert shapes at about
+// every operand path, partial 128-row weight tiles (H 2880; with fp8 also I 576), and DeepSeek-V3 expert shapes at about
 // 64 rows per expert (uniform and skewed), the first tokens against the reference. run_problem
 // runs each problem unswapped, swapped (every token-tile width), split by rows and automatic, and
 // checks each against the reference and the others against the unswapped.
@@ -313,6 +319,7 @@ TEST(CutlassEngine, SwapAbRowsPerExpert) {
       {1024, 512, 8, 1, C, A::bf16, W::nvfp4, kNone, Load::listed, -1, -1, true, kW4, "listed rows", true},
       // GEMM2's weight rows H = 2880 are 22.5 tiles of 128, GEMM1's 2I = 1152 nine.
       {2880, 576, 8, 1, C, A::bf16, W::bf16, kNone, Load::listed, -1, -1, false, kBf16, "listed odd tiles"},
+      {2880, 576, 8, 1, C, A::fp8, W::fp8, kFp8, Load::listed, -1, -1, false, kFp8Both, "listed odd tiles fp8"},
       {7168, 2048, 8, 4, 128, A::fp8, W::fp8, kFp8, Load::uniform, -1, 8, false, kFp8Both, "deepseek-v3 64 rows"},
       {7168, 2048, 8, 4, 128, A::bf16, W::bf16, kNone, Load::uneven, -1, 8, false, kBf16, "deepseek-v3 skewed"},
   };
