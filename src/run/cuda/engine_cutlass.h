@@ -67,6 +67,12 @@ struct Grouped {
   // fp8: floats between two experts' weight scales; 0 = ceil(N/128) * ceil(K/128). The gate and up
   // halves of a W13 whose scale grid splits at I pass that of the whole matrix.
   int64_t sfw_expert_stride = 0;
+  // Two groups per expert, 2e + h = half h of expert e's weights: the weights (and scale tile
+  // rows) start N rows (ceil(N/128) tile rows) further for h = 1, and so does its output column.
+  // For a W13 whose scale grid splits at I (I % 128 != 0): N = I, w_expert_stride = 2I * K,
+  // sfw_expert_stride = that of the whole W13, out_ld = 2I; the result is the [rows][2I] of one
+  // N = 2I GEMM. The workspace is then sized for 2 * experts groups; alpha must be null.
+  bool halves = false;
   // grouped_gemm_bf16_swiglu only: the gate [rows][N] bf16, read by the epilogue as its source.
   const bf16_raw* src = nullptr;
   void* workspace = nullptr;         // *_workspace_bytes(experts, sms) bytes, 256-byte aligned
@@ -218,7 +224,7 @@ struct Tables {
   }
 };
 
-// One thread per expert: shapes (the expert's rows may be 0: the scheduler gives it no tiles; an
+// One thread per group (an expert, or with `halves` a half of one): shapes (the expert's rows may be 0: the scheduler gives it no tiles; an
 // expert outside [rows_lo, rows_hi] is given 0 rows, so that it runs in another launch),
 // row-major A/D and K-major W pointers and strides, and the scale pointers. Swapped, the problem is
 // (N, rows, K) with the weights as CUTLASS's A, the rows as its B and D column-major (stride N
@@ -227,37 +233,38 @@ template <class T>
 __global__ void fill_tables(T t, int E, int N, int K, const int32_t* __restrict__ rows,
                             const int32_t* __restrict__ offsets, int rows_lo, int rows_hi, const void* A,
                             const float* sfa, const void* W, int64_t w_stride, const float* sfw, int64_t sfw_stride,
-                            const bf16_raw* src, bf16_raw* out, int64_t out_ld) {
-  const int e = blockIdx.x * blockDim.x + threadIdx.x;
-  if (e >= E) return;
+                            const bf16_raw* src, bf16_raw* out, int64_t out_ld, bool halves) {
+  const int grp = blockIdx.x * blockDim.x + threadIdx.x;
+  if (grp >= (halves ? 2 * E : E)) return;
+  const int e = halves ? grp >> 1 : grp, h = halves ? grp & 1 : 0;
   const int m = rows[e] >= rows_lo && rows[e] <= rows_hi ? rows[e] : 0;
   const int64_t off = offsets[e];
   const auto* rows_ptr = static_cast<const typename T::ERows*>(A) + off * K;
-  const auto* w_ptr = static_cast<const typename T::EW*>(W) + int64_t(e) * w_stride;
-  t.d[e] = reinterpret_cast<typename T::ED*>(out) + off * out_ld;
+  const auto* w_ptr = static_cast<const typename T::EW*>(W) + int64_t(e) * w_stride + int64_t(h) * N * K;
+  t.d[grp] = reinterpret_cast<typename T::ED*>(out) + off * out_ld + int64_t(h) * N;
   // Both operands K-major (row stride K) as stored, in either role.
-  t.sa[e] = cute::make_stride(int64_t(K), cute::Int<1>{}, cute::Int<0>{});
-  t.sb[e] = cute::make_stride(int64_t(K), cute::Int<1>{}, cute::Int<0>{});
+  t.sa[grp] = cute::make_stride(int64_t(K), cute::Int<1>{}, cute::Int<0>{});
+  t.sb[grp] = cute::make_stride(int64_t(K), cute::Int<1>{}, cute::Int<0>{});
   if constexpr (T::swap) {
-    t.shapes[e] = typename T::Shape3{N, m, K};
-    t.a[e] = w_ptr;
-    t.b[e] = rows_ptr;
-    t.sd[e] = cute::make_stride(cute::Int<1>{}, out_ld, cute::Int<0>{});
+    t.shapes[grp] = typename T::Shape3{N, m, K};
+    t.a[grp] = w_ptr;
+    t.b[grp] = rows_ptr;
+    t.sd[grp] = cute::make_stride(cute::Int<1>{}, out_ld, cute::Int<0>{});
   } else {
-    t.shapes[e] = typename T::Shape3{m, N, K};
-    t.a[e] = rows_ptr;
-    t.b[e] = w_ptr;
-    t.sd[e] = cute::make_stride(out_ld, cute::Int<1>{}, cute::Int<0>{});
+    t.shapes[grp] = typename T::Shape3{m, N, K};
+    t.a[grp] = rows_ptr;
+    t.b[grp] = w_ptr;
+    t.sd[grp] = cute::make_stride(out_ld, cute::Int<1>{}, cute::Int<0>{});
   }
   if constexpr (T::scaled) {
     const float* rows_sf = sfa + off * ((K + 127) / 128);
-    const float* w_sf = sfw + int64_t(e) * sfw_stride;
-    t.sfa[e] = T::swap ? w_sf : rows_sf;
-    t.sfb[e] = T::swap ? rows_sf : w_sf;
+    const float* w_sf = sfw + int64_t(e) * sfw_stride + int64_t(h) * ((N + 127) / 128) * ((K + 127) / 128);
+    t.sfa[grp] = T::swap ? w_sf : rows_sf;
+    t.sfb[grp] = T::swap ? rows_sf : w_sf;
   }
   if constexpr (T::source) {
-    t.c[e] = reinterpret_cast<const typename T::EC*>(src) + off * N;
-    t.sc[e] = cute::make_stride(int64_t(N), cute::Int<1>{}, cute::Int<0>{});
+    t.c[grp] = reinterpret_cast<const typename T::EC*>(src) + off * N;
+    t.sc[grp] = cute::make_stride(int64_t(N), cute::Int<1>{}, cute::Int<0>{});
   }
 }
 
@@ -359,25 +366,28 @@ void run(const Grouped& g, const char* what, cudaStream_t stream) {
     throw UsageError(std::string("cutlass ") + what + ": workspace and sms must be set");
   int device = 0;
   EPMOE_CUDA_CHECK(cudaGetDevice(&device));
-  const T t = T::carve(g.workspace, g.experts);
+  const int groups = g.halves ? 2 * g.experts : g.experts;
+  if (g.halves && (g.alpha || kSource))
+    throw UsageError(std::string("cutlass ") + what + ": halves take no alpha and no source");
+  const T t = T::carve(g.workspace, groups);
   if (kSource && !g.src) throw UsageError(std::string("cutlass ") + what + ": the source (gate) is null");
   const int64_t w_stride = g.w_expert_stride ? g.w_expert_stride : int64_t(g.N) * g.K;
   const int64_t sfw_stride =
       g.sfw_expert_stride ? g.sfw_expert_stride : int64_t((g.N + 127) / 128) * ((g.K + 127) / 128);
   const int64_t out_ld = g.out_ld ? g.out_ld : g.N;
   if (kSource && out_ld != g.N) throw UsageError(std::string("cutlass ") + what + ": out_ld must be N with a source");
-  fill_tables<T><<<(g.experts + 127) / 128, 128, 0, stream>>>(t, g.experts, g.N, g.K, g.rows, g.offsets, g.rows_lo,
-                                                               g.rows_hi, g.A, g.sfa, g.W, w_stride, g.sfw, sfw_stride,
-                                                               g.src, g.out, out_ld);
+  fill_tables<T><<<(groups + 127) / 128, 128, 0, stream>>>(t, g.experts, g.N, g.K, g.rows, g.offsets, g.rows_lo,
+                                                           g.rows_hi, g.A, g.sfa, g.W, w_stride, g.sfw, sfw_stride,
+                                                           g.src, g.out, out_ld, g.halves);
   EPMOE_CUDA_CHECK_LAUNCH();
-  const auto args = make_args<Gemm, kScaled, kSource, kSwap>(t, g.experts, g.sms, device, g.alpha);
+  const auto args = make_args<Gemm, kScaled, kSource, kSwap>(t, groups, g.sms, device, g.alpha);
   auto fail = [&](cutlass::Status s, const char* step) {
     throw BackendError(std::string("cutlass ") + what + " grouped GEMM: " + step + " failed: " +
                        cutlassGetStatusString(s) + " (N=" + std::to_string(g.N) + ", K=" + std::to_string(g.K) + ")");
   };
-  uint8_t* cutlass_ws = static_cast<uint8_t*>(g.workspace) + T::bytes(g.experts);
+  uint8_t* cutlass_ws = static_cast<uint8_t*>(g.workspace) + T::bytes(groups);
   static InitCache<Gemm> cache;
-  const typename InitCache<Gemm>::Key key{g.workspace, g.experts, g.sms, device, g.alpha};
+  const typename InitCache<Gemm>::Key key{g.workspace, groups, g.sms, device, g.alpha};
   std::shared_ptr<Gemm> gemm = cache.find(key);
   cutlass::Status s;
   if (gemm) {

@@ -46,20 +46,17 @@ void run_buckets(cutlass_engine::Grouped g, const std::vector<policy::RowBucket>
   }
 }
 
-// fp8 GEMM1 `g` (N = 2I) as its gate and up halves (policy::CutlassPlan::split_w13): each N = I
-// with its own scale tile rows, written into the two column halves of g.out [rows][2I]; the
-// result is the same [rows][2I] the single GEMM writes where I % 128 == 0.
+// fp8 GEMM1 `g` (N = 2I) as its gate and up halves (policy::CutlassPlan::split_w13): two groups
+// per expert in the same launches (Grouped::halves), each N = I with its own scale tile rows,
+// written into the two column halves of g.out [rows][2I]; the result is the [rows][2I] the single
+// GEMM writes where I % 128 == 0.
 void run_fp8_halves(cutlass_engine::Grouped g, const std::vector<policy::RowBucket>& buckets, cudaStream_t st) {
   const int I = g.N / 2;
-  const int64_t ib = fp8_blocks(I), kb = fp8_blocks(g.K);
   g.N = I;
   g.out_ld = int64_t(2) * I;
   g.w_expert_stride = int64_t(2) * I * g.K;
-  g.sfw_expert_stride = 2 * ib * kb;
-  run_buckets(g, buckets, true, st);
-  g.W = static_cast<const uint8_t*>(g.W) + int64_t(I) * g.K;
-  g.sfw += ib * kb;
-  g.out += I;
+  g.sfw_expert_stride = int64_t(2) * fp8_blocks(I) * fp8_blocks(g.K);
+  g.halves = true;
   run_buckets(g, buckets, true, st);
 }
 
@@ -164,7 +161,7 @@ void CudaRunner::run_cutlass(const DispatchOutput& in, const ExpertWeights& w, b
   const bool any_bf16 = p1 == CutlassPath::bf16 || p2 == CutlassPath::bf16;
   const bool any_widened = p1 == CutlassPath::widened || p2 == CutlassPath::widened;
   const int sw = plan.swap_tile_n;
-  cws_.reserve(std::max({any_fp8 ? bucket_workspace(plan.buckets, true, E, sms_) : 0,
+  cws_.reserve(std::max({any_fp8 ? bucket_workspace(plan.buckets, true, plan.split_w13 ? 2 * E : E, sms_) : 0,
                          any_bf16 ? bucket_workspace(plan.buckets, false, E, sms_) : 0,
                          any_widened ? bucket_workspace({policy::RowBucket{0, policy::RowBucket{}.hi, sw}}, false, E,
                                                         sms_)
