@@ -50,7 +50,8 @@ int single_tile_n(double expected_rows) { return expected_rows <= kSwapMaxRows ?
 std::vector<RowBucket> row_buckets(CutlassSwap swap, double expected_rows, bool fp8, double weight_bytes,
                                    int experts) {
   constexpr int kAll = RowBucket{}.hi;
-  if (swap == CutlassSwap::automatic && (weight_bytes < kSplitMinWeightBytes || experts < kSplitMinExperts))
+  if (swap == CutlassSwap::automatic &&
+      (weight_bytes < kSplitMinWeightBytes || experts < kSplitMinExperts || expected_rows > kSplitMaxRows))
     return {RowBucket{0, kAll, single_tile_n(expected_rows)}};
   if (swap == CutlassSwap::automatic || swap == CutlassSwap::byrows) {
     if (fp8)

@@ -103,11 +103,19 @@ struct RowBucket {
 // - few experts (`experts` under kSplitMinExperts): a range then holds one or two experts, and
 //   every launch adds its own last partial wave of tiles to the sum (Mixtral-8x7B, 4 experts,
 //   router M 2048, one call: bf16 1.422 split vs 1.296, fp8 1.157 vs 1.065).
+// - a large mean (expected rows per expert above kSplitMaxRows): the experts' m-tiles are full
+//   and the launches of the empty ranges are pure cost. One unswapped launch (session 15, H200,
+//   split / one launch, median of 7 in one call): DeepSeek-V3 at a 512-row mean (M 65536) uniform
+//   bf16 10.221 / 10.041, fp8 6.390 / 6.343, router bf16 11.550 / 10.936, fp8 7.713 / 7.713;
+//   gpt-oss-120b fp8 at 512 (M 32768) uniform 2.053 / 1.953, router 2.419 / 2.356. At a 256-row
+//   mean the split stays (router: three-m-tile experts, session 13), though uniform DeepSeek-V3
+//   M 32768 measured 4.972 / 4.904 (bf16) and 3.373 / 3.220 (fp8) in that call.
 // `cutlass_swap = byrows` splits whatever the size.
 std::vector<RowBucket> row_buckets(CutlassSwap swap, double expected_rows, bool fp8 = false,
                                    double weight_bytes = 1e30, int experts = 1 << 30);
 constexpr double kSplitMinWeightBytes = 1024.0 * 1024 * 1024;
 constexpr int kSplitMinExperts = 16;
+constexpr double kSplitMaxRows = 384.0;
 // A split table as text, "lo-hi:tile,...,lo-:tile" (e.g. "0-64:64,65-128:128,129-:0"; tile 0 =
 // unswapped), for trying other ranges without a rebuild (CudaRunner::set_row_buckets, `epmoe bench
 // runner --row-buckets`). The ranges must start at 0, follow each other and end open; tiles 0, 64,

@@ -78,8 +78,8 @@ TEST(CudaPolicy, SwapAndCrossoverRules) {
   EXPECT_EQ(pol::swap_tile_n(CutlassSwap::n64, 1e6), 64);
   EXPECT_EQ(pol::swap_tile_n(CutlassSwap::n128, 1), 128);
   EXPECT_EQ(pol::swap_tile_n(CutlassSwap::n192, 1), 192);
-  // The split by rows (byrows, and automatic for experts of at least kSplitMinWeightBytes, whatever
-  // the expected rows): the ranges cover every row count once, in order; bf16 and fp8 tables as
+  // The split by rows (byrows, and automatic for experts of at least kSplitMinWeightBytes up to
+  // kSplitMaxRows expected rows): the ranges cover every row count once, in order; bf16 and fp8 tables as
   // documented in policy.h. Smaller or fewer experts under automatic: one launch, swap-AB 128 up
   // to kSwapMaxRows expected rows, unswapped above.
   using RB = pol::RowBucket;
@@ -94,9 +94,15 @@ TEST(CudaPolicy, SwapAndCrossoverRules) {
     }
   };
   const double big = pol::kSplitMinWeightBytes, small = pol::kSplitMinWeightBytes - 1;
-  for (const double rows : {1.0, 64.0, pol::kSwapMaxRows + 1, 1e5}) {
+  for (const double rows : {1.0, 64.0, pol::kSwapMaxRows + 1, pol::kSplitMaxRows, 1e5}) {
     for (const auto& [sw, bytes] : {std::pair{CutlassSwap::automatic, big}, std::pair{CutlassSwap::byrows, big},
                                     std::pair{CutlassSwap::byrows, 1.0}}) {
+      // Above kSplitMaxRows expected rows automatic runs one unswapped launch; byrows still splits.
+      if (sw == CutlassSwap::automatic && rows > pol::kSplitMaxRows) {
+        same(pol::row_buckets(sw, rows, false, bytes), {{0, kAll, 0}});
+        same(pol::row_buckets(sw, rows, true, bytes), {{0, kAll, 0}});
+        continue;
+      }
       same(pol::row_buckets(sw, rows, false, bytes),
            {{0, 64, 64}, {65, 128, 128}, {129, 192, 192}, {193, 256, 0}, {257, 384, 192}, {385, kAll, 0}});
       same(pol::row_buckets(sw, rows, true, bytes),
@@ -107,7 +113,8 @@ TEST(CudaPolicy, SwapAndCrossoverRules) {
     for (const bool fp8 : {false, true}) {
       same(pol::row_buckets(CutlassSwap::automatic, rows, fp8, small), {{0, kAll, single}});
       same(pol::row_buckets(CutlassSwap::automatic, rows, fp8, big, pol::kSplitMinExperts - 1), {{0, kAll, single}});
-      EXPECT_GT(pol::row_buckets(CutlassSwap::automatic, rows, fp8, big, pol::kSplitMinExperts).size(), 1u);
+      EXPECT_EQ(pol::row_buckets(CutlassSwap::automatic, rows, fp8, big, pol::kSplitMinExperts).size() > 1,
+                rows <= pol::kSplitMaxRows);
       EXPECT_GT(pol::row_buckets(CutlassSwap::byrows, rows, fp8, small, 1).size(), 1u);
     }
   }
