@@ -28,6 +28,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "epmoe/format.h"
 #include "epmoe/tensor.h"
 
 namespace epmoe::cuda::cutlass_engine {
@@ -52,10 +53,7 @@ struct Grouped {
   const float* sfa = nullptr;        // fp8: [rows][ceil(K/128)] fp32 (one scale per row and 128 of K)
   const void* W = nullptr;           // [E][N][K]: bf16, or e4m3
   const float* sfw = nullptr;        // fp8: [E][ceil(N/128)][ceil(K/128)] fp32 (MatrixView's tile scales)
-  bf16_raw* out = nullptr;           // [rows][out_ld]
-  // Elements between two rows of out; 0 = N. GEMM1 run as its gate and up halves (N = I) into one
-  // [rows][2I] buffer passes 2I, the up half with out + I.
-  int64_t out_ld = 0;
+  bf16_raw* out = nullptr;           // [rows][N], with `halves` [rows][2N]
   // Per-group factor of the fp32 accumulator before the bf16 store, alpha[e] for group e (device,
   // [experts]); null = 1. The runner passes 1/global_scale of widened nvfp4 weights here. It is a
   // runtime argument of the existing epilogue (LinearCombination's alpha_ptr with an L stride of
@@ -64,14 +62,10 @@ struct Grouped {
   // Elements between two experts' weight matrices; 0 = N * K. GEMM1 run as its gate and up halves
   // (grouped_gemm_bf16_swiglu) passes 2I * H with N = I.
   int64_t w_expert_stride = 0;
-  // fp8: floats between two experts' weight scales; 0 = ceil(N/128) * ceil(K/128). The gate and up
-  // halves of a W13 whose scale grid splits at I pass that of the whole matrix.
-  int64_t sfw_expert_stride = 0;
-  // Two groups per expert, 2e + h = half h of expert e's weights: the weights (and scale tile
-  // rows) start N rows (ceil(N/128) tile rows) further for h = 1, and so does its output column.
-  // For a W13 whose scale grid splits at I (I % 128 != 0): N = I, w_expert_stride = 2I * K,
-  // sfw_expert_stride = that of the whole W13, out_ld = 2I; the result is the [rows][2I] of one
-  // N = 2I GEMM. The workspace is then sized for 2 * experts groups; alpha must be null.
+  // Two groups per expert, 2e + h = half h (N rows, its own ceil(N/128) scale tile rows) of
+  // expert e's [2N][K] weights, written to output columns [hN, hN + N) of [rows][2N]: a W13 whose
+  // scale grid splits at I (I % 128 != 0) with N = I gives the [rows][2I] of one N = 2I GEMM.
+  // The workspace is then sized for 2 * experts groups; alpha must be null.
   bool halves = false;
   // grouped_gemm_bf16_swiglu only: the gate [rows][N] bf16, read by the epilogue as its source.
   const bf16_raw* src = nullptr;
@@ -232,11 +226,12 @@ struct Tables {
 template <class T>
 __global__ void fill_tables(T t, int E, int N, int K, const int32_t* __restrict__ rows,
                             const int32_t* __restrict__ offsets, int rows_lo, int rows_hi, const void* A,
-                            const float* sfa, const void* W, int64_t w_stride, const float* sfw, int64_t sfw_stride,
-                            const bf16_raw* src, bf16_raw* out, int64_t out_ld, bool halves) {
+                            const float* sfa, const void* W, int64_t w_stride, const float* sfw, const bf16_raw* src,
+                            bf16_raw* out, bool halves) {
   const int grp = blockIdx.x * blockDim.x + threadIdx.x;
   if (grp >= (halves ? 2 * E : E)) return;
   const int e = halves ? grp >> 1 : grp, h = halves ? grp & 1 : 0;
+  const int64_t out_ld = halves ? 2 * int64_t(N) : N;
   const int m = rows[e] >= rows_lo && rows[e] <= rows_hi ? rows[e] : 0;
   const int64_t off = offsets[e];
   const auto* rows_ptr = static_cast<const typename T::ERows*>(A) + off * K;
@@ -257,8 +252,9 @@ __global__ void fill_tables(T t, int E, int N, int K, const int32_t* __restrict_
     t.sd[grp] = cute::make_stride(out_ld, cute::Int<1>{}, cute::Int<0>{});
   }
   if constexpr (T::scaled) {
-    const float* rows_sf = sfa + off * ((K + 127) / 128);
-    const float* w_sf = sfw + int64_t(e) * sfw_stride + int64_t(h) * ((N + 127) / 128) * ((K + 127) / 128);
+    const int kb = fp8_blocks(K), nb = fp8_blocks(N);  // scale blocks along K and N
+    const float* rows_sf = sfa + off * kb;
+    const float* w_sf = sfw + (int64_t(e) * (halves ? 2 : 1) + h) * nb * kb;
     t.sfa[grp] = T::swap ? w_sf : rows_sf;
     t.sfb[grp] = T::swap ? rows_sf : w_sf;
   }
@@ -371,14 +367,10 @@ void run(const Grouped& g, const char* what, cudaStream_t stream) {
     throw UsageError(std::string("cutlass ") + what + ": halves take no alpha and no source");
   const T t = T::carve(g.workspace, groups);
   if (kSource && !g.src) throw UsageError(std::string("cutlass ") + what + ": the source (gate) is null");
-  const int64_t w_stride = g.w_expert_stride ? g.w_expert_stride : int64_t(g.N) * g.K;
-  const int64_t sfw_stride =
-      g.sfw_expert_stride ? g.sfw_expert_stride : int64_t((g.N + 127) / 128) * ((g.K + 127) / 128);
-  const int64_t out_ld = g.out_ld ? g.out_ld : g.N;
-  if (kSource && out_ld != g.N) throw UsageError(std::string("cutlass ") + what + ": out_ld must be N with a source");
+  const int64_t w_stride = g.w_expert_stride ? g.w_expert_stride : int64_t(g.N) * g.K * (g.halves ? 2 : 1);
   fill_tables<T><<<(groups + 127) / 128, 128, 0, stream>>>(t, g.experts, g.N, g.K, g.rows, g.offsets, g.rows_lo,
-                                                           g.rows_hi, g.A, g.sfa, g.W, w_stride, g.sfw, sfw_stride,
-                                                           g.src, g.out, out_ld, g.halves);
+                                                           g.rows_hi, g.A, g.sfa, g.W, w_stride, g.sfw, g.src, g.out,
+                                                           g.halves);
   EPMOE_CUDA_CHECK_LAUNCH();
   const auto args = make_args<Gemm, kScaled, kSource, kSwap>(t, groups, g.sms, device, g.alpha);
   auto fail = [&](cutlass::Status s, const char* step) {

@@ -86,7 +86,7 @@ __global__ void swiglu_kernel(const bf16_raw* __restrict__ h, const int32_t* __r
   const int64_t rows = offsets[E - 1] + cnt[E - 1];
   const int lane = threadIdx.x & 31;
   const int warps = blockDim.x >> 5;
-  const int nb = (I + 127) / 128;
+  const int nb = fp8_blocks(I);
   const int64_t total = rows * nb;
   for (int64_t w = blockIdx.x * int64_t(warps) + (threadIdx.x >> 5); w < total; w += int64_t(gridDim.x) * warps) {
     const int64_t r = w / nb;
@@ -139,7 +139,7 @@ __global__ void swiglu_vec_kernel(const bf16_raw* __restrict__ h, const int32_t*
   const uint32_t warps = blockDim.x >> 5;
   const uint32_t ng = uint32_t(I + 255) / 256;
   const uint32_t total = rows * ng;
-  const int nb = (I + 127) / 128;
+  const int nb = fp8_blocks(I);
   for (uint32_t w = blockIdx.x * warps + (threadIdx.x >> 5); w < total; w += gridDim.x * warps) {
     const uint32_t r = w / ng;
     const int c0 = int(w - r * ng) * 256 + lane * 8;
@@ -215,7 +215,7 @@ void swiglu(const bf16_raw* h, const int32_t* offsets, const int32_t* cnt, int E
     const int grid = static_cast<int>(std::min<int64_t>((work + 7) / 8, 132 * 16));
     swiglu_vec_kernel<<<grid, 256, 0, stream>>>(h, offsets, cnt, E, I, fp8_round_trip, ue8m0, a, a8, sfa8);
   } else {
-    const int64_t work = max_rows * ((I + 127) / 128);
+    const int64_t work = max_rows * fp8_blocks(I);
     const int grid = static_cast<int>(std::min<int64_t>((work + 7) / 8, 132 * 16));
     swiglu_kernel<<<grid, 256, 0, stream>>>(h, offsets, cnt, E, I, fp8_round_trip, ue8m0, a, a8, sfa8);
   }

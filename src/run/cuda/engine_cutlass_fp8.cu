@@ -68,13 +68,13 @@ static_assert(Mainloop::ScaleGranularityM == 1 && Mainloop::ScaleGranularityN ==
 size_t fp8_workspace_bytes(int experts, int sms) { return detail::workspace_bytes<Gemm, true>(experts, sms); }
 
 void check_fp8(const Grouped& g, const char* what) {
-  const int64_t ld = g.out_ld ? g.out_ld : g.N;
   if (g.K % 16 != 0)
     throw UsageError(std::string("cutlass ") + what + ": K=" + std::to_string(g.K) +
                      " must be a multiple of 16 (16-byte TMA rows of e4m3)");
-  if (ld < g.N || ld % 8 != 0)
-    throw UsageError(std::string("cutlass ") + what + ": out_ld=" + std::to_string(ld) + " must be >= N=" +
-                     std::to_string(g.N) + " and a multiple of 8 (16-byte TMA rows of bf16)");
+  if (g.N % 8 != 0)
+    throw UsageError(std::string("cutlass ") + what + ": N=" + std::to_string(g.N) +
+                     " must be a multiple of 8 (16-byte TMA rows of bf16 output; with halves the up half's "
+                     "columns start N in)");
   if (!g.sfa || !g.sfw)
     throw UsageError(std::string("cutlass ") + what + ": activation and weight scales must be non-null");
 }
@@ -110,7 +110,7 @@ __global__ void permute_fp8_kernel(const uint8_t* __restrict__ payload, const fl
   if (!slot_valid(i, C, counts)) return;
   claim_rows(i, K, E, ids, offsets, fill, pair_pos, pos);
   const uint4* src = reinterpret_cast<const uint4*>(payload + i * int64_t(H));
-  const int nb = (H + 127) / 128;
+  const int nb = fp8_blocks(H);
   const float* ssrc = scales + i * int64_t(nb);
   for (int c = threadIdx.x; c < H / 16; c += blockDim.x) {
     const uint4 v = src[c];

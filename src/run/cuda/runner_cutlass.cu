@@ -51,11 +51,7 @@ void run_buckets(cutlass_engine::Grouped g, const std::vector<policy::RowBucket>
 // written into the two column halves of g.out [rows][2I]; the result is the [rows][2I] the single
 // GEMM writes where I % 128 == 0.
 void run_fp8_halves(cutlass_engine::Grouped g, const std::vector<policy::RowBucket>& buckets, cudaStream_t st) {
-  const int I = g.N / 2;
-  g.N = I;
-  g.out_ld = int64_t(2) * I;
-  g.w_expert_stride = int64_t(2) * I * g.K;
-  g.sfw_expert_stride = int64_t(2) * fp8_blocks(I) * fp8_blocks(g.K);
+  g.N /= 2;
   g.halves = true;
   run_buckets(g, buckets, true, st);
 }
