@@ -58,6 +58,9 @@ struct Tuning {
   RunnerEngine engine = RunnerEngine::automatic;  // [local] EPMOE_RUNNER_ENGINE=auto|mma|cutlass
   bool wgmma_defer = true;      // [local] EPMOE_WGMMA_DEFER=0|1: the decode wgmma pipeline waits
                                 //   for a stage's MMAs one iteration later (same bits, faster)
+  bool pdl = true;              // [local] EPMOE_PDL=0|1: the row passes and the decode wgmma GEMMs
+                                //   are launched with programmatic dependent launch, each kernel's
+                                //   launch overlapping the previous one's end (same bits)
   bool fused_swiglu = false;    // [local] EPMOE_CUTLASS_SWIGLU=0|1: CUTLASS GEMM1 as gate half +
                                 //   up half with SwiGLU in its epilogue (same bits)
   int widen_scratch_mb = 1024;  // [local] EPMOE_WIDEN_SCRATCH_MB=1..16777216: bound of the buffer

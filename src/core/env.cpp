@@ -124,6 +124,10 @@ EnvTuning read_env_tuning() {
     if (auto v = env::flag("EPMOE_WGMMA_DEFER", "1: the decode wgmma engine waits for a stage's MMAs one iteration later"))
       t.wgmma_defer = *v;
   });
+  take("EPMOE_PDL", [&] {
+    if (auto v = env::flag("EPMOE_PDL", "1: runner cuda launches its row passes and decode GEMMs with programmatic dependent launch"))
+      t.pdl = *v;
+  });
   take("EPMOE_CUTLASS_SWIGLU", [&] {
     if (auto v = env::flag("EPMOE_CUTLASS_SWIGLU", "1: SwiGLU in the epilogue of CUTLASS GEMM1's up half"))
       t.fused_swiglu = *v;

@@ -114,6 +114,7 @@ std::string describe(const Tuning& t) {
   auto i = [](int x) { return std::to_string(x); };
   row("engine", engine_name(t.engine), engine_name(d.engine), false, "EPMOE_RUNNER_ENGINE");
   row("wgmma_defer", b(t.wgmma_defer), b(d.wgmma_defer), false, "EPMOE_WGMMA_DEFER");
+  row("pdl", b(t.pdl), b(d.pdl), false, "EPMOE_PDL");
   row("fused_swiglu", b(t.fused_swiglu), b(d.fused_swiglu), false, "EPMOE_CUTLASS_SWIGLU");
   row("widen_scratch_mb", i(t.widen_scratch_mb), i(d.widen_scratch_mb), false, "EPMOE_WIDEN_SCRATCH_MB");
   row("nvfp4_prepare", b(t.nvfp4_prepare), b(d.nvfp4_prepare), false, "EPMOE_NVFP4_PREPARE");

@@ -100,6 +100,7 @@ TEST(Tuning, AgreeFieldsAreFingerprintedLocalOnesAreNot) {
   d.tuning.comm_sms = 3;
   d.tuning.push_warps = 4;
   d.tuning.wgmma_defer = !c.tuning.wgmma_defer;
+  d.tuning.pdl = !c.tuning.pdl;
   d.tuning.fused_swiglu = !c.tuning.fused_swiglu;
   d.tuning.nvfp4_prepare = !c.tuning.nvfp4_prepare;
   d.tuning.widen_scratch_mb = 7;
@@ -124,7 +125,7 @@ TEST(Tuning, DescribeListsEveryFieldWithItsAgreement) {
   Tuning t;
   t.engine = RunnerEngine::cutlass;
   const std::string s = describe(t);
-  for (const char* f : {"engine", "wgmma_defer", "fused_swiglu", "widen_scratch_mb", "nvfp4_prepare", "cutlass_swap",
+  for (const char* f : {"engine", "wgmma_defer", "pdl", "fused_swiglu", "widen_scratch_mb", "nvfp4_prepare", "cutlass_swap",
                         "decode_max_rows", "comm_sms", "push_warps", "combine", "ce_rows", "fault_check"})
     EXPECT_NE(s.find(f), std::string::npos) << f;
   EXPECT_NE(s.find("cutlass"), std::string::npos);

@@ -43,6 +43,9 @@ struct GemmArgs {
   // Decode wgmma engine (bf16, fp8): its deferred-wait pipeline (true, Tuning::wgmma_defer's
   // default) or the plain one; the same results bitwise (engine_wgmma.cuh).
   bool wgmma_defer = true;
+  // Decode wgmma engine (bf16, fp8): launched with programmatic dependent launch (tuning.pdl,
+  // core/cuda/pdl.cuh); the other engines ignore it. The same results.
+  bool pdl = false;
 };
 
 // BM = rows per m-tile: 32 (decode: few rows per expert) or 128.

@@ -31,6 +31,7 @@
 //              (5 x 21 KB, still two CTAs per SM). Tile ends wait at once (the epilogue needs the
 //              sums). Chosen per launch by GemmArgs::wgmma_defer (default deferred, engine_wgmma.cu).
 #pragma once
+#include "core/cuda/pdl.cuh"
 #include "epmoe/numeric.h"
 #include "run/cuda/engine_mma.cuh"
 #include "run/cuda/nvfp4_layout.h"
@@ -221,6 +222,7 @@ inline int persistent_grid(const GemmArgs& a, const void* kernel, int smem) {
 // 16w + l/4 + 8*((i >> 1) & 1) and token 8*(i >> 2) + 2*(l % 4) + (i & 1).
 template <bool FP8, bool DEFER>
 __global__ void __launch_bounds__(kThreads) wgmma_gemm_kernel(GemmArgs p) {
+  dev::pdl_enter();  // GemmArgs::pdl: before any global read (tiles, tokens)
   constexpr int kSlots = Layout::slots(DEFER);
   extern __shared__ uint8_t smem_raw[];
   const uint32_t raw = smem_u32(smem_raw);
@@ -440,8 +442,7 @@ void launch(const GemmArgs& a, cudaStream_t stream) {
   constexpr int smem = Layout::total(DEFER);
   const int grid = persistent_grid(a, reinterpret_cast<const void*>(wgmma_gemm_kernel<FP8, DEFER>), smem);
   if (grid <= 0) return;
-  wgmma_gemm_kernel<FP8, DEFER><<<grid, kThreads, smem, stream>>>(a);
-  EPMOE_CUDA_CHECK_LAUNCH();
+  launch_kernel(wgmma_gemm_kernel<FP8, DEFER>, grid, kThreads, smem, stream, a.pdl, a);
 }
 
 }  // namespace epmoe::cuda::wg

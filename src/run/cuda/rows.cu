@@ -6,6 +6,7 @@
 #include <cuda_bf16.h>
 
 #include "core/cuda/check.h"
+#include "core/cuda/pdl.cuh"
 #include "epmoe/format.h"
 #include "epmoe/numeric.h"
 #include "quant/cuda/quant_device.cuh"
@@ -28,6 +29,7 @@ __global__ void permute_kernel(ActFormat f, QuantParams p, const uint8_t* __rest
                                const int32_t* __restrict__ counts, int C, int K, int E, int H,
                                const int32_t* __restrict__ offsets, int32_t* __restrict__ fill,
                                int32_t* __restrict__ pair_pos, bf16_raw* __restrict__ A) {
+  dev::pdl_enter();
   __shared__ int32_t pos[32];
   const int64_t i = blockIdx.x;
   if (!slot_valid(i, C, counts)) return;
@@ -49,6 +51,7 @@ __global__ void permute_vec_kernel(QuantParams p, const uint8_t* __restrict__ pa
                                    const int32_t* __restrict__ ids, const int32_t* __restrict__ counts, int C, int K,
                                    int E, int H, const int32_t* __restrict__ offsets, int32_t* __restrict__ fill,
                                    int32_t* __restrict__ pair_pos, bf16_raw* __restrict__ A) {
+  dev::pdl_enter();
   __shared__ int32_t pos[32];
   const int64_t i = blockIdx.x;
   if (!slot_valid(i, C, counts)) return;
@@ -99,6 +102,7 @@ __device__ __forceinline__ void slot_routing(int64_t i, int K, const int32_t* pa
 __global__ void reduce_kernel(const bf16_raw* __restrict__ o, const int32_t* __restrict__ pair_pos,
                               const float* __restrict__ w, const int32_t* __restrict__ counts, int C, int K, int H,
                               bf16_raw* __restrict__ y) {
+  dev::pdl_enter();
   const int64_t i = blockIdx.x;
   if (!slot_valid(i, C, counts)) return;
   __shared__ int32_t pos[32];
@@ -125,6 +129,7 @@ constexpr int kChunks = 4, kBatch = 2;
 __global__ void reduce_vec_kernel(const bf16_raw* __restrict__ o, const int32_t* __restrict__ pair_pos,
                                   const float* __restrict__ w, const int32_t* __restrict__ counts, int C, int K, int H,
                                   bf16_raw* __restrict__ y) {
+  dev::pdl_enter();
   const int64_t i = blockIdx.x;
   if (!slot_valid(i, C, counts)) return;
   __shared__ int32_t pos[32];
@@ -186,6 +191,7 @@ constexpr int kScanThreads = 1024;
 
 __global__ void count_kernel(const int32_t* __restrict__ ids, const int32_t* __restrict__ counts, int64_t S, int C,
                              int K, int E, int32_t* __restrict__ cnt) {
+  dev::pdl_enter();
   const int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
   if (i >= S || !slot_valid(i, C, counts)) return;
   for (int k = 0; k < K; ++k) {
@@ -194,12 +200,10 @@ __global__ void count_kernel(const int32_t* __restrict__ ids, const int32_t* __r
   }
 }
 
-// Offsets of each expert's rows, the m-tile table, and zeroed fill counters. Thread i owns a
-// contiguous chunk of experts.
-__global__ void __launch_bounds__(kScanThreads) offsets_kernel(const int32_t* __restrict__ cnt, int E, int bm,
-                                                               int32_t* __restrict__ offsets,
-                                                               int32_t* __restrict__ fill, MTile* __restrict__ tiles,
-                                                               int32_t* __restrict__ num_tiles) {
+// Offsets of each expert's rows (cnt: shared or global), the m-tile table, and zeroed fill
+// counters, by one CTA of kScanThreads; thread i owns a contiguous chunk of experts.
+__device__ void scan_offsets(const int32_t* cnt, int E, int bm, int32_t* __restrict__ offsets,
+                             int32_t* __restrict__ fill, MTile* __restrict__ tiles, int32_t* __restrict__ num_tiles) {
   __shared__ int32_t s_rows[kScanThreads], s_tiles[kScanThreads];
   const int tid = threadIdx.x;
   const int chunk = (E + kScanThreads - 1) / kScanThreads;
@@ -229,6 +233,38 @@ __global__ void __launch_bounds__(kScanThreads) offsets_kernel(const int32_t* __
   if (tid == kScanThreads - 1) *num_tiles = s_tiles[tid];
 }
 
+__global__ void __launch_bounds__(kScanThreads) offsets_kernel(const int32_t* __restrict__ cnt, int E, int bm,
+                                                               int32_t* __restrict__ offsets,
+                                                               int32_t* __restrict__ fill, MTile* __restrict__ tiles,
+                                                               int32_t* __restrict__ num_tiles) {
+  dev::pdl_enter();
+  scan_offsets(cnt, E, bm, offsets, fill, tiles, num_tiles);
+}
+
+// count_kernel and offsets_kernel in one CTA, for few pairs (kFusedCountPairs): the counts go
+// through shared memory (E ints), so neither the memset of cnt nor a second launch is needed.
+// The counts are the same integers (an order-free sum), so every table is the same.
+constexpr int64_t kFusedCountPairs = 1 << 16;
+__global__ void __launch_bounds__(kScanThreads)
+    count_offsets_kernel(const int32_t* __restrict__ ids, const int32_t* __restrict__ counts, int64_t S, int C, int K,
+                         int E, int bm, int32_t* __restrict__ cnt, int32_t* __restrict__ offsets,
+                         int32_t* __restrict__ fill, MTile* __restrict__ tiles, int32_t* __restrict__ num_tiles) {
+  dev::pdl_enter();
+  extern __shared__ int32_t s_cnt[];
+  for (int e = threadIdx.x; e < E; e += blockDim.x) s_cnt[e] = 0;
+  __syncthreads();
+  for (int64_t i = threadIdx.x; i < S; i += blockDim.x) {
+    if (!slot_valid(i, C, counts)) continue;
+    for (int k = 0; k < K; ++k) {
+      const int e = ids[i * K + k];
+      if (e >= 0 && e < E) atomicAdd(&s_cnt[e], 1);
+    }
+  }
+  __syncthreads();
+  for (int e = threadIdx.x; e < E; e += blockDim.x) cnt[e] = s_cnt[e];
+  scan_offsets(s_cnt, E, bm, offsets, fill, tiles, num_tiles);
+}
+
 // fp8 dispatch into the wgmma fp8 engine: the slot's e4m3 codes are copied as they are (16-byte
 // moves when the payload is aligned) and its block scales go to the transposed scale matrix
 // as_t[kb * ld + row].
@@ -237,6 +273,7 @@ __global__ void permute_fp8_kernel(const uint8_t* __restrict__ payload, const ui
                                    int E, int H, bool aligned16, const int32_t* __restrict__ offsets,
                                    int32_t* __restrict__ fill, int32_t* __restrict__ pair_pos,
                                    uint8_t* __restrict__ A8, float* __restrict__ as_t, int64_t ld) {
+  dev::pdl_enter();
   __shared__ int32_t pos[32];
   const int64_t i = blockIdx.x;
   if (!slot_valid(i, C, counts)) return;
@@ -268,6 +305,7 @@ __global__ void permute_fp8_kernel(const uint8_t* __restrict__ payload, const ui
 __global__ void intermediate_to_fp8_kernel(const bf16_raw* __restrict__ h, const int32_t* __restrict__ offsets,
                                            const int32_t* __restrict__ cnt, int E, int I, bool ue8m0,
                                            uint8_t* __restrict__ h8, float* __restrict__ hs_t, int64_t ld) {
+  dev::pdl_enter();
   const int64_t r = blockIdx.x;
   const int64_t rows = offsets[E - 1] + cnt[E - 1];
   if (r >= rows) return;
@@ -288,6 +326,7 @@ __global__ void intermediate_to_fp8_kernel(const bf16_raw* __restrict__ h, const
 // h rows take the fp8 block-128 round trip (intermediate_quant = fp8); one warp per block.
 __global__ void intermediate_fp8_kernel(bf16_raw* __restrict__ h, const int32_t* __restrict__ offsets,
                                         const int32_t* __restrict__ cnt, int E, int I, bool ue8m0) {
+  dev::pdl_enter();
   const int64_t r = blockIdx.x;
   const int64_t rows = offsets[E - 1] + cnt[E - 1];
   if (r >= rows) return;
@@ -309,7 +348,7 @@ bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0;
 }  // namespace
 
 void launch_permute_bf16(const DispatchOutput& in, const int32_t* offsets, int32_t* fill, int32_t* pair_pos,
-                         bf16_raw* A, cudaStream_t st) {
+                         bf16_raw* A, cudaStream_t st, bool pdl) {
   const int64_t S = in.slots();
   if (S <= 0) return;
   const int C = in.capacity, K = in.top_k, E = in.num_local_experts, H = in.hidden;
@@ -319,57 +358,57 @@ void launch_permute_bf16(const DispatchOutput& in, const int32_t* offsets, int32
     auto* kernel = in.format == ActFormat::bf16  ? permute_vec_kernel<ActFormat::bf16>
                    : in.format == ActFormat::fp8 ? permute_vec_kernel<ActFormat::fp8>
                                                  : permute_vec_kernel<ActFormat::nvfp4>;
-    kernel<<<grid, 256, 0, st>>>(in.quant, in.payload, in.scales, in.local_ids, in.counts, C, K, E, H, offsets, fill,
-                                 pair_pos, A);
+    launch_kernel(kernel, grid, 256, 0, st, pdl, in.quant, in.payload, in.scales, in.local_ids, in.counts, C, K, E, H,
+                  offsets, fill, pair_pos, A);
   } else {
-    permute_kernel<<<grid, 256, 0, st>>>(in.format, in.quant, in.payload, in.scales, in.local_ids, in.counts, C, K, E, H,
-                                         offsets, fill, pair_pos, A);
+    launch_kernel(permute_kernel, grid, 256, 0, st, pdl, in.format, in.quant, in.payload, in.scales, in.local_ids,
+                  in.counts, C, K, E, H, offsets, fill, pair_pos, A);
   }
-  EPMOE_CUDA_CHECK_LAUNCH();
 }
 
-void launch_reduce(const DispatchOutput& in, const int32_t* pair_pos, const bf16_raw* o, bf16_raw* y, cudaStream_t st) {
+void launch_reduce(const DispatchOutput& in, const int32_t* pair_pos, const bf16_raw* o, bf16_raw* y, cudaStream_t st,
+                   bool pdl) {
   const int64_t S = in.slots();
   if (S <= 0) return;
   const int C = in.capacity, K = in.top_k, H = in.hidden;
   if (H % 8 == 0 && aligned16(o) && aligned16(y))
-    reduce_vec_kernel<<<unsigned(S), 128, 0, st>>>(o, pair_pos, in.weights, in.counts, C, K, H, y);
+    launch_kernel(reduce_vec_kernel, unsigned(S), 128, 0, st, pdl, o, pair_pos, in.weights, in.counts, C, K, H, y);
   else
-    reduce_kernel<<<unsigned(S), 256, 0, st>>>(o, pair_pos, in.weights, in.counts, C, K, H, y);
-  EPMOE_CUDA_CHECK_LAUNCH();
+    launch_kernel(reduce_kernel, unsigned(S), 256, 0, st, pdl, o, pair_pos, in.weights, in.counts, C, K, H, y);
 }
 
 void launch_count(const DispatchOutput& in, int bm, int32_t* cnt, int32_t* offsets, int32_t* fill, MTile* tiles,
-                  int32_t* num_tiles, cudaStream_t st) {
+                  int32_t* num_tiles, cudaStream_t st, bool pdl) {
   const int64_t S = in.slots();
   const int C = in.capacity, K = in.top_k, E = in.num_local_experts;
+  if (S * K <= kFusedCountPairs && size_t(E) * 4 <= 32 * 1024) {
+    launch_kernel(count_offsets_kernel, 1, kScanThreads, size_t(E) * 4, st, pdl, in.local_ids, in.counts, S, C, K, E,
+                  bm, cnt, offsets, fill, tiles, num_tiles);
+    return;
+  }
   EPMOE_CUDA_CHECK(cudaMemsetAsync(cnt, 0, size_t(E) * 4, st));
-  count_kernel<<<unsigned((S + 255) / 256), 256, 0, st>>>(in.local_ids, in.counts, S, C, K, E, cnt);
-  EPMOE_CUDA_CHECK_LAUNCH();
-  offsets_kernel<<<1, kScanThreads, 0, st>>>(cnt, E, bm, offsets, fill, tiles, num_tiles);
-  EPMOE_CUDA_CHECK_LAUNCH();
+  launch_kernel(count_kernel, unsigned((S + 255) / 256), 256, 0, st, pdl, in.local_ids, in.counts, S, C, K, E, cnt);
+  launch_kernel(offsets_kernel, 1, kScanThreads, 0, st, pdl, cnt, E, bm, offsets, fill, tiles, num_tiles);
 }
 
 void launch_permute_fp8_rows(const DispatchOutput& in, const int32_t* offsets, int32_t* fill, int32_t* pair_pos,
-                             uint8_t* A8, float* as_t, int64_t ld, cudaStream_t st) {
+                             uint8_t* A8, float* as_t, int64_t ld, cudaStream_t st, bool pdl) {
   const int64_t S = in.slots();
   const int C = in.capacity, K = in.top_k, E = in.num_local_experts, H = in.hidden;
   const bool aligned16 = reinterpret_cast<uintptr_t>(in.payload) % 16 == 0;
-  permute_fp8_kernel<<<unsigned(S), 256, 0, st>>>(in.payload, in.scales, in.local_ids, in.counts, C, K, E, H, aligned16,
-                                                  offsets, fill, pair_pos, A8, as_t, ld);
-  EPMOE_CUDA_CHECK_LAUNCH();
+  launch_kernel(permute_fp8_kernel, unsigned(S), 256, 0, st, pdl, in.payload, in.scales, in.local_ids, in.counts, C, K,
+                E, H, aligned16, offsets, fill, pair_pos, A8, as_t, ld);
 }
 
 void launch_intermediate_to_fp8(const bf16_raw* h, const int32_t* offsets, const int32_t* cnt, int E, int I,
-                                bool ue8m0, int64_t max_rows, uint8_t* h8, float* hs_t, cudaStream_t st) {
-  intermediate_to_fp8_kernel<<<unsigned(max_rows), 256, 0, st>>>(h, offsets, cnt, E, I, ue8m0, h8, hs_t, max_rows);
-  EPMOE_CUDA_CHECK_LAUNCH();
+                                bool ue8m0, int64_t max_rows, uint8_t* h8, float* hs_t, cudaStream_t st, bool pdl) {
+  launch_kernel(intermediate_to_fp8_kernel, unsigned(max_rows), 256, 0, st, pdl, h, offsets, cnt, E, I, ue8m0, h8,
+                hs_t, max_rows);
 }
 
 void launch_intermediate_fp8(bf16_raw* h, const int32_t* offsets, const int32_t* cnt, int E, int I, bool ue8m0,
-                             int64_t max_rows, cudaStream_t st) {
-  intermediate_fp8_kernel<<<unsigned(max_rows), 256, 0, st>>>(h, offsets, cnt, E, I, ue8m0);
-  EPMOE_CUDA_CHECK_LAUNCH();
+                             int64_t max_rows, cudaStream_t st, bool pdl) {
+  launch_kernel(intermediate_fp8_kernel, unsigned(max_rows), 256, 0, st, pdl, h, offsets, cnt, E, I, ue8m0);
 }
 
 }  // namespace epmoe::cuda

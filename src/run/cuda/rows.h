@@ -3,6 +3,8 @@
 // between the GEMMs, and the routing-weighted sum of the expert outputs back per slot. The bf16
 // permute and the sum are HBM-bound; each has a vector form (16-byte rows: H % 8 == 0 and 16-byte
 // aligned buffers) and a scalar fallback with the same arithmetic, so the two give the same bits.
+// `pdl`: launched with programmatic dependent launch (core/cuda/pdl.cuh; tuning.pdl), the same
+// results. Few pairs (S*K <= 65536) count and scan in one CTA (no memset, one launch).
 #pragma once
 #include <cuda_runtime.h>
 
@@ -17,27 +19,29 @@ namespace epmoe::cuda {
 // fill[e] = 0 (the permute's counters); tiles / *num_tiles = the m-tiles of bm rows. cnt, offsets
 // and fill hold E entries, tiles at least (S*K + bm - 1) / bm + E.
 void launch_count(const DispatchOutput& in, int bm, int32_t* cnt, int32_t* offsets, int32_t* fill, MTile* tiles,
-                  int32_t* num_tiles, cudaStream_t st);
+                  int32_t* num_tiles, cudaStream_t st, bool pdl = false);
 
 // fp8 dispatch into the wgmma fp8 engine: the rows' e4m3 codes as they are into A8 [rows][H], their
 // block-128 scales transposed into as_t[kb * ld + row]; rows claimed as launch_permute_bf16 does.
 void launch_permute_fp8_rows(const DispatchOutput& in, const int32_t* offsets, int32_t* fill, int32_t* pair_pos,
-                             uint8_t* A8, float* as_t, int64_t ld, cudaStream_t st);
+                             uint8_t* A8, float* as_t, int64_t ld, cudaStream_t st, bool pdl = false);
 
 // intermediate_quant = fp8 on h [max_rows][I] (rows [0, offsets[E-1] + cnt[E-1]) are used):
 // to_fp8 writes e4m3 codes h8 and transposed block scales hs_t[kb * max_rows + row] (the wgmma fp8
 // GEMM2's operand); the other rounds h in place through the same codes (the bf16 GEMM2's operand).
 void launch_intermediate_to_fp8(const bf16_raw* h, const int32_t* offsets, const int32_t* cnt, int E, int I,
-                                bool ue8m0, int64_t max_rows, uint8_t* h8, float* hs_t, cudaStream_t st);
+                                bool ue8m0, int64_t max_rows, uint8_t* h8, float* hs_t, cudaStream_t st,
+                                bool pdl = false);
 void launch_intermediate_fp8(bf16_raw* h, const int32_t* offsets, const int32_t* cnt, int E, int I, bool ue8m0,
-                             int64_t max_rows, cudaStream_t st);
+                             int64_t max_rows, cudaStream_t st, bool pdl = false);
 
 // A[pos] = bf16(activation of slot i) for every valid (slot i, k) of this rank, pos claimed from
 // offsets[e] + fill[e] (atomic) and recorded in pair_pos[i * K + k] (-1: not a local expert).
 void launch_permute_bf16(const DispatchOutput& in, const int32_t* offsets, int32_t* fill, int32_t* pair_pos,
-                         bf16_raw* A, cudaStream_t st);
+                         bf16_raw* A, cudaStream_t st, bool pdl = false);
 
 // y[slot] = bf16(sum over k ascending of w_k * o[pair_pos[slot][k]]) in fp32 without fma.
-void launch_reduce(const DispatchOutput& in, const int32_t* pair_pos, const bf16_raw* o, bf16_raw* y, cudaStream_t st);
+void launch_reduce(const DispatchOutput& in, const int32_t* pair_pos, const bf16_raw* o, bf16_raw* y, cudaStream_t st,
+                   bool pdl = false);
 
 }  // namespace epmoe::cuda

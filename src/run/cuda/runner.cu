@@ -37,6 +37,7 @@ CudaRunner::CudaRunner(const MoeConfig& cfg, int device_index)
       device_(device_index),
       engine_(cfg.tuning.engine),
       wgmma_defer_(cfg.tuning.wgmma_defer),
+      pdl_(cfg.tuning.pdl),
       widen_scratch_(size_t(cfg.tuning.widen_scratch_mb) << 20),
       fused_swiglu_(cfg.tuning.fused_swiglu),
       cutlass_swap_(cfg.tuning.cutlass_swap) {}
@@ -156,13 +157,13 @@ void CudaRunner::run(const DispatchOutput& in, const ExpertWeights& w, bf16_raw*
   }
 
   launch_count(in, bm, cnt_.get<int32_t>(), offsets_.get<int32_t>(), fill_.get<int32_t>(), tiles_.get<MTile>(),
-               num_tiles_.get<int32_t>(), st);
+               num_tiles_.get<int32_t>(), st, pdl_);
   if (d.fp8_1) {
     launch_permute_fp8_rows(in, offsets_.get<int32_t>(), fill_.get<int32_t>(), pair_pos_.get<int32_t>(),
-                            a8_.get<uint8_t>(), as_.get<float>(), max_rows, st);
+                            a8_.get<uint8_t>(), as_.get<float>(), max_rows, st, pdl_);
   } else {
     launch_permute_bf16(in, offsets_.get<int32_t>(), fill_.get<int32_t>(), pair_pos_.get<int32_t>(),
-                        a_.get<bf16_raw>(), st);
+                        a_.get<bf16_raw>(), st, pdl_);
   }
 
   GemmArgs g1;
@@ -176,6 +177,7 @@ void CudaRunner::run(const DispatchOutput& in, const ExpertWeights& w, bf16_raw*
   g1.num_tiles = num_tiles_.get<int32_t>();
   g1.max_tiles = static_cast<int>(max_tiles);
   g1.wgmma_defer = wgmma_defer_;
+  g1.pdl = pdl_;
   if (d.fp8_1) {
     g1.A8 = a8_.get<uint8_t>();
     g1.a_scales = as_.get<float>();
@@ -189,10 +191,10 @@ void CudaRunner::run(const DispatchOutput& in, const ExpertWeights& w, bf16_raw*
 
   if (d.fp8_2) {
     launch_intermediate_to_fp8(h_.get<bf16_raw>(), offsets_.get<int32_t>(), cnt_.get<int32_t>(), E, I, in.quant.ue8m0,
-                               max_rows, h8_.get<uint8_t>(), hs_.get<float>(), st);
+                               max_rows, h8_.get<uint8_t>(), hs_.get<float>(), st, pdl_);
   } else if (iq == IntermediateQuant::fp8) {
     launch_intermediate_fp8(h_.get<bf16_raw>(), offsets_.get<int32_t>(), cnt_.get<int32_t>(), E, I, in.quant.ue8m0,
-                            max_rows, st);
+                            max_rows, st, pdl_);
   }
 
   GemmArgs g2 = g1;
@@ -215,7 +217,7 @@ void CudaRunner::run(const DispatchOutput& in, const ExpertWeights& w, bf16_raw*
     kperm_nvfp4_tokens(h_.get<bf16_raw>(), offsets_.get<int32_t>(), cnt_.get<int32_t>(), E, I, max_rows, st);
   launch_on_engine(g2, d.fp8_2, d.bf16, d.nvfp4_2, wide, bm, st);
 
-  launch_reduce(in, pair_pos_.get<int32_t>(), o_.get<bf16_raw>(), y, st);
+  launch_reduce(in, pair_pos_.get<int32_t>(), o_.get<bf16_raw>(), y, st, pdl_);
 }
 
 }  // namespace epmoe::cuda

@@ -83,6 +83,10 @@ class CudaRunner final : public Runner {
   // The decode wgmma engine's pipeline (tuning.wgmma_defer; the same results bitwise).
   void set_wgmma_defer(bool on) { wgmma_defer_ = on; }
   bool wgmma_defer() const { return wgmma_defer_; }
+  // Programmatic dependent launch of the row passes and the decode wgmma GEMMs (tuning.pdl; the
+  // same results bitwise).
+  void set_pdl(bool on) { pdl_ = on; }
+  bool pdl() const { return pdl_; }
   // CUTLASS GEMM1 as gate half + up half with SwiGLU in the epilogue (tuning.fused_swiglu).
   void set_fused_swiglu(bool on) { fused_swiglu_ = on; }
   bool fused_swiglu() const { return fused_swiglu_; }
@@ -119,6 +123,7 @@ class CudaRunner final : public Runner {
   DeviceBuffer a8_, as_, h8_, hs_;  // fp8 operands of the wgmma fp8 engine (codes, transposed scales)
   Engine engine_ = Engine::automatic;
   bool wgmma_defer_ = true;
+  bool pdl_ = true;
   int sms_ = 0;
   DeviceBuffer gu_, cws_;  // CUTLASS engine: GEMM1 output [rows][2I] (gate | up), GEMM tables/workspace
   DeviceBuffer scratch_, inv_gs_;  // widened weights of one chunk; 1/gs of W13 and W2 (nvfp4) [2][E]

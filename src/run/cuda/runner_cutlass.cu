@@ -187,14 +187,14 @@ void CudaRunner::run_cutlass(const DispatchOutput& in, const ExpertWeights& w, b
   }
 
   launch_count(in, bm, cnt_.get<int32_t>(), offsets_.get<int32_t>(), fill_.get<int32_t>(), tiles_.get<MTile>(),
-               num_tiles_.get<int32_t>(), st);
+               num_tiles_.get<int32_t>(), st, pdl_);
   if (fp8_1) {
     cutlass_engine::permute_fp8(in.payload, reinterpret_cast<const float*>(in.scales), in.local_ids, in.counts, S, C, K,
                                 E, H, offsets_.get<int32_t>(), fill_.get<int32_t>(), pair_pos_.get<int32_t>(),
                                 a8_.get<uint8_t>(), as_.get<float>(), st);
   } else {
     launch_permute_bf16(in, offsets_.get<int32_t>(), fill_.get<int32_t>(), pair_pos_.get<int32_t>(),
-                        a_.get<bf16_raw>(), st);
+                        a_.get<bf16_raw>(), st, pdl_);
   }
 
   last_widen_chunks_ = 0;
@@ -260,7 +260,7 @@ void CudaRunner::run_cutlass(const DispatchOutput& in, const ExpertWeights& w, b
       last_widen_chunks_ += run_widened(g2, w.w2, nvfp4 ? inv_gs_.get<float>() + E : nullptr, chunk2, st);
   }
 
-  launch_reduce(in, pair_pos_.get<int32_t>(), o_.get<bf16_raw>(), y, st);
+  launch_reduce(in, pair_pos_.get<int32_t>(), o_.get<bf16_raw>(), y, st, pdl_);
 }
 
 }  // namespace epmoe::cuda

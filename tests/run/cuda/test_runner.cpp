@@ -164,6 +164,19 @@ void run_problem(const Problem& p, uint32_t seed, bool both_decode_engines = fal
     }
     expect_within_bound(d, cfg.effective_intermediate_quant());
     expect_poison_after(yg, n, H);
+    {
+      // Programmatic dependent launch (tuning.pdl, on by default) only moves launches: the same
+      // call without it gives the same bits.
+      SCOPED_TRACE("pdl off");
+      ASSERT_TRUE(runner.pdl());
+      Dev<bf16_raw> y0(size_t(C) * H);
+      y0.poison();
+      runner.set_pdl(false);
+      runner.run(dout, dw, y0.get(), nullptr);
+      EPMOE_CUDA_CHECK(cudaDeviceSynchronize());
+      runner.set_pdl(true);
+      EXPECT_EQ(first_diff(y0.download(), yg), -1) << "pdl on and off differ";
+    }
     if (p.wf == WeightFormat::nvfp4 && wgmma && runner.last_block_m() == 32) expect_prepared_equal(p, runner, dout, dw, yg, y_ref, n);
   }
 }
@@ -206,6 +219,9 @@ TEST(CudaRunner, SkewedLoadsAndTinyBatches) {
       {2048, 768, 16, 8, 16, A::fp8, W::bf16, IntermediateQuant::none, 0, 0, false, "T=0"},
       {256, 128, 16, 4, 64, A::bf16, W::bf16, IntermediateQuant::none, 0, -1, false, "tiny"},
       {2880, 2880, 4, 4, 10, A::bf16, W::fp8, IntermediateQuant::none, 0, -1, false, "gpt-oss (H%128!=0)"},
+      // More than 65536 (slot, k) pairs: the multi-CTA count and the separate scan (fewer pairs
+      // count and scan in one CTA, every other problem here).
+      {256, 128, 16, 8, 9000, A::bf16, W::bf16, IntermediateQuant::none, 0, -1, false, "many pairs"},
   };
   for (const Problem& p : problems) run_problem(p, seed++);
 }
