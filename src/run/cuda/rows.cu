@@ -189,15 +189,20 @@ __global__ void reduce_vec_kernel(const bf16_raw* __restrict__ o, const int32_t*
 
 constexpr int kScanThreads = 1024;
 
+// Slot i's pairs into the per-expert counters cnt (global or shared); ids outside [0, E) count nowhere.
+__device__ __forceinline__ void count_slot(const int32_t* __restrict__ ids, int64_t i, int K, int E, int32_t* cnt) {
+  for (int k = 0; k < K; ++k) {
+    const int e = ids[i * K + k];
+    if (e >= 0 && e < E) atomicAdd(&cnt[e], 1);
+  }
+}
+
 __global__ void count_kernel(const int32_t* __restrict__ ids, const int32_t* __restrict__ counts, int64_t S, int C,
                              int K, int E, int32_t* __restrict__ cnt) {
   dev::pdl_enter();
   const int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
   if (i >= S || !slot_valid(i, C, counts)) return;
-  for (int k = 0; k < K; ++k) {
-    const int e = ids[i * K + k];
-    if (e >= 0 && e < E) atomicAdd(&cnt[e], 1);
-  }
+  count_slot(ids, i, K, E, cnt);
 }
 
 // Offsets of each expert's rows (cnt: shared or global), the m-tile table, and zeroed fill
@@ -253,13 +258,8 @@ __global__ void __launch_bounds__(kScanThreads)
   extern __shared__ int32_t s_cnt[];
   for (int e = threadIdx.x; e < E; e += blockDim.x) s_cnt[e] = 0;
   __syncthreads();
-  for (int64_t i = threadIdx.x; i < S; i += blockDim.x) {
-    if (!slot_valid(i, C, counts)) continue;
-    for (int k = 0; k < K; ++k) {
-      const int e = ids[i * K + k];
-      if (e >= 0 && e < E) atomicAdd(&s_cnt[e], 1);
-    }
-  }
+  for (int64_t i = threadIdx.x; i < S; i += blockDim.x)
+    if (slot_valid(i, C, counts)) count_slot(ids, i, K, E, s_cnt);
   __syncthreads();
   for (int e = threadIdx.x; e < E; e += blockDim.x) cnt[e] = s_cnt[e];
   scan_offsets(s_cnt, E, bm, offsets, fill, tiles, num_tiles);
