@@ -128,6 +128,10 @@ EnvTuning read_env_tuning() {
     if (auto v = env::flag("EPMOE_PDL", "1: runner cuda launches its row passes and decode GEMMs with programmatic dependent launch"))
       t.pdl = *v;
   });
+  take("EPMOE_NVFP4_WIDE_ROWS", [&] {
+    if (auto v = env::integer("EPMOE_NVFP4_WIDE_ROWS", 128, 160, "token-tile height of runner cuda's wide nvfp4 engine (128 or 160)"))
+      t.nvfp4_wide_rows = int(*v);
+  });
   take("EPMOE_CUTLASS_SWIGLU", [&] {
     if (auto v = env::flag("EPMOE_CUTLASS_SWIGLU", "1: SwiGLU in the epilogue of CUTLASS GEMM1's up half"))
       t.fused_swiglu = *v;

@@ -93,6 +93,11 @@ std::vector<ConfigIssue> validate(const Tuning& t) {
       is.push_back({std::string("tuning.") + field, std::to_string(v),
                     std::string("tuning.") + field + " holds no valid value; use one of " + names});
   };
+  if (t.nvfp4_wide_rows != 128 && t.nvfp4_wide_rows != 160)
+    is.push_back({"tuning.nvfp4_wide_rows", std::to_string(t.nvfp4_wide_rows),
+                  "tuning.nvfp4_wide_rows=" + std::to_string(t.nvfp4_wide_rows) +
+                      " is not a token-tile height of the wide nvfp4 engine; use 128 (the default) or 160 "
+                      "(--nvfp4-wide-rows)"});
   named("engine", int(t.engine), 3, "auto, mma, cutlass");
   named("combine", int(t.combine), 2, "sm, ce");
   named("fault_check", int(t.fault_check), 3, "off, count, raise");
@@ -115,6 +120,7 @@ std::string describe(const Tuning& t) {
   row("engine", engine_name(t.engine), engine_name(d.engine), false, "EPMOE_RUNNER_ENGINE");
   row("wgmma_defer", b(t.wgmma_defer), b(d.wgmma_defer), false, "EPMOE_WGMMA_DEFER");
   row("pdl", b(t.pdl), b(d.pdl), false, "EPMOE_PDL");
+  row("nvfp4_wide_rows", i(t.nvfp4_wide_rows), i(d.nvfp4_wide_rows), false, "EPMOE_NVFP4_WIDE_ROWS");
   row("fused_swiglu", b(t.fused_swiglu), b(d.fused_swiglu), false, "EPMOE_CUTLASS_SWIGLU");
   row("widen_scratch_mb", i(t.widen_scratch_mb), i(d.widen_scratch_mb), false, "EPMOE_WIDEN_SCRATCH_MB");
   row("nvfp4_prepare", b(t.nvfp4_prepare), b(d.nvfp4_prepare), false, "EPMOE_NVFP4_PREPARE");

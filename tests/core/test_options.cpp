@@ -31,8 +31,10 @@ TEST(Tuning, EveryRangeIsChecked) {
   t.combine = static_cast<CombineMode>(9);
   t.cutlass_swap = static_cast<CutlassSwap>(9);
   t.decode_max_rows = -1;
+  t.nvfp4_wide_rows = 150;
   const auto is = validate(t);
-  EXPECT_EQ(is.size(), 8u);
+  EXPECT_EQ(is.size(), 9u);
+  EXPECT_TRUE(has_issue(is, "tuning.nvfp4_wide_rows", "use 128 (the default) or 160"));
   EXPECT_TRUE(has_issue(is, "tuning.cutlass_swap", "auto, 0, 1, 64, 128, 192"));
   EXPECT_TRUE(has_issue(is, "tuning.decode_max_rows", "outside [0, 65536]"));
   EXPECT_TRUE(has_issue(is, "tuning.widen_scratch_mb", "outside [1, 16777216]"));
@@ -101,6 +103,7 @@ TEST(Tuning, AgreeFieldsAreFingerprintedLocalOnesAreNot) {
   d.tuning.push_warps = 4;
   d.tuning.wgmma_defer = !c.tuning.wgmma_defer;
   d.tuning.pdl = !c.tuning.pdl;
+  d.tuning.nvfp4_wide_rows = 160;
   d.tuning.fused_swiglu = !c.tuning.fused_swiglu;
   d.tuning.nvfp4_prepare = !c.tuning.nvfp4_prepare;
   d.tuning.widen_scratch_mb = 7;
@@ -125,7 +128,7 @@ TEST(Tuning, DescribeListsEveryFieldWithItsAgreement) {
   Tuning t;
   t.engine = RunnerEngine::cutlass;
   const std::string s = describe(t);
-  for (const char* f : {"engine", "wgmma_defer", "pdl", "fused_swiglu", "widen_scratch_mb", "nvfp4_prepare", "cutlass_swap",
+  for (const char* f : {"engine", "wgmma_defer", "pdl", "nvfp4_wide_rows", "fused_swiglu", "widen_scratch_mb", "nvfp4_prepare", "cutlass_swap",
                         "decode_max_rows", "comm_sms", "push_warps", "combine", "ce_rows", "fault_check"})
     EXPECT_NE(s.find(f), std::string::npos) << f;
   EXPECT_NE(s.find("cutlass"), std::string::npos);

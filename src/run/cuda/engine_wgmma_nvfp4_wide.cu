@@ -46,21 +46,28 @@ using gemm::smem_u32;
 
 constexpr int kGroups = 2;             // warpgroups per CTA, each on its own 128-row weight tile
 constexpr int kCtaThreads = kGroups * kThreads;
-constexpr int kAhead = 2;              // stages loaded ahead of the one computed
-constexpr int kSlots = kAhead + 2;     // + the stage computed and the previous one (its last wgmmas)
 
-// Geometry for token tiles of up to TN rows.
+// Geometry for token tiles of up to TN rows: 128 (kWgmmaWideBlockM), or 160 (kWgmmaWide160BlockM),
+// which keeps an expert of 129-160 rows in one tile, one decode of its weights instead of two.
+// TN = 160 has 160 accumulators per thread, so it keeps one set of A registers instead of two
+// (two would not fit the 255-register budget) and, with 40 KB of tokens per stage, a 3-slot ring
+// loaded one stage ahead (four would not fit shared memory; a stage is ~10 MFLOP per CTA, several
+// microseconds, so one stage ahead still covers the load latency).
 template <int TN>
 struct Geo {
   static constexpr int kNR = TN / 2;          // accumulators per m64 half and thread
+  static constexpr int kSets = TN > 128 ? 1 : 2;  // A-register sets
+  static constexpr int kAhead = TN > 128 ? 1 : 2;  // stages loaded ahead of the one computed
+  static constexpr int kSlots = kAhead + 2;   // + the stage computed and the previous one (its last wgmmas)
   static constexpr int kAtom = TN * 128;      // one 64-K sub-block of tokens: [TN rows][128 B], SW128
   static constexpr int kTokBytes = 2 * kAtom; // a stage's tokens
   static constexpr int kSlot = kTokBytes + kGroups * kPreparedBlock;  // + each warpgroup's prepared block
   static constexpr int kBars = kSlot * kSlots;  // full[kSlots] then empty[kSlots] mbarriers
   static constexpr int kSmem = kBars + 16 * kSlots + 1024;
-  static_assert(TN == 128, "the token-tile widths issue_width covers");
-  static_assert(TN % (kCtaThreads / 4) == 0, "whole passes of token rows");
+  static constexpr int kPasses = (TN + kCtaThreads / 4 - 1) / (kCtaThreads / 4);  // of token-row loads
+  static_assert(TN == 128 || TN == 160, "the token-tile widths issue_width covers");
   static_assert(kSlot % 1024 == 0, "SW128 token atoms need 1024-byte alignment");
+  static_assert(kSmem <= 227 * 1024, "exceeds Hopper's shared memory per block");
 };
 
 // The ring's mbarriers (shared memory, CTA scope).
@@ -104,16 +111,19 @@ __device__ __forceinline__ void zero(float (&acc)[2][NR]) {
     for (int i = 0; i < NR; ++i) acc[h][i] = 0.f;
 }
 
-// The 8 wgmmas of one 64-K sub-block at the tile's width n (32, 64, 96 or 128).
+// The 8 wgmmas of one 64-K sub-block at the tile's width n (32, 64, 96, 128, and 160 where NR = 80).
 template <int NR>
 __device__ __forceinline__ void issue_width(float (&acc)[2][NR], const uint32_t (&wa)[2][2][8], uint32_t tokens,
                                             int n) {
-  static_assert(NR == 64, "the widths below are those of 128-token tiles");
+  static_assert(NR == 64 || NR == 80, "the widths below are those of 128- and 160-token tiles");
   switch (n) {
     case 32: issue_batch<32>(acc, wa, tokens); break;
     case 64: issue_batch<64>(acc, wa, tokens); break;
     case 96: issue_batch<96>(acc, wa, tokens); break;
-    default: issue_batch<128>(acc, wa, tokens); break;
+    case 128: issue_batch<128>(acc, wa, tokens); break;
+    default:
+      if constexpr (NR == 80) issue_batch<160>(acc, wa, tokens);
+      break;
   }
 }
 
@@ -129,6 +139,7 @@ template <int TN>
 __global__ void __launch_bounds__(kCtaThreads, 1) nvfp4_wide_kernel(GemmArgs p) {
   using G = Geo<TN>;
   constexpr int kTN = TN, kNR = G::kNR, kAtom = G::kAtom, kTokBytes = G::kTokBytes, kSlot = G::kSlot;
+  constexpr int kAhead = G::kAhead, kSlots = G::kSlots, kSets = G::kSets;
   extern __shared__ uint8_t smem_raw[];
   const uint32_t raw = smem_u32(smem_raw);
   const uint32_t base = (raw + 1023u) & ~1023u;
@@ -178,7 +189,7 @@ __global__ void __launch_bounds__(kCtaThreads, 1) nvfp4_wide_kernel(GemmArgs p) 
     const uint8_t* A = la + int64_t(lc.kt) * kKS * 2;
     const bool no_sb1 = half && lc.kt == KT - 1 && tq >= 2;
 #pragma unroll
-    for (int g = 0; g < kTN / kRowsPerPass; ++g) {
+    for (int g = 0; g < G::kPasses; ++g) {
       const int row = tr + kRowsPerPass * g;
       if (row < a_width && !no_sb1) {
         const bool ok = row < a_rows;
@@ -225,7 +236,7 @@ __global__ void __launch_bounds__(kCtaThreads, 1) nvfp4_wide_kernel(GemmArgs p) 
   Cur cur = my_tiles > 0 ? walk.at(0) : Cur{};
   int width = my_tiles > 0 ? tile_width<kTN>(cur.mt.rows) : 0;
   int c_kt = 0, c_slot = 0, c_local = 0;
-  uint32_t wa[2][2][2][8];  // two sets: sub-block sb decodes into set sb
+  uint32_t wa[kSets][2][2][8];  // sub-block sb decodes into set sb % kSets
   for (int64_t s = 0; s < steps; ++s) {
     const int kt = c_kt, slot = c_slot;
     if (++c_kt == KT) c_kt = 0;
@@ -236,26 +247,41 @@ __global__ void __launch_bounds__(kCtaThreads, 1) nvfp4_wide_kernel(GemmArgs p) 
     wg::fence_proxy_async();  // cp.async wrote through the generic proxy; wgmma reads through the async one
     const uint32_t st = base + uint32_t(slot) * kSlot;
     const uint32_t w = st + w_off;
+    // Two A sets: all four code chunks and the scales up front (the decode overlaps the other set's
+    // wgmmas). One set (160-row tiles): each sub-block's chunks are read after the wait, so that
+    // fewer registers are live next to the 160 accumulators.
     uint4 c[4];
-#pragma unroll
-    for (int i = 0; i < 4; ++i) c[i] = lds16(w + i * 2048 + tid * 16);
-    const uint2 sc = lds8(w + 8192 + tid * 8);
+    uint2 sc;
     uint32_t scl[2][2][2];
+    if constexpr (kSets == 1) sc = lds8(w + 8192 + tid * 8);
+    if constexpr (kSets == 2) {
 #pragma unroll
-    for (int h = 0; h < 2; ++h)
+      for (int i = 0; i < 4; ++i) c[i] = lds16(w + i * 2048 + tid * 16);
+      sc = lds8(w + 8192 + tid * 8);
 #pragma unroll
-      for (int q = 0; q < 2; ++q) scale_pair((h ? sc.y : sc.x) >> (16 * q), scl[h][q]);
+      for (int h = 0; h < 2; ++h)
+#pragma unroll
+        for (int q = 0; q < 2; ++q) scale_pair((h ? sc.y : sc.x) >> (16 * q), scl[h][q]);
+    }
 #pragma unroll
     for (int sb = 0; sb < 2; ++sb) {
-      auto& set = wa[sb];
-      // The batch that last read this set (the one before the previous) is done.
-      wg::wgmma_wait1();
+      auto& set = wa[sb % kSets];
+      // The batch that last read this set (two sets: the one before the previous) is done.
+      if constexpr (kSets == 2)
+        wg::wgmma_wait1();
+      else
+        wg::wgmma_wait0();
       // At sb 1 every wgmma of stage s - 1 is done (all but this stage's sb 0): release its slot.
       if (sb == 1 && s > 0) mbar_arrive(empty0 + 8 * prev_slot);
       // A half stage is always a tile's last: the epilogue below waits for its one batch.
       if (sb == 1 && half && kt == KT - 1) continue;
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
+        if constexpr (kSets == 1) {
+          c[2 * sb + h] = lds16(w + (2 * sb + h) * 2048 + tid * 16);
+#pragma unroll
+          for (int q = 0; q < 2; ++q) scale_pair((h ? sc.y : sc.x) >> (16 * q), scl[h][q]);
+        }
         const uint4 v = c[2 * sb + h];
         decode16<true>(v.x, v.y, scl[h][0][sb], set[h][0]);
         decode16<true>(v.z, v.w, scl[h][1][sb], set[h][1]);
@@ -303,10 +329,16 @@ void launch_wide(const GemmArgs& a, cudaStream_t stream) {
 }
 }  // namespace
 
-void launch_grouped_gemm_wgmma_nvfp4_wide(const GemmArgs& a, cudaStream_t stream) {
+void launch_grouped_gemm_wgmma_nvfp4_wide(const GemmArgs& a, int tile_rows, cudaStream_t stream) {
   if (!a.W.prepared || !a.W.global_scale || !a.A)
     throw UsageError("cuda runner (wgmma nvfp4, wide): needs prepared weights, global_scale and bf16 A");
-  launch_wide<kWgmmaWideBlockM>(a, stream);
+  if (tile_rows == kWgmmaWide160BlockM)
+    launch_wide<kWgmmaWide160BlockM>(a, stream);
+  else if (tile_rows == kWgmmaWideBlockM)
+    launch_wide<kWgmmaWideBlockM>(a, stream);
+  else
+    throw UsageError("cuda runner (wgmma nvfp4, wide): token tiles of " + std::to_string(tile_rows) +
+                     " rows; this engine has 128 and 160");
 }
 
 }  // namespace epmoe::cuda

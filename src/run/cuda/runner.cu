@@ -22,7 +22,7 @@ std::string mat_desc(const MatrixView& m) {
 // One grouped GEMM on the engine chosen for it (decode wgmma variants, else mma.sync).
 void launch_on_engine(const GemmArgs& g, bool wgmma_fp8, bool wgmma_bf16, bool wgmma_nvfp4, bool wide, int bm,
                       cudaStream_t st) {
-  if (wide) launch_grouped_gemm_wgmma_nvfp4_wide(g, st);
+  if (wide) launch_grouped_gemm_wgmma_nvfp4_wide(g, bm, st);
   else if (wgmma_fp8) launch_grouped_gemm_wgmma_fp8(g, st);
   else if (wgmma_bf16) launch_grouped_gemm_wgmma_bf16(g, st);
   else if (wgmma_nvfp4 && g.W.prepared) launch_grouped_gemm_wgmma_nvfp4_prepared(g, st);
@@ -122,7 +122,8 @@ void CudaRunner::run(const DispatchOutput& in, const ExpertWeights& w, bf16_raw*
   const bool prepared = w.w13.prepared && w.w2.prepared;
   const int decode_limit = policy::decode_max_rows(w.w13.format, d32, cfg_.tuning.decode_max_rows, prepared);
   const bool wide = force_bm_ == 0 && policy::use_nvfp4_wide(engine_, d32, prepared, avg, decode_limit);
-  const int bm = wide ? kWgmmaWideBlockM : policy::block_m(avg, force_bm_, decode_limit);
+  const int bm = wide ? (cfg_.tuning.nvfp4_wide_rows == kWgmmaWide160BlockM ? kWgmmaWide160BlockM : kWgmmaWideBlockM)
+                      : policy::block_m(avg, force_bm_, decode_limit);
   last_bm_ = bm;
   const int64_t max_tiles = (max_rows + bm - 1) / bm + E;
   if (max_rows > INT32_MAX) throw UsageError("runner cuda: R*C*K=" + std::to_string(max_rows) + " rows exceed 2^31");
