@@ -61,9 +61,9 @@ struct Tuning {
   bool pdl = true;              // [local] EPMOE_PDL=0|1: the row passes and the decode wgmma GEMMs
                                 //   are launched with programmatic dependent launch, each kernel's
                                 //   launch overlapping the previous one's end (same bits)
-  int nvfp4_wide_rows = 128;    // [local] EPMOE_NVFP4_WIDE_ROWS=128|160: token-tile height of the
-                                //   wide nvfp4 engine (160: an expert of 129-160 rows decodes its
-                                //   weights once, not twice; same bits)
+  int nvfp4_wide_rows = 0;      // [local] EPMOE_NVFP4_WIDE_ROWS=0|128|160: token-tile height of the
+                                //   wide nvfp4 engine; 0: per expert, the one giving fewer tiles
+                                //   (an expert of 129-160 rows decodes its weights once; same bits)
   bool fused_swiglu = false;    // [local] EPMOE_CUTLASS_SWIGLU=0|1: CUTLASS GEMM1 as gate half +
                                 //   up half with SwiGLU in its epilogue (same bits)
   int widen_scratch_mb = 1024;  // [local] EPMOE_WIDEN_SCRATCH_MB=1..16777216: bound of the buffer

@@ -129,7 +129,7 @@ EnvTuning read_env_tuning() {
       t.pdl = *v;
   });
   take("EPMOE_NVFP4_WIDE_ROWS", [&] {
-    if (auto v = env::integer("EPMOE_NVFP4_WIDE_ROWS", 128, 160, "token-tile height of runner cuda's wide nvfp4 engine (128 or 160)"))
+    if (auto v = env::integer("EPMOE_NVFP4_WIDE_ROWS", 0, 160, "token-tile height of runner cuda's wide nvfp4 engine (0: by rows, 128 or 160)"))
       t.nvfp4_wide_rows = int(*v);
   });
   take("EPMOE_CUTLASS_SWIGLU", [&] {

@@ -93,10 +93,10 @@ std::vector<ConfigIssue> validate(const Tuning& t) {
       is.push_back({std::string("tuning.") + field, std::to_string(v),
                     std::string("tuning.") + field + " holds no valid value; use one of " + names});
   };
-  if (t.nvfp4_wide_rows != 128 && t.nvfp4_wide_rows != 160)
+  if (t.nvfp4_wide_rows != 0 && t.nvfp4_wide_rows != 128 && t.nvfp4_wide_rows != 160)
     is.push_back({"tuning.nvfp4_wide_rows", std::to_string(t.nvfp4_wide_rows),
                   "tuning.nvfp4_wide_rows=" + std::to_string(t.nvfp4_wide_rows) +
-                      " is not a token-tile height of the wide nvfp4 engine; use 128 (the default) or 160 "
+                      " is not a token-tile height of the wide nvfp4 engine; use 0 (the default: by rows), 128 or 160 "
                       "(--nvfp4-wide-rows)"});
   named("engine", int(t.engine), 3, "auto, mma, cutlass");
   named("combine", int(t.combine), 2, "sm, ce");

@@ -34,7 +34,7 @@ TEST(Tuning, EveryRangeIsChecked) {
   t.nvfp4_wide_rows = 150;
   const auto is = validate(t);
   EXPECT_EQ(is.size(), 9u);
-  EXPECT_TRUE(has_issue(is, "tuning.nvfp4_wide_rows", "use 128 (the default) or 160"));
+  EXPECT_TRUE(has_issue(is, "tuning.nvfp4_wide_rows", "use 0 (the default: by rows), 128 or 160"));
   EXPECT_TRUE(has_issue(is, "tuning.cutlass_swap", "auto, 0, 1, 64, 128, 192"));
   EXPECT_TRUE(has_issue(is, "tuning.decode_max_rows", "outside [0, 65536]"));
   EXPECT_TRUE(has_issue(is, "tuning.widen_scratch_mb", "outside [1, 16777216]"));

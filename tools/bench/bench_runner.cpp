@@ -224,8 +224,10 @@ void bench_preset(const Opts& o, const ModelPreset& given, double hbm_gbs, const
         host.push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count());
         EPMOE_CUDA_CHECK(cudaDeviceSynchronize());
       }
-      std::fprintf(stderr, "  %s %s M=%lld: %.3f ms (bm %d, %s; host %.1f us per eager call)\n", pre.name.c_str(),
-                   format_name(f), M, ms, runner.last_block_m(), runner.last_engines(), median(host));
+      const int bm = runner.last_block_m();
+      std::fprintf(stderr, "  %s %s M=%lld: %.3f ms (bm %s, %s; host %.1f us per eager call)\n", pre.name.c_str(),
+                   format_name(f), M, ms, bm == cuda::policy::kByRows ? "by rows" : std::to_string(bm).c_str(),
+                   runner.last_engines(), median(host));
     }
   }
   if (graph_stream) EPMOE_CUDA_CHECK(cudaStreamDestroy(graph_stream));

@@ -50,7 +50,7 @@ const FlagSpec kTuningFlags[] = {
     {"engine", "auto|mma|cutlass", "runner cuda: GEMM engines it may use (env EPMOE_RUNNER_ENGINE)"},
     {"wgmma-defer", "0|1", "runner cuda: decode wgmma waits for a stage one iteration later (env EPMOE_WGMMA_DEFER)"},
     {"pdl", "0|1", "runner cuda: programmatic dependent launch of the row passes and decode GEMMs (env EPMOE_PDL)"},
-    {"nvfp4-wide-rows", "128|160", "runner cuda: token-tile height of the wide nvfp4 engine (env EPMOE_NVFP4_WIDE_ROWS)"},
+    {"nvfp4-wide-rows", "0|128|160", "runner cuda: token-tile height of the wide nvfp4 engine, 0 = per expert (env EPMOE_NVFP4_WIDE_ROWS)"},
     {"fused-swiglu", "0|1", "runner cuda: CUTLASS GEMM1 with SwiGLU in its epilogue (env EPMOE_CUTLASS_SWIGLU)"},
     {"widen-scratch-mb", "N", "runner cuda: MiB for widening fp8/nvfp4 weights for CUTLASS bf16 (env EPMOE_WIDEN_SCRATCH_MB)"},
     {"nvfp4-prepare", "0|1", "runner cuda: copy nvfp4 weights into the decode engine's order (env EPMOE_NVFP4_PREPARE)"},

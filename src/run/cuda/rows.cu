@@ -205,45 +205,66 @@ __global__ void count_kernel(const int32_t* __restrict__ ids, const int32_t* __r
   count_slot(ids, i, K, E, cnt);
 }
 
-// Offsets of each expert's rows (cnt: shared or global), the m-tile table, and zeroed fill
-// counters, by one CTA of kScanThreads; thread i owns a contiguous chunk of experts.
-__device__ void scan_offsets(const int32_t* cnt, int E, int bm, int32_t* __restrict__ offsets,
-                             int32_t* __restrict__ fill, MTile* __restrict__ tiles, int32_t* __restrict__ num_tiles) {
-  __shared__ int32_t s_rows[kScanThreads], s_tiles[kScanThreads];
+// Offsets of each expert's rows (cnt: shared or global), the m-tile table(s), and zeroed fill
+// counters, by one CTA of kScanThreads; thread i owns a contiguous chunk of experts. With a second
+// height (t.bm2 > 0) an expert whose rows make fewer m-tiles of bm2 rows than of bm goes to the
+// second table instead (t.tiles2, num_tiles[1]); ties stay with bm.
+struct TileTables {
+  int bm, bm2;
+  MTile* tiles;
+  MTile* tiles2;
+  int32_t* num_tiles;
+};
+__device__ __forceinline__ bool in_second(int32_t c, const TileTables& t) {
+  return t.bm2 > 0 && (c + t.bm2 - 1) / t.bm2 < (c + t.bm - 1) / t.bm;
+}
+__device__ void scan_offsets(const int32_t* cnt, int E, const TileTables t, int32_t* __restrict__ offsets,
+                             int32_t* __restrict__ fill) {
+  __shared__ int32_t s_rows[kScanThreads], s_tiles[kScanThreads], s_tiles2[kScanThreads];
   const int tid = threadIdx.x;
   const int chunk = (E + kScanThreads - 1) / kScanThreads;
   const int e0 = tid * chunk, e1 = min(E, e0 + chunk);
-  int32_t rows = 0, nt = 0;
+  int32_t rows = 0, nt = 0, nt2 = 0;
   for (int e = e0; e < e1; ++e) {
     rows += cnt[e];
-    nt += (cnt[e] + bm - 1) / bm;
+    if (in_second(cnt[e], t)) nt2 += (cnt[e] + t.bm2 - 1) / t.bm2;
+    else nt += (cnt[e] + t.bm - 1) / t.bm;
   }
   s_rows[tid] = rows;
   s_tiles[tid] = nt;
+  s_tiles2[tid] = nt2;
   __syncthreads();
   for (int o = 1; o < kScanThreads; o <<= 1) {
-    const int32_t a = tid >= o ? s_rows[tid - o] : 0, b = tid >= o ? s_tiles[tid - o] : 0;
+    const int32_t a = tid >= o ? s_rows[tid - o] : 0, b = tid >= o ? s_tiles[tid - o] : 0,
+                  b2 = tid >= o ? s_tiles2[tid - o] : 0;
     __syncthreads();
     s_rows[tid] += a;
     s_tiles[tid] += b;
+    s_tiles2[tid] += b2;
     __syncthreads();
   }
-  int32_t r = s_rows[tid] - rows, t = s_tiles[tid] - nt;
+  int32_t r = s_rows[tid] - rows, i1 = s_tiles[tid] - nt, i2 = s_tiles2[tid] - nt2;
   for (int e = e0; e < e1; ++e) {
     offsets[e] = r;
     fill[e] = 0;
-    for (int m = 0; m < cnt[e]; m += bm) tiles[t++] = MTile{e, r + m, min(bm, cnt[e] - m), 0};
+    if (in_second(cnt[e], t)) {
+      for (int m = 0; m < cnt[e]; m += t.bm2) t.tiles2[i2++] = MTile{e, r + m, min(t.bm2, cnt[e] - m), 0};
+    } else {
+      for (int m = 0; m < cnt[e]; m += t.bm) t.tiles[i1++] = MTile{e, r + m, min(t.bm, cnt[e] - m), 0};
+    }
     r += cnt[e];
   }
-  if (tid == kScanThreads - 1) *num_tiles = s_tiles[tid];
+  if (tid == kScanThreads - 1) {
+    t.num_tiles[0] = s_tiles[tid];
+    if (t.bm2 > 0) t.num_tiles[1] = s_tiles2[tid];
+  }
 }
 
-__global__ void __launch_bounds__(kScanThreads) offsets_kernel(const int32_t* __restrict__ cnt, int E, int bm,
-                                                               int32_t* __restrict__ offsets,
-                                                               int32_t* __restrict__ fill, MTile* __restrict__ tiles,
-                                                               int32_t* __restrict__ num_tiles) {
+__global__ void __launch_bounds__(kScanThreads) offsets_kernel(const int32_t* __restrict__ cnt, int E,
+                                                               TileTables t, int32_t* __restrict__ offsets,
+                                                               int32_t* __restrict__ fill) {
   dev::pdl_enter();
-  scan_offsets(cnt, E, bm, offsets, fill, tiles, num_tiles);
+  scan_offsets(cnt, E, t, offsets, fill);
 }
 
 // count_kernel and offsets_kernel in one CTA, for few pairs (kFusedCountPairs): the counts go
@@ -252,8 +273,8 @@ __global__ void __launch_bounds__(kScanThreads) offsets_kernel(const int32_t* __
 constexpr int64_t kFusedCountPairs = 1 << 16;
 __global__ void __launch_bounds__(kScanThreads)
     count_offsets_kernel(const int32_t* __restrict__ ids, const int32_t* __restrict__ counts, int64_t S, int C, int K,
-                         int E, int bm, int32_t* __restrict__ cnt, int32_t* __restrict__ offsets,
-                         int32_t* __restrict__ fill, MTile* __restrict__ tiles, int32_t* __restrict__ num_tiles) {
+                         int E, TileTables t, int32_t* __restrict__ cnt, int32_t* __restrict__ offsets,
+                         int32_t* __restrict__ fill) {
   dev::pdl_enter();
   extern __shared__ int32_t s_cnt[];
   for (int e = threadIdx.x; e < E; e += blockDim.x) s_cnt[e] = 0;
@@ -262,7 +283,7 @@ __global__ void __launch_bounds__(kScanThreads)
     if (slot_valid(i, C, counts)) count_slot(ids, i, K, E, s_cnt);
   __syncthreads();
   for (int e = threadIdx.x; e < E; e += blockDim.x) cnt[e] = s_cnt[e];
-  scan_offsets(s_cnt, E, bm, offsets, fill, tiles, num_tiles);
+  scan_offsets(s_cnt, E, t, offsets, fill);
 }
 
 // fp8 dispatch into the wgmma fp8 engine: the slot's e4m3 codes are copied as they are (16-byte
@@ -378,17 +399,18 @@ void launch_reduce(const DispatchOutput& in, const int32_t* pair_pos, const bf16
 }
 
 void launch_count(const DispatchOutput& in, int bm, int32_t* cnt, int32_t* offsets, int32_t* fill, MTile* tiles,
-                  int32_t* num_tiles, cudaStream_t st, bool pdl) {
+                  int32_t* num_tiles, cudaStream_t st, bool pdl, int bm2, MTile* tiles2) {
   const int64_t S = in.slots();
   const int C = in.capacity, K = in.top_k, E = in.num_local_experts;
+  const TileTables t{bm, bm2 > 0 && tiles2 ? bm2 : 0, tiles, tiles2, num_tiles};
   if (S * K <= kFusedCountPairs && size_t(E) * 4 <= 32 * 1024) {
     launch_kernel(count_offsets_kernel, 1, kScanThreads, size_t(E) * 4, st, pdl, in.local_ids, in.counts, S, C, K, E,
-                  bm, cnt, offsets, fill, tiles, num_tiles);
+                  t, cnt, offsets, fill);
     return;
   }
   EPMOE_CUDA_CHECK(cudaMemsetAsync(cnt, 0, size_t(E) * 4, st));
   launch_kernel(count_kernel, unsigned((S + 255) / 256), 256, 0, st, pdl, in.local_ids, in.counts, S, C, K, E, cnt);
-  launch_kernel(offsets_kernel, 1, kScanThreads, 0, st, pdl, cnt, E, bm, offsets, fill, tiles, num_tiles);
+  launch_kernel(offsets_kernel, 1, kScanThreads, 0, st, pdl, cnt, E, t, offsets, fill);
 }
 
 void launch_permute_fp8_rows(const DispatchOutput& in, const int32_t* offsets, int32_t* fill, int32_t* pair_pos,

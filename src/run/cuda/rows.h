@@ -16,10 +16,12 @@
 namespace epmoe::cuda {
 
 // cnt[e] = valid (slot, k) pairs of local expert e; offsets[e] = their first row (exclusive scan);
-// fill[e] = 0 (the permute's counters); tiles / *num_tiles = the m-tiles of bm rows. cnt, offsets
-// and fill hold E entries, tiles at least (S*K + bm - 1) / bm + E.
+// fill[e] = 0 (the permute's counters); tiles / num_tiles[0] = the m-tiles of bm rows. cnt, offsets
+// and fill hold E entries, tiles at least (S*K + bm - 1) / bm + E. With bm2 > 0 and tiles2, an
+// expert whose rows make fewer m-tiles of bm2 rows than of bm (ties: bm) has its m-tiles of bm2
+// rows in tiles2 / num_tiles[1] instead (the wide nvfp4 engine's two heights, one launch each).
 void launch_count(const DispatchOutput& in, int bm, int32_t* cnt, int32_t* offsets, int32_t* fill, MTile* tiles,
-                  int32_t* num_tiles, cudaStream_t st, bool pdl = false);
+                  int32_t* num_tiles, cudaStream_t st, bool pdl = false, int bm2 = 0, MTile* tiles2 = nullptr);
 
 // fp8 dispatch into the wgmma fp8 engine: the rows' e4m3 codes as they are into A8 [rows][H], their
 // block-128 scales transposed into as_t[kb * ld + row]; rows claimed as launch_permute_bf16 does.

@@ -122,21 +122,36 @@ void CudaRunner::run(const DispatchOutput& in, const ExpertWeights& w, bf16_raw*
   const bool prepared = w.w13.prepared && w.w2.prepared;
   const int decode_limit = policy::decode_max_rows(w.w13.format, d32, cfg_.tuning.decode_max_rows, prepared);
   const bool wide = force_bm_ == 0 && policy::use_nvfp4_wide(engine_, d32, prepared, avg, decode_limit);
+  // The wide engine's token tiles: 128 or 160 rows, or by rows (tuning.nvfp4_wide_rows = 0): each
+  // expert the height that gives it fewer tiles, in a second table and a second launch per GEMM.
+  const bool split = wide && cfg_.tuning.nvfp4_wide_rows == 0;
   const int bm = wide ? (cfg_.tuning.nvfp4_wide_rows == kWgmmaWide160BlockM ? kWgmmaWide160BlockM : kWgmmaWideBlockM)
                       : policy::block_m(avg, force_bm_, decode_limit);
-  last_bm_ = bm;
+  last_bm_ = split ? policy::kByRows : bm;
   const int64_t max_tiles = (max_rows + bm - 1) / bm + E;
+  const int64_t max_tiles2 = split ? (max_rows + kWgmmaWide160BlockM - 1) / kWgmmaWide160BlockM + E : 0;
   if (max_rows > INT32_MAX) throw UsageError("runner cuda: R*C*K=" + std::to_string(max_rows) + " rows exceed 2^31");
   if (!wide && policy::use_cutlass(engine_, w.w13.format, avg, decode_limit)) return run_cutlass(in, w, y, st);
   last_swap_tile_n_ = 0;
 
-  reserve_routing(E, max_tiles, max_rows);
+  reserve_routing(E, max_tiles + max_tiles2, max_rows);
   a_.reserve(size_t(max_rows) * H * 2);
   h_.reserve(size_t(max_rows) * I * 2);
   o_.reserve(size_t(max_rows) * H * 2);
 
   // The decode engines at m-tile 32, the wide nvfp4 engine for both GEMMs, else none (m-tile 128).
   const policy::DecodeEngines d = bm == kWgmmaBlockM || wide ? d32 : policy::DecodeEngines{};
+  MTile* const tiles2 = split ? tiles_.get<MTile>() + max_tiles : nullptr;
+  // One GEMM; split: the experts of the second table in a second launch of 160-row tiles.
+  auto gemm = [&](const GemmArgs& g, bool wgmma_fp8, bool wgmma_nvfp4) {
+    launch_on_engine(g, wgmma_fp8, d.bf16, wgmma_nvfp4, wide, bm, st);
+    if (!split) return;
+    GemmArgs g2 = g;
+    g2.tiles = tiles2;
+    g2.num_tiles = num_tiles_.get<int32_t>() + 1;
+    g2.max_tiles = static_cast<int>(max_tiles2);
+    launch_grouped_gemm_wgmma_nvfp4_wide(g2, kWgmmaWide160BlockM, st);
+  };
   static const char* const kEngines[2][2][2] = {
       {{"mma/mma", "mma/wgmma-fp8"}, {"wgmma-fp8/mma", "wgmma-fp8/wgmma-fp8"}},
       {{"wgmma-bf16/wgmma-bf16", "wgmma-bf16/wgmma-bf16"}, {"wgmma-bf16/wgmma-bf16", "wgmma-bf16/wgmma-bf16"}}};
@@ -158,7 +173,7 @@ void CudaRunner::run(const DispatchOutput& in, const ExpertWeights& w, bf16_raw*
   }
 
   launch_count(in, bm, cnt_.get<int32_t>(), offsets_.get<int32_t>(), fill_.get<int32_t>(), tiles_.get<MTile>(),
-               num_tiles_.get<int32_t>(), st, pdl_);
+               num_tiles_.get<int32_t>(), st, pdl_, split ? kWgmmaWide160BlockM : 0, tiles2);
   if (d.fp8_1) {
     launch_permute_fp8_rows(in, offsets_.get<int32_t>(), fill_.get<int32_t>(), pair_pos_.get<int32_t>(),
                             a8_.get<uint8_t>(), as_.get<float>(), max_rows, st, pdl_);
@@ -188,7 +203,7 @@ void CudaRunner::run(const DispatchOutput& in, const ExpertWeights& w, bf16_raw*
   // come that way out of GEMM1 when it ran on the same engine, else they are rewritten too.
   if (d.nvfp4_1) kperm_nvfp4_tokens(a_.get<bf16_raw>(), offsets_.get<int32_t>(), cnt_.get<int32_t>(), E, H, max_rows, st);
   g1.out_kperm = d.nvfp4_1 && d.nvfp4_2;
-  launch_on_engine(g1, d.fp8_1, d.bf16, d.nvfp4_1, wide, bm, st);
+  gemm(g1, d.fp8_1, d.nvfp4_1);
 
   if (d.fp8_2) {
     launch_intermediate_to_fp8(h_.get<bf16_raw>(), offsets_.get<int32_t>(), cnt_.get<int32_t>(), E, I, in.quant.ue8m0,
@@ -216,7 +231,7 @@ void CudaRunner::run(const DispatchOutput& in, const ExpertWeights& w, bf16_raw*
   g2.out_kperm = false;
   if (d.nvfp4_2 && !d.nvfp4_1)
     kperm_nvfp4_tokens(h_.get<bf16_raw>(), offsets_.get<int32_t>(), cnt_.get<int32_t>(), E, I, max_rows, st);
-  launch_on_engine(g2, d.fp8_2, d.bf16, d.nvfp4_2, wide, bm, st);
+  gemm(g2, d.fp8_2, d.nvfp4_2);
 
   launch_reduce(in, pair_pos_.get<int32_t>(), o_.get<bf16_raw>(), y, st, pdl_);
 }

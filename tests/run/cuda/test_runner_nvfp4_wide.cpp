@@ -1,6 +1,7 @@
 // The wide nvfp4 engine (engine_wgmma_nvfp4_wide.cu): past one 32-row m-tile per expert, prepared
 // nvfp4 weights run on it by default (policy::use_nvfp4_wide). With either token-tile height (128,
-// and 160: tuning.nvfp4_wide_rows) it must give the same bits as the 32-row prepared decode engine
+// 160) and with the height chosen per expert (tuning.nvfp4_wide_rows = 0: two tile tables, two
+// launches per GEMM) it must give the same bits as the 32-row prepared decode engine
 // on the same call (the same decode, K order and k16 steps), match
 // the CPU reference within the runner's bound, and leave invalid slots alone, on DeepSeek-V3,
 // Qwen3 and Mixtral expert shapes, with uneven and empty experts, every partial-tile width (1-31,
@@ -53,10 +54,10 @@ std::vector<int32_t> uneven_ids(std::mt19937& rng, int64_t T, int E, int K) {
   return ids;
 }
 
-// Runs one call three times on prepared weights: the 32-row decode engine everywhere
+// Runs one call four times on prepared weights: the 32-row decode engine everywhere
 // (decode_max_rows huge), then with decode_max_rows = wide_limit (0: the default choice, the wide
-// engine when the rows per expert pass one m-tile) at both token-tile heights, then checks each
-// against the reference and the decode engine's bits.
+// engine when the rows per expert pass one m-tile) at both token-tile heights and by rows, then
+// checks each against the reference and the decode engine's bits.
 void compare_engines(const char* name, const MoeConfig& cfg, const TestWeights& wt, const std::vector<bf16_raw>& x,
                      int64_t T, const std::vector<int32_t>& ids, const std::vector<float>& tw, int wide_limit,
                      bool expect_wide) {
@@ -68,13 +69,15 @@ void compare_engines(const char* name, const MoeConfig& cfg, const TestWeights& 
   ref.run(recv.view(cfg.quant_params()), wt.on_host, y_ref.data(), nullptr);
   DevDispatch dd(recv, cfg.quant_params());
 
-  std::vector<bf16_raw> out[3];
-  std::string engines[3];
-  int bms[3] = {};
-  for (int wide = 0; wide < 3; ++wide) {
+  constexpr int kRuns = 4;
+  const int heights[kRuns] = {0, cuda::kWgmmaWideBlockM, cuda::kWgmmaWide160BlockM, 0};
+  std::vector<bf16_raw> out[kRuns];
+  std::string engines[kRuns];
+  int bms[kRuns] = {};
+  for (int wide = 0; wide < kRuns; ++wide) {
     MoeConfig c = cfg;
     c.tuning.decode_max_rows = wide ? wide_limit : 65536;
-    c.tuning.nvfp4_wide_rows = wide == 2 ? cuda::kWgmmaWide160BlockM : cuda::kWgmmaWideBlockM;
+    c.tuning.nvfp4_wide_rows = heights[wide];
     cuda::CudaRunner runner(c, 0);
     ExpertWeights w = wt.on_device;
     runner.prepare(w, nullptr);
@@ -86,18 +89,19 @@ void compare_engines(const char* name, const MoeConfig& cfg, const TestWeights& 
     engines[wide] = runner.last_engines();
     bms[wide] = runner.last_block_m();
     const Diff d = compare_rows(out[wide], y_ref, n, H);
-    std::printf("[nvfp4 wide] %-18s T=%-5lld %-28s bm %3d  max|a-b|/max|ref| %.3e  1-cos %.3e\n", name,
+    std::printf("[nvfp4 wide] %-18s T=%-5lld %-28s bm %4d  max|a-b|/max|ref| %.3e  1-cos %.3e\n", name,
                 static_cast<long long>(T), engines[wide].c_str(), runner.last_block_m(), d.rel(), d.one_minus_cos);
     if (n > 0) expect_within_bound(d, c.effective_intermediate_quant());
     expect_poison_after(out[wide], n, H);
   }
-  for (int v = 1; v < 3; ++v) EXPECT_EQ(engines[v] == "wgmma-nvfp4w/wgmma-nvfp4w", expect_wide) << engines[v];
+  for (int v = 1; v < kRuns; ++v) EXPECT_EQ(engines[v] == "wgmma-nvfp4w/wgmma-nvfp4w", expect_wide) << engines[v];
   if (expect_wide) {
     EXPECT_EQ(engines[0], "wgmma-nvfp4p/wgmma-nvfp4p");
     EXPECT_EQ(bms[1], cuda::kWgmmaWideBlockM);
     EXPECT_EQ(bms[2], cuda::kWgmmaWide160BlockM);
+    EXPECT_EQ(bms[3], cuda::policy::kByRows);
   }
-  for (int v = 1; v < 3; ++v) {
+  for (int v = 1; v < kRuns; ++v) {
     size_t differ = 0;
     for (size_t i = 0; i < size_t(n) * H; ++i) differ += out[0][i] != out[v][i];
     if (engines[0] == "wgmma-nvfp4p/wgmma-nvfp4p")
@@ -165,9 +169,10 @@ TEST(CudaRunnerNvfp4Wide, EqualsDecodeEngineAndReference) {
 TEST(CudaRunnerNvfp4Wide, EveryPartialTileWidth) {
   EPMOE_REQUIRE_GPU();
   // Expert 0 gets rows0 rows (around each boundary of the 32 / 64 / 96 / 128 / 160 token-tile
-  // widths, one and two tiles of either height), experts 1-3 get 40 each.
+  // widths, one and two tiles of either height; by rows, 129-160 and 300 rows take the 160-row
+  // table, the others the 128-row one), experts 1-3 get 40 each.
   const int H = 256, I = 128, E = 4, K = 1;
-  for (const int rows0 : {33, 63, 64, 65, 95, 97, 127, 128, 129, 159, 160, 161, 193, 321}) {
+  for (const int rows0 : {33, 63, 64, 65, 95, 97, 127, 128, 129, 159, 160, 161, 193, 300, 321}) {
     const int C = rows0 + 3 * 40;
     Problem p{H, I, E, K, C, ActFormat::bf16};
     p.name = "widths";
