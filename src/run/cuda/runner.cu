@@ -101,7 +101,7 @@ void CudaRunner::reserve_routing(int E, int64_t max_tiles, int64_t max_rows) {
   offsets_.reserve(size_t(E) * 4);
   fill_.reserve(size_t(E) * 4);
   tiles_.reserve(size_t(max_tiles) * sizeof(MTile));
-  num_tiles_.reserve(4);
+  num_tiles_.reserve(2 * 4);  // [0]: the m-tile table; [1]: the wide engine's 160-row table
   pair_pos_.reserve(size_t(max_rows) * 4);
 }
 
