@@ -133,10 +133,14 @@ int decode_max_rows(WeightFormat wf, const DecodeEngines& d32, int tuned, bool p
   return 0;
 }
 
+double nvfp4_wide_max_rows(int hidden, int intermediate) {
+  return 3 * int64_t(hidden) * intermediate < kNvfp4WideSmallExpert ? kNvfp4WideMaxRowsSmall : kNvfp4WideMaxRows;
+}
+
 bool use_nvfp4_wide(RunnerEngine engine, const DecodeEngines& d32, bool prepared, double expected_rows,
-                    int decode_max_rows) {
+                    int decode_max_rows, double max_rows) {
   return engine != RunnerEngine::cutlass && prepared && d32.nvfp4_1 && d32.nvfp4_2 && decode_max_rows > 0 &&
-         expected_rows > double(decode_max_rows) && expected_rows <= kNvfp4WideMaxRows;
+         expected_rows > double(decode_max_rows) && expected_rows <= max_rows;
 }
 
 std::string path_name(CutlassPath p, WeightFormat wf, int swap_tile_n) {

@@ -176,9 +176,19 @@ int decode_max_rows(WeightFormat wf, const DecodeEngines& d32, int tuned, bool p
 // at 64 / 128 / 256 / 512 / 1024 rows per expert 2.48 / 3.37 / 6.64 / 13.06 / 26.0 ms, against the
 // 32-row decode engine's 2.75 / 5.53 at 64 / 128 and widened CUTLASS's 13.62 at 512 and 22.4 at
 // 1024 (~400 TFLOP/s here against ~600 for CUTLASS on the widened copy): crossover ~600 rows.
+// Small experts cross over sooner: the wide engine's per-tile epilogue and pipeline ramp weigh more
+// against short K loops (Qwen3-30B-A3B, 3*H*I = 4.7 M weights, GEMM2 K = 768). Measured on an H200,
+// 64 local experts, uniform (bench/results/2026-12-02-session17-h200.md), at 256 / 512 rows per
+// expert: Qwen3-30B wide 0.602 / 1.150 ms, widened CUTLASS 0.735 / 1.052 (crossover ~400 rows);
+// Qwen3-235B (18.9 M) 1.600 / 3.114 against 2.283 / 3.158; gpt-oss-120b (24.9 M) 1.948 / 3.784
+// against 2.958 / 4.087. So experts under kNvfp4WideSmallExpert weights stop at
+// kNvfp4WideMaxRowsSmall; nvfp4_wide_max_rows gives the bound for a shape.
 constexpr double kNvfp4WideMaxRows = 640.0;
+constexpr double kNvfp4WideMaxRowsSmall = 384.0;
+constexpr int64_t kNvfp4WideSmallExpert = int64_t(16) << 20;
+double nvfp4_wide_max_rows(int hidden, int intermediate);
 bool use_nvfp4_wide(RunnerEngine engine, const DecodeEngines& d32, bool prepared, double expected_rows,
-                    int decode_max_rows);
+                    int decode_max_rows, double max_rows = kNvfp4WideMaxRows);
 
 // ---- CUTLASS engine (large M) --------------------------------------------------------------------
 // Operand path of one GEMM on the CUTLASS engine: bf16 weights on the bf16 GEMM; fp8 weights on

@@ -145,6 +145,16 @@ TEST(CudaRunnerNvfp4WideRules, WhenTheWideEngineRuns) {
   EXPECT_FALSE(use_nvfp4_wide(RunnerEngine::cutlass, both, true, 100, limit));
   EXPECT_FALSE(use_nvfp4_wide(a, both, false, 100, limit));
   EXPECT_FALSE(use_nvfp4_wide(a, one, true, 100, limit));
+  // Small experts hand over to widened CUTLASS sooner (Qwen3-30B-A3B); the model presets' shapes.
+  using cuda::policy::nvfp4_wide_max_rows;
+  EXPECT_EQ(nvfp4_wide_max_rows(2048, 768), cuda::policy::kNvfp4WideMaxRowsSmall);     // Qwen3-30B-A3B
+  EXPECT_EQ(nvfp4_wide_max_rows(4096, 1536), cuda::policy::kNvfp4WideMaxRows);         // Qwen3-235B-A22B
+  EXPECT_EQ(nvfp4_wide_max_rows(2880, 2880), cuda::policy::kNvfp4WideMaxRows);         // gpt-oss-120b
+  EXPECT_EQ(nvfp4_wide_max_rows(7168, 2048), cuda::policy::kNvfp4WideMaxRows);         // DeepSeek-V3
+  EXPECT_EQ(nvfp4_wide_max_rows(4096, 14336), cuda::policy::kNvfp4WideMaxRows);        // Mixtral-8x7B
+  const double small = cuda::policy::kNvfp4WideMaxRowsSmall;
+  EXPECT_TRUE(use_nvfp4_wide(a, both, true, small, limit, small));
+  EXPECT_FALSE(use_nvfp4_wide(a, both, true, small + 1, limit, small));
   // Above the wide range CUTLASS takes the call (use_cutlass with the same limit).
   EXPECT_TRUE(cuda::policy::use_cutlass(a, WeightFormat::nvfp4, cuda::policy::kNvfp4WideMaxRows + 1, limit) ||
               !cuda::cutlass_engine::available());
