@@ -80,8 +80,9 @@ void prepare_nvfp4_weights(const MatrixView& m, bool fused, int N, void* out, cu
 // The same engine with token tiles of up to kWgmmaWideBlockM rows, each running the narrowest wgmma width that
 // covers its rows (engine_wgmma_nvfp4_wide.cu): many rows per expert. Prepared weights, tile table
 // of kWgmmaWideBlockM rows; the same arithmetic, so the same bits as the 32-row engines.
-// tile_rows: the tile table's m-tile, kWgmmaWideBlockM or kWgmmaWide160BlockM (tuning.nvfp4_wide_rows:
-// an expert of 129-160 rows in one tile, one decode of its weights instead of two).
+// tile_rows: the tile table's m-tile, kWgmmaWideBlockM or kWgmmaWide160BlockM (an expert of 129-160
+// rows in one tile, one decode of its weights instead of two). By rows (tuning.nvfp4_wide_rows = 0)
+// the runner calls it once per table of launch_count (rows.h), 128 then 160.
 void launch_grouped_gemm_wgmma_nvfp4_wide(const GemmArgs& a, int tile_rows, cudaStream_t stream);
 constexpr int kWgmmaBlockM = 32;
 constexpr int kWgmmaWideBlockM = 128;

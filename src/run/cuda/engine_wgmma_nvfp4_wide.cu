@@ -1,6 +1,8 @@
 // The nvfp4 register-decode wgmma engine for many rows per expert ("wide"): the prepared kernel's
 // weight blocks, decode, K order and epilogue (engine_wgmma_nvfp4_prepared.cu), but token tiles of
-// up to 128 rows, so each weight is decoded once per 128 tokens instead of once per 32.
+// up to 128 rows (or 160: Geo below), so each weight is decoded once per 128 tokens instead of once
+// per 32. The runner gives each expert the height that makes it fewer tiles (rows.h, launch_count's
+// second table; tuning.nvfp4_wide_rows) and launches this kernel once per height.
 //
 // Why (bench/results/2026-12-01-session10-h200.md): the 32-token decode engine streams and decodes
 // an expert's weights once per 32 rows, 5.5 ms at 128 rows per expert (DeepSeek-V3, M 16384), and
