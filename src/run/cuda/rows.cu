@@ -11,6 +11,7 @@
 #include "epmoe/numeric.h"
 #include "quant/cuda/quant_device.cuh"
 #include "run/cuda/permute.cuh"
+#include "run/cuda/tile_tables.h"
 
 namespace epmoe::cuda {
 namespace {
@@ -208,7 +209,7 @@ __global__ void count_kernel(const int32_t* __restrict__ ids, const int32_t* __r
 // Offsets of each expert's rows (cnt: shared or global), the m-tile table(s), and zeroed fill
 // counters, by one CTA of kScanThreads; thread i owns a contiguous chunk of experts. With a second
 // height (t.bm2 > 0) an expert whose rows make fewer m-tiles of bm2 rows than of bm goes to the
-// second table instead (t.tiles2, num_tiles[1]); ties stay with bm.
+// second table instead (t.tiles2, num_tiles[1]; the rule: tile_tables.h).
 struct TileTables {
   int bm, bm2;
   MTile* tiles;
@@ -216,7 +217,7 @@ struct TileTables {
   int32_t* num_tiles;
 };
 __device__ __forceinline__ bool in_second(int32_t c, const TileTables& t) {
-  return t.bm2 > 0 && (c + t.bm2 - 1) / t.bm2 < (c + t.bm - 1) / t.bm;
+  return tile_tables::in_second(c, t.bm, t.bm2);
 }
 __device__ void scan_offsets(const int32_t* cnt, int E, const TileTables t, int32_t* __restrict__ offsets,
                              int32_t* __restrict__ fill) {
@@ -227,8 +228,8 @@ __device__ void scan_offsets(const int32_t* cnt, int E, const TileTables t, int3
   int32_t rows = 0, nt = 0, nt2 = 0;
   for (int e = e0; e < e1; ++e) {
     rows += cnt[e];
-    if (in_second(cnt[e], t)) nt2 += (cnt[e] + t.bm2 - 1) / t.bm2;
-    else nt += (cnt[e] + t.bm - 1) / t.bm;
+    if (in_second(cnt[e], t)) nt2 += tile_tables::tiles_of(cnt[e], t.bm2);
+    else nt += tile_tables::tiles_of(cnt[e], t.bm);
   }
   s_rows[tid] = rows;
   s_tiles[tid] = nt;
