@@ -56,7 +56,8 @@ class CudaRunner final : public Runner {
   void run(const DispatchOutput& in, const ExpertWeights& w, bf16_raw* y, Stream stream) override;
 
   // ---- what the last run chose (tests, benchmarks) ------------------------------------------------
-  // Rows per GEMM m-tile (32 or 128).
+  // Rows per GEMM m-tile (32, 128 or 160), or policy::kByRows where the wide nvfp4 engine gave
+  // each expert its own height (tuning.nvfp4_wide_rows = 0).
   int last_block_m() const { return last_bm_; }
   // Engines of the two GEMMs, e.g. "wgmma-fp8/mma-fp8", "cutlass-fp8/cutlass-bf16(widened fp8)".
   const char* last_engines() const { return last_engines_; }
