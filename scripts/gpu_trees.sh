@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # On a GPU machine: check several source trees (e.g. branches exported with `git archive` into
 # subdirectories of one carried folder) in one call, one after the other: build, the GPU tests that
-# match a regex, then one `epmoe` command. One log per tree in $OUT (or ./out), plus summary.md,
+# match a regex, then the `epmoe` commands. One log per tree in $OUT (or ./out), plus summary.md,
 # so that a device call that returns few files still brings every tree's result back.
 #   scripts/gpu_trees.sh [--tests REGEX] [--cmd "ARGS"] [--budget SECONDS] TREE...
 #     --tests   ctest -R regex of GPU tests (default: all GPU tests)
-#     --cmd     arguments of one epmoe run per tree (default: bench a2a --quick --phases); "" skips
+#     --cmd     arguments of an epmoe run on every tree; repeatable, run in the order given
+#               (default: bench a2a --quick --phases); "" alone skips
 #     --budget  stop starting new trees after this many seconds (default 540)
 # Example (here, before the call):
 #   for b in next/a next/b; do d=.trees/${b//\//_}; mkdir -p $d; git archive $b | tar -x -C $d; done
@@ -15,18 +16,19 @@ here=$(cd "$(dirname "$0")/.." && pwd)
 out=${OUT:-$here/out}
 mkdir -p "$out"
 export NCCL_NVLS_ENABLE=0 NVSHMEM_DISABLE_NVLS=1
-tests=""; cmd="bench a2a --quick --phases"; budget=540; trees=()
+tests=""; cmds=(); budget=540; trees=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --tests) tests="$2"; shift 2 ;;
-    --cmd) cmd="$2"; shift 2 ;;
+    --cmd) cmds+=("$2"); shift 2 ;;
     --budget) budget="$2"; shift 2 ;;
-    -h|--help) sed -n 2,12p "$0"; exit 0 ;;
+    -h|--help) sed -n 2,13p "$0"; exit 0 ;;
     -*) echo "gpu_trees: unknown option $1" >&2; exit 2 ;;
     *) trees+=("$1"); shift ;;
   esac
 done
 [ ${#trees[@]} -gt 0 ] || { echo "gpu_trees: no tree given (see --help)" >&2; exit 2; }
+[ ${#cmds[@]} -gt 0 ] || cmds=("bench a2a --quick --phases")
 start=$(date +%s)
 summary="$out/summary.md"
 gpus=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | sort | uniq -c | sed 's/^ *//' | paste -sd, -)
@@ -57,11 +59,12 @@ for t in "${trees[@]}"; do
   res=$(grep -E 'tests passed|tests failed' "$t/ctest.log" | tail -1)
   { echo "== tests: $res"; grep -E '^\s+[0-9]+ - .*\((Failed|Timeout|SEGFAULT|Subprocess)' "$t/ctest.log";
     grep -B3 -A20 'Failure' "$t/ctest.log" | head -80; } >> "$log"
-  if [ -n "$cmd" ]; then
+  for cmd in "${cmds[@]}"; do
+    [ -n "$cmd" ] || continue
     echo "== epmoe $cmd" >> "$log"
     (cd "$t" && timeout 240 ./build-gpu/epmoe $cmd) >> "$log" 2>&1
     echo "(exit $?)" >> "$log"
-  fi
+  done
   echo "- $name: $res; $(( $(date +%s) - t0 )) s (log: $name.log)" >> "$summary"
 done
 cat "$summary"
