@@ -147,11 +147,11 @@ void CudaRunner::run(const DispatchOutput& in, const ExpertWeights& w, bf16_raw*
   auto gemm = [&](const GemmArgs& g, bool wgmma_fp8, bool wgmma_nvfp4) {
     launch_on_engine(g, wgmma_fp8, d.bf16, wgmma_nvfp4, wide, bm, st);
     if (!split) return;
-    GemmArgs g2 = g;
-    g2.tiles = tiles2;
-    g2.num_tiles = num_tiles_.get<int32_t>() + 1;
-    g2.max_tiles = static_cast<int>(max_tiles2);
-    launch_grouped_gemm_wgmma_nvfp4_wide(g2, kWgmmaWide160BlockM, st);
+    GemmArgs g160 = g;
+    g160.tiles = tiles2;
+    g160.num_tiles = num_tiles_.get<int32_t>() + 1;
+    g160.max_tiles = static_cast<int>(max_tiles2);
+    launch_grouped_gemm_wgmma_nvfp4_wide(g160, kWgmmaWide160BlockM, st);
   };
   static const char* const kEngines[2][2][2] = {
       {{"mma/mma", "mma/wgmma-fp8"}, {"wgmma-fp8/mma", "wgmma-fp8/wgmma-fp8"}},

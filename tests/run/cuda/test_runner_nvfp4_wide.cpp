@@ -137,14 +137,15 @@ TEST(CudaRunnerNvfp4WideRules, WhenTheWideEngineRuns) {
   EXPECT_EQ(limit, cuda::policy::kDecodeMaxRowsNvfp4Wide);
   EXPECT_EQ(cuda::policy::decode_max_rows(WeightFormat::nvfp4, both, 0, false), cuda::policy::kDecodeMaxRowsNvfp4);
   const RunnerEngine a = RunnerEngine::automatic;
-  EXPECT_FALSE(use_nvfp4_wide(a, both, true, limit, limit));  // one 32-row m-tile: decode engine
-  EXPECT_TRUE(use_nvfp4_wide(a, both, true, limit + 1, limit));
-  EXPECT_TRUE(use_nvfp4_wide(a, both, true, cuda::policy::kNvfp4WideMaxRows, limit));
-  EXPECT_FALSE(use_nvfp4_wide(a, both, true, cuda::policy::kNvfp4WideMaxRows + 1, limit));  // widened CUTLASS
-  EXPECT_TRUE(use_nvfp4_wide(RunnerEngine::mma, both, true, 100, limit));
-  EXPECT_FALSE(use_nvfp4_wide(RunnerEngine::cutlass, both, true, 100, limit));
-  EXPECT_FALSE(use_nvfp4_wide(a, both, false, 100, limit));
-  EXPECT_FALSE(use_nvfp4_wide(a, one, true, 100, limit));
+  const double kMax = cuda::policy::kNvfp4WideMaxRows;
+  EXPECT_FALSE(use_nvfp4_wide(a, both, true, limit, limit, kMax));  // one 32-row m-tile: decode engine
+  EXPECT_TRUE(use_nvfp4_wide(a, both, true, limit + 1, limit, kMax));
+  EXPECT_TRUE(use_nvfp4_wide(a, both, true, cuda::policy::kNvfp4WideMaxRows, limit, kMax));
+  EXPECT_FALSE(use_nvfp4_wide(a, both, true, cuda::policy::kNvfp4WideMaxRows + 1, limit, kMax));  // widened CUTLASS
+  EXPECT_TRUE(use_nvfp4_wide(RunnerEngine::mma, both, true, 100, limit, kMax));
+  EXPECT_FALSE(use_nvfp4_wide(RunnerEngine::cutlass, both, true, 100, limit, kMax));
+  EXPECT_FALSE(use_nvfp4_wide(a, both, false, 100, limit, kMax));
+  EXPECT_FALSE(use_nvfp4_wide(a, one, true, 100, limit, kMax));
   // Small experts hand over to widened CUTLASS sooner (Qwen3-30B-A3B); the model presets' shapes.
   using cuda::policy::nvfp4_wide_max_rows;
   EXPECT_EQ(nvfp4_wide_max_rows(2048, 768), cuda::policy::kNvfp4WideMaxRowsSmall);     // Qwen3-30B-A3B
