@@ -3,10 +3,12 @@
 # subdirectories of one carried folder) in one call, one after the other: build, the GPU tests that
 # match a regex, then the `epmoe` commands. One log per tree in $OUT (or ./out), plus summary.md,
 # so that a device call that returns few files still brings every tree's result back.
-#   scripts/gpu_trees.sh [--tests REGEX] [--cmd "ARGS"] [--budget SECONDS] TREE...
+#   scripts/gpu_trees.sh [--tests REGEX] [--cmd "ARGS"] [--sh "COMMAND"] [--budget SECONDS] TREE...
 #     --tests   ctest -R regex of GPU tests (default: all GPU tests)
 #     --cmd     arguments of an epmoe run on every tree; repeatable, run in the order given
 #               (default: bench a2a --quick --phases); "" alone skips
+#     --sh      a shell command run in every tree after the --cmd runs, with $EPMOE the tree's
+#               epmoe binary (e.g. scripts/kernel_source.sh -- $EPMOE bench runner ...); repeatable
 #     --budget  stop starting new trees after this many seconds (default 540)
 # Example (here, before the call):
 #   for b in next/a next/b; do d=.trees/${b//\//_}; mkdir -p $d; git archive $b | tar -x -C $d; done
@@ -16,13 +18,14 @@ here=$(cd "$(dirname "$0")/.." && pwd)
 out=${OUT:-$here/out}
 mkdir -p "$out"
 export NCCL_NVLS_ENABLE=0 NVSHMEM_DISABLE_NVLS=1
-tests=""; cmds=(); budget=540; trees=()
+tests=""; cmds=(); shs=(); budget=540; trees=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --tests) tests="$2"; shift 2 ;;
     --cmd) cmds+=("$2"); shift 2 ;;
+    --sh) shs+=("$2"); shift 2 ;;
     --budget) budget="$2"; shift 2 ;;
-    -h|--help) sed -n 2,13p "$0"; exit 0 ;;
+    -h|--help) sed -n 2,15p "$0"; exit 0 ;;
     -*) echo "gpu_trees: unknown option $1" >&2; exit 2 ;;
     *) trees+=("$1"); shift ;;
   esac
@@ -63,6 +66,11 @@ for t in "${trees[@]}"; do
     [ -n "$cmd" ] || continue
     echo "== epmoe $cmd" >> "$log"
     (cd "$t" && timeout 240 ./build-gpu/epmoe $cmd) >> "$log" 2>&1
+    echo "(exit $?)" >> "$log"
+  done
+  for sh in ${shs[@]+"${shs[@]}"}; do
+    echo "== sh $sh" >> "$log"
+    (cd "$t" && EPMOE=./build-gpu/epmoe timeout 240 bash -c "$sh") >> "$log" 2>&1
     echo "(exit $?)" >> "$log"
   done
   echo "- $name: $res; $(( $(date +%s) - t0 )) s (log: $name.log)" >> "$summary"
