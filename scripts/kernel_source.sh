@@ -34,6 +34,7 @@ if [ -z "$csv" ]; then
   ncu_bin=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | tail -1)
   [ -z "$ncu_bin" ] && { echo "kernel_source.sh: ncu not found" >&2; exit 3; }
   rep=$(mktemp -u /tmp/kernel_source.XXXXXX)
+  trap 'rm -f "$rep".log "$rep".ncu-rep "$rep".csv "$rep".err' EXIT
   # --clock-control none: the clocks the command itself runs at.
   "$ncu_bin" --clock-control none -k "regex:$kernel" -s "$skip" -c 1 --section WarpStateStats \
     --section SourceCounters --section SpeedOfLight -o "$rep" "$@" > "$rep.log" 2>&1 ||

@@ -216,9 +216,6 @@ struct TileTables {
   MTile* tiles2;
   int32_t* num_tiles;
 };
-__device__ __forceinline__ bool in_second(int32_t c, const TileTables& t) {
-  return tile_tables::in_second(c, t.bm, t.bm2);
-}
 __device__ void scan_offsets(const int32_t* cnt, int E, const TileTables t, int32_t* __restrict__ offsets,
                              int32_t* __restrict__ fill) {
   __shared__ int32_t s_rows[kScanThreads], s_tiles[kScanThreads], s_tiles2[kScanThreads];
@@ -228,7 +225,7 @@ __device__ void scan_offsets(const int32_t* cnt, int E, const TileTables t, int3
   int32_t rows = 0, nt = 0, nt2 = 0;
   for (int e = e0; e < e1; ++e) {
     rows += cnt[e];
-    if (in_second(cnt[e], t)) nt2 += tile_tables::tiles_of(cnt[e], t.bm2);
+    if (tile_tables::in_second(cnt[e], t.bm, t.bm2)) nt2 += tile_tables::tiles_of(cnt[e], t.bm2);
     else nt += tile_tables::tiles_of(cnt[e], t.bm);
   }
   s_rows[tid] = rows;
@@ -248,7 +245,7 @@ __device__ void scan_offsets(const int32_t* cnt, int E, const TileTables t, int3
   for (int e = e0; e < e1; ++e) {
     offsets[e] = r;
     fill[e] = 0;
-    if (in_second(cnt[e], t)) {
+    if (tile_tables::in_second(cnt[e], t.bm, t.bm2)) {
       for (int m = 0; m < cnt[e]; m += t.bm2) t.tiles2[i2++] = MTile{e, r + m, min(t.bm2, cnt[e] - m), 0};
     } else {
       for (int m = 0; m < cnt[e]; m += t.bm) t.tiles[i1++] = MTile{e, r + m, min(t.bm, cnt[e] - m), 0};
