@@ -175,35 +175,50 @@ __device__ __forceinline__ void wgmma_bf16(float (&d)[16], uint64_t da, uint64_t
 
 // Epilogue of a finished tile: bf16 out[row0 + token][n] from both m64 halves' accumulators, each
 // times `scale` (1 here; the nvfp4 engines' 2^8 / global scale); fused: SwiGLU of gate half 0 and
-// up half 1, written in the nvfp4 engine's K order when `kperm`. The volume is tokens x N (small
-// in decode), so plain 2-byte stores are fine; it touches no shared memory, so the loads of the
-// next tile's stages keep running. Layout of acc: see below.
-// NR = accumulators per half: 16 (m64n32) or 64 (m64n128, the wide nvfp4 engine); the fragment
-// layout is the same, NR / 4 groups of 8 tokens.
+// up half 1, written in the nvfp4 engine's K order when `kperm`. It touches no shared memory, so
+// the loads of the next tile's stages keep running. Layout of acc: see below.
+// NR = accumulators per half: 16 (m64n32), 64 (m64n128) or 80 (m64n160, the wide nvfp4 engine);
+// the fragment layout is the same, NR / 4 groups of 8 tokens.
+//
+// Kept small because it is unrolled over every accumulator: a thread's two tokens t, t + 1 of one
+// row are rounded together (one hardware bf16x2 conversion: round to nearest even like
+// num::f32_to_bf16 on every number; a NaN becomes the canonical NaN, as in CUTLASS's epilogues),
+// every store is a predicated 2-byte store at an immediate offset from one row address per 8
+// tokens, and the bounds are predicates computed once, no branches.
+// Why: ncu source counters (session 18) put the one-branchy-store-per-value form at ~20
+// instructions per value, ~4400 unrolled instructions that miss the instruction cache, and 22-45%
+// of the wide nvfp4 kernel's warp samples (bench/results/2026-12-02-session18-h200.md).
 template <int NR>
 __device__ __forceinline__ void store_tile(const GemmArgs& p, const TileWalk::Tile& cur, const float (&acc)[2][NR],
                                            int warp, int lane, float scale, bool kperm) {
-  const int g = lane >> 2;
+  const int r0 = 16 * warp + (lane >> 2);  // this lane's rows: r0 + 8 hh (+ 64 h)
+  const int t0 = 2 * (lane & 3);           // its tokens: 8 j + t0 + q
+  const int rows = cur.mt.rows;
+  // Output columns of rows r0 and r0 + 8 (fused: in the K order when kperm), and non-fused which
+  // of the four (h, hh) rows exist (weight rows past N in the last tile).
+  const int col[2] = {kperm ? nvfp4_layout::kperm_pos(r0) : r0, kperm ? nvfp4_layout::kperm_pos(r0 + 8) : r0 + 8};
+  const int n_left = p.N - cur.n0 - r0;  // row r0 + 64 h + 8 hh exists if 64 h + 8 hh < n_left
+  bf16_raw* const base = p.out + int64_t(cur.mt.row0 + t0) * p.N + cur.n0;
+  // Tokens t (low half of v) and t + 1 (high half) of one column.
+  auto put = [&](float a, float b, int j, int c, bool in) {
+    uint32_t v;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(v) : "f"(b), "f"(a));
+    bf16_raw* const o = base + int64_t(8 * j) * p.N + c;
+    if (in && 8 * j + t0 < rows) o[0] = bf16_raw(v);
+    if (in && 8 * j + t0 + 1 < rows) o[p.N] = bf16_raw(v >> 16);
+  };
 #pragma unroll
   for (int j = 0; j < NR / 4; ++j)
 #pragma unroll
-    for (int q = 0; q < 2; ++q) {
-      const int tok = 8 * j + 2 * (lane & 3) + q;
-      if (tok >= cur.mt.rows) continue;
-      bf16_raw* orow = p.out + int64_t(cur.mt.row0 + tok) * p.N;
+    for (int hh = 0; hh < 2; ++hh) {
+      const int i = 4 * j + 2 * hh;  // tokens 8 j + t0 (i) and + 1 (i + 1)
+      if (p.fused) {
+        put(silu(acc[0][i] * scale) * (acc[1][i] * scale), silu(acc[0][i + 1] * scale) * (acc[1][i + 1] * scale), j,
+            col[hh], true);
+      } else {
 #pragma unroll
-      for (int hh = 0; hh < 2; ++hh) {
-        const int r = 16 * warp + g + 8 * hh, i = 4 * j + 2 * hh + q;
-        if (p.fused) {
-          const float gt = acc[0][i] * scale, up = acc[1][i] * scale;
-          orow[cur.n0 + (kperm ? nvfp4_layout::kperm_pos(r) : r)] = num::f32_to_bf16(silu(gt) * up);
-        } else {
-#pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            const int n = cur.n0 + h * 64 + r;
-            if (n < p.N) orow[n] = num::f32_to_bf16(acc[h][i] * scale);
-          }
-        }
+        for (int h = 0; h < 2; ++h)
+          put(acc[h][i] * scale, acc[h][i + 1] * scale, j, 64 * h + 8 * hh + r0, 64 * h + 8 * hh < n_left);
       }
     }
 }
