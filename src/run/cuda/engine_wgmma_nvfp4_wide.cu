@@ -237,6 +237,9 @@ __global__ void __launch_bounds__(kCtaThreads, 1) nvfp4_wide_kernel(GemmArgs p) 
 
   Cur cur = my_tiles > 0 ? walk.at(0) : Cur{};
   int width = my_tiles > 0 ? tile_width<kTN>(cur.mt.rows) : 0;
+  // The tile's epilogue scale, read when the tile starts so that its global load is not waited for
+  // between the last wgmmas and the stores.
+  float out_scale = my_tiles > 0 ? nvfp4_layout::kAccScale / p.W.global_scale[cur.mt.expert] : 0.f;
   int c_kt = 0, c_slot = 0, c_local = 0;
   uint32_t wa[kSets][2][2][8];  // sub-block sb decodes into set sb % kSets
   for (int64_t s = 0; s < steps; ++s) {
@@ -298,12 +301,12 @@ __global__ void __launch_bounds__(kCtaThreads, 1) nvfp4_wide_kernel(GemmArgs p) 
         for (int i = 0; i < kNR; ++i) asm volatile("" : "+f"(acc[h][i])::"memory");
       const Cur mine{cur.mt, cur.n0 + wgi * walk.n_per_tile};
       if (mine.n0 / walk.n_per_tile < walk.NT)
-        wg::store_tile(p, mine, acc, warp, lane, nvfp4_layout::kAccScale / p.W.global_scale[cur.mt.expert],
-                       p.out_kperm);
+        wg::store_tile(p, mine, acc, warp, lane, out_scale, p.out_kperm);
       zero(acc);
       if (++c_local < my_tiles) {
         cur = walk.at(c_local);
         width = tile_width<kTN>(cur.mt.rows);
+        out_scale = nvfp4_layout::kAccScale / p.W.global_scale[cur.mt.expert];
       }
     }
   }
