@@ -65,7 +65,10 @@ struct Geo {
   static constexpr int kTokBytes = 2 * kAtom; // a stage's tokens
   static constexpr int kSlot = kTokBytes + kGroups * kPreparedBlock;  // + each warpgroup's prepared block
   static constexpr int kBars = kSlot * kSlots;  // full[kSlots] then empty[kSlots] mbarriers
-  static constexpr int kSmem = kBars + 16 * kSlots + 1024;
+  // Only the 128-row kernel has the staged epilogue: ptxas spilled 140 -> 284 bytes in the 160-row one.
+  static constexpr bool kStagedEpilogue = TN == 128;
+  static constexpr int kStaged = kBars + 16 * kSlots;  // each warp's wg::store_tile_staged buffer
+  static constexpr int kSmem = kStaged + kGroups * 4 * wg::kStagedStoreBytes + 1024;
   static constexpr int kPasses = (TN + kCtaThreads / 4 - 1) / (kCtaThreads / 4);  // of token-row loads
   static_assert(TN == 128 || TN == 160, "the token-tile widths issue_width covers");
   static_assert(kSlot % 1024 == 0, "SW128 token atoms need 1024-byte alignment");
@@ -237,9 +240,10 @@ __global__ void __launch_bounds__(kCtaThreads, 1) nvfp4_wide_kernel(GemmArgs p) 
 
   Cur cur = my_tiles > 0 ? walk.at(0) : Cur{};
   int width = my_tiles > 0 ? tile_width<kTN>(cur.mt.rows) : 0;
-  // The tile's epilogue scale, read when the tile starts so that its global load is not waited for
-  // between the last wgmmas and the stores.
-  float out_scale = my_tiles > 0 ? nvfp4_layout::kAccScale / p.W.global_scale[cur.mt.expert] : 0.f;
+  // The tile's global scale, loaded when the tile starts and first used by its epilogue, so that no
+  // warp waits for the load (ncu: the load and its reciprocal at the tile change were ~2% of the
+  // samples when waited for at once).
+  float gscale = my_tiles > 0 ? p.W.global_scale[cur.mt.expert] : 1.f;
   int c_kt = 0, c_slot = 0, c_local = 0;
   uint32_t wa[kSets][2][2][8];  // sub-block sb decodes into set sb % kSets
   for (int64_t s = 0; s < steps; ++s) {
@@ -299,14 +303,21 @@ __global__ void __launch_bounds__(kCtaThreads, 1) nvfp4_wide_kernel(GemmArgs p) 
       for (int h = 0; h < 2; ++h)
 #pragma unroll
         for (int i = 0; i < kNR; ++i) asm volatile("" : "+f"(acc[h][i])::"memory");
+      const float out_scale = nvfp4_layout::kAccScale / gscale;
       const Cur mine{cur.mt, cur.n0 + wgi * walk.n_per_tile};
-      if (mine.n0 / walk.n_per_tile < walk.NT)
-        wg::store_tile(p, mine, acc, warp, lane, out_scale, p.out_kperm);
+      if (mine.n0 / walk.n_per_tile < walk.NT) {
+        // GEMM2 (non-fused) through the staged 16-byte epilogue (launch_wide checks its conditions).
+        if (G::kStagedEpilogue && !p.fused)
+          wg::store_tile_staged(p, mine, acc, warp, lane, out_scale,
+                                base + uint32_t(G::kStaged + (wgi * 4 + warp) * wg::kStagedStoreBytes));
+        else
+          wg::store_tile(p, mine, acc, warp, lane, out_scale, p.out_kperm);
+      }
       zero(acc);
       if (++c_local < my_tiles) {
         cur = walk.at(c_local);
         width = tile_width<kTN>(cur.mt.rows);
-        out_scale = nvfp4_layout::kAccScale / p.W.global_scale[cur.mt.expert];
+        gscale = p.W.global_scale[cur.mt.expert];
       }
     }
   }
@@ -337,6 +348,10 @@ void launch_wide(const GemmArgs& a, cudaStream_t stream) {
 void launch_grouped_gemm_wgmma_nvfp4_wide(const GemmArgs& a, int tile_rows, cudaStream_t stream) {
   if (!a.W.prepared || !a.W.global_scale || !a.A)
     throw UsageError("cuda runner (wgmma nvfp4, wide): needs prepared weights, global_scale and bf16 A");
+  // The staged GEMM2 epilogue writes 8 output columns with one 16-byte store.
+  if (!a.fused && (a.N % 8 != 0 || reinterpret_cast<uintptr_t>(a.out) % 16 != 0))
+    throw UsageError("cuda runner (wgmma nvfp4, wide): GEMM2 output needs N % 8 == 0 (N = " + std::to_string(a.N) +
+                     ") and a 16-byte aligned pointer; H is a multiple of 64 and the runner's buffers are cudaMalloc'd");
   if (tile_rows == kWgmmaWide160BlockM)
     launch_wide<kWgmmaWide160BlockM>(a, stream);
   else if (tile_rows == kWgmmaWideBlockM)
