@@ -188,7 +188,8 @@ __device__ __forceinline__ void wgmma_bf16(float (&d)[16], uint64_t da, uint64_t
 // Why: ncu source counters (session 18) put the one-branchy-store-per-value form at ~20
 // instructions per value, ~4400 unrolled instructions that miss the instruction cache, and 22-45%
 // of the wide nvfp4 kernel's warp samples (bench/results/2026-12-02-session18-h200.md).
-template <int NR>
+// kFused: 1 or 0 where the caller's kernel is compiled for one of the two (less code), -1: p.fused.
+template <int NR, int kFused = -1>
 __device__ __forceinline__ void store_tile(const GemmArgs& p, const TileWalk::Tile& cur, const float (&acc)[2][NR],
                                            int warp, int lane, float scale, bool kperm) {
   const int r0 = 16 * warp + (lane >> 2);  // this lane's rows: r0 + 8 hh (+ 64 h)
@@ -212,7 +213,7 @@ __device__ __forceinline__ void store_tile(const GemmArgs& p, const TileWalk::Ti
 #pragma unroll
     for (int hh = 0; hh < 2; ++hh) {
       const int i = 4 * j + 2 * hh;  // tokens 8 j + t0 (i) and + 1 (i + 1)
-      if (p.fused) {
+      if (kFused == 1 || (kFused == -1 && p.fused)) {
         put(silu(acc[0][i] * scale) * (acc[1][i] * scale), silu(acc[0][i + 1] * scale) * (acc[1][i + 1] * scale), j,
             col[hh], true);
       } else {

@@ -65,7 +65,7 @@ struct Geo {
   static constexpr int kTokBytes = 2 * kAtom; // a stage's tokens
   static constexpr int kSlot = kTokBytes + kGroups * kPreparedBlock;  // + each warpgroup's prepared block
   static constexpr int kBars = kSlot * kSlots;  // full[kSlots] then empty[kSlots] mbarriers
-  // Only the 128-row kernel has the staged epilogue: ptxas spilled 140 -> 284 bytes in the 160-row one.
+  // Only the 128-row kernel has the staged epilogue: ptxas spills 128 -> 284 B in the 160-row one.
   static constexpr bool kStagedEpilogue = TN == 128;
   static constexpr int kStaged = kBars + 16 * kSlots;  // each warp's wg::store_tile_staged buffer
   static constexpr int kSmem = kStaged + kGroups * 4 * wg::kStagedStoreBytes + 1024;
@@ -140,7 +140,10 @@ __device__ __forceinline__ int tile_width(int rows) { return min(TN, (rows + 31)
 // __syncthreads per stage, so the warpgroups run out of phase (one decodes while the other's wgmmas
 // run) and wait on each other only when a slot is really not ready. Two sets of A registers: a
 // sub-block's decode overlaps the previous sub-block's wgmmas (wait for all but the last batch).
-template <int TN>
+// FUSED == p.fused: GEMM1 and GEMM2 are separate instantiations, each with one epilogue. With both
+// epilogues in one kernel ptxas spilled 16 B in the 128-row kernel (one reload per stage); apart:
+// 4 B in GEMM2 (as before the staged epilogue), none in GEMM1, 128 B (from 136) in the 160-row ones.
+template <int TN, bool FUSED>
 __global__ void __launch_bounds__(kCtaThreads, 1) nvfp4_wide_kernel(GemmArgs p) {
   using G = Geo<TN>;
   constexpr int kTN = TN, kNR = G::kNR, kAtom = G::kAtom, kTokBytes = G::kTokBytes, kSlot = G::kSlot;
@@ -307,11 +310,11 @@ __global__ void __launch_bounds__(kCtaThreads, 1) nvfp4_wide_kernel(GemmArgs p) 
       const Cur mine{cur.mt, cur.n0 + wgi * walk.n_per_tile};
       if (mine.n0 / walk.n_per_tile < walk.NT) {
         // GEMM2 (non-fused) through the staged 16-byte epilogue (launch_wide checks its conditions).
-        if (G::kStagedEpilogue && !p.fused)
+        if constexpr (G::kStagedEpilogue && !FUSED)
           wg::store_tile_staged(p, mine, acc, warp, lane, out_scale,
                                 base + uint32_t(G::kStaged + (wgi * 4 + warp) * wg::kStagedStoreBytes));
         else
-          wg::store_tile(p, mine, acc, warp, lane, out_scale, p.out_kperm);
+          wg::store_tile<kNR, FUSED ? 1 : 0>(p, mine, acc, warp, lane, out_scale, p.out_kperm);
       }
       zero(acc);
       if (++c_local < my_tiles) {
@@ -334,13 +337,17 @@ namespace {
 template <int TN>
 void launch_wide(const GemmArgs& a, cudaStream_t stream) {
   using namespace wgf4w;
-  const void* k = reinterpret_cast<const void*>(nvfp4_wide_kernel<TN>);
+  const void* k = a.fused ? reinterpret_cast<const void*>(nvfp4_wide_kernel<TN, true>)
+                          : reinterpret_cast<const void*>(nvfp4_wide_kernel<TN, false>);
   const KernelFit fit = fit_kernel(k, kCtaThreads, Geo<TN>::kSmem);
   const int n_per_tile = a.fused ? wgf4::kRowsW / 2 : wgf4::kRowsW;
   const int64_t groups = ((a.N + n_per_tile - 1) / n_per_tile + kGroups - 1) / kGroups;
   const int grid = static_cast<int>(std::min<int64_t>(int64_t(a.max_tiles) * groups, int64_t(fit.sms) * fit.per_sm));
   if (grid <= 0) return;
-  nvfp4_wide_kernel<TN><<<grid, kCtaThreads, Geo<TN>::kSmem, stream>>>(a);
+  if (a.fused)
+    nvfp4_wide_kernel<TN, true><<<grid, kCtaThreads, Geo<TN>::kSmem, stream>>>(a);
+  else
+    nvfp4_wide_kernel<TN, false><<<grid, kCtaThreads, Geo<TN>::kSmem, stream>>>(a);
   EPMOE_CUDA_CHECK_LAUNCH();
 }
 }  // namespace
