@@ -32,6 +32,11 @@
 // dependencies of the decode (1.4) and the shared-memory queue (1.1). Still below CUTLASS on bf16
 // (~600 TFLOP/s), so above policy::kNvfp4WideMaxRows rows per expert the widened copy wins.
 //
+// Epilogue: GEMM1 (SwiGLU, K order) through wg::store_tile; GEMM2 of the 128-row kernel through
+// wg::store_tile_staged (a 2 KB shared buffer per warp, stmatrix.trans, 16-byte stores), the two as
+// separate instantiations. Session 19: the epilogue's share of Qwen3-30B GEMM2's warp samples
+// 47% -> 21%; DeepSeek-V3 M 32768 6.29 -> 6.04 ms (bench/results/2026-12-02-session19-h200.md).
+//
 // Arithmetic: the same A fragments (decoded weights times block scale, times 2^-8), the same token K
 // order, the same k16 steps in the same order into fp32 accumulators, the same epilogue scale: the
 // outputs equal the 32-row engines' bit for bit (tested on the H200: the hardware's sum for one
