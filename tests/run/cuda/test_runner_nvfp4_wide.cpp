@@ -161,6 +161,34 @@ TEST(CudaRunnerNvfp4WideRules, WhenTheWideEngineRuns) {
               !cuda::cutlass_engine::available());
 }
 
+// GEMM2's staged epilogue writes 8 output columns per 16-byte store: the launcher refuses an output
+// it cannot store that way, naming N, before any CUDA call (host only; the pointers are never read).
+TEST(CudaRunnerNvfp4WideRules, GemmTwoOutputMustTakeSixteenByteStores) {
+  alignas(16) static uint16_t dummy[64];
+  const float gs = 1.f;
+  cuda::GemmArgs a;
+  a.A = reinterpret_cast<const bf16_raw*>(dummy);
+  a.W.prepared = dummy;
+  a.W.global_scale = &gs;
+  a.fused = false;
+  a.N = 7168;
+  a.out = reinterpret_cast<bf16_raw*>(dummy) + 1;  // 2-byte aligned only
+  try {
+    cuda::launch_grouped_gemm_wgmma_nvfp4_wide(a, cuda::kWgmmaWideBlockM, nullptr);
+    FAIL() << "a misaligned GEMM2 output was accepted";
+  } catch (const UsageError& e) {
+    EXPECT_NE(std::string(e.what()).find("16-byte aligned"), std::string::npos) << e.what();
+  }
+  a.out = reinterpret_cast<bf16_raw*>(dummy);
+  a.N = 7164;  // not a multiple of 8
+  try {
+    cuda::launch_grouped_gemm_wgmma_nvfp4_wide(a, cuda::kWgmmaWideBlockM, nullptr);
+    FAIL() << "N = 7164 was accepted";
+  } catch (const UsageError& e) {
+    EXPECT_NE(std::string(e.what()).find("N = 7164"), std::string::npos) << e.what();
+  }
+}
+
 TEST(CudaRunnerNvfp4Wide, EqualsDecodeEngineAndReference) {
   EPMOE_REQUIRE_GPU();
   using A = ActFormat;
