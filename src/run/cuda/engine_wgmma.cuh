@@ -35,6 +35,7 @@
 #include "epmoe/numeric.h"
 #include "run/cuda/engine_mma.cuh"
 #include "run/cuda/nvfp4_layout.h"
+#include "run/cuda/staged_layout.h"
 
 namespace epmoe::cuda::wg {
 
@@ -229,19 +230,18 @@ __device__ __forceinline__ void store_tile(const GemmArgs& p, const TileWalk::Ti
 // transposes 32 tokens at a time with stmatrix.trans (its 32 weight rows of a token become four
 // 16-byte chunks) and writes them back with 16-byte stores, so a thread issues NR / 4 vector stores
 // instead of 2 NR two-byte ones. Needs p.N % 8 == 0 and a 16-byte aligned p.out (the caller checks;
-// store_tile otherwise). NR / 4 must be a multiple of 4 (the wide engine's 64 and 80).
-// Buffer: row q (token of the pass) of 64 bytes holds chunks c = 2h + hh (weight rows
-// 64h + 16 warp + 8hh .. +7), chunk c at slot c ^ ((q >> 1) & 3), so that the 8 rows one stmatrix
-// phase writes and the 8 chunks one 16-byte load phase reads fall on distinct banks.
-constexpr int kStagedStoreBytes = 32 * 64;
+// store_tile otherwise). NR / 4 must be a multiple of 4 (the wide engine's 64 and 80). The buffer's
+// layout: staged_layout.h.
+constexpr int kStagedStoreBytes = staged_layout::kWarpBytes;
 __device__ __forceinline__ void stmatrix_x4_trans(uint32_t addr, uint32_t a, uint32_t b, uint32_t c, uint32_t d) {
   asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(a), "r"(b),
                "r"(c), "r"(d)
                : "memory");
 }
 template <int NR>
-__device__ __forceinline__ void store_tile_staged(const GemmArgs& p, const TileWalk::Tile& cur, const float (&acc)[2][NR],
-                                                  int warp, int lane, float scale, uint32_t buf) {
+__device__ __forceinline__ void store_tile_staged(const GemmArgs& p, const TileWalk::Tile& cur,
+                                                  const float (&acc)[2][NR], int warp, int lane, float scale,
+                                                  uint32_t buf) {
   static_assert(NR % 16 == 0, "whole 32-token passes");
   auto pack = [&](float a, float b) {  // tokens t (low half) and t + 1 (high half)
     uint32_t v;
@@ -250,12 +250,12 @@ __device__ __forceinline__ void store_tile_staged(const GemmArgs& p, const TileW
   };
   const int rows = cur.mt.rows;
   // stmatrix: lane l gives row l & 7 of matrix (chunk) l >> 3.
-  const int sr = lane & 7, sm = lane >> 3;
-  const uint32_t st_addr = buf + uint32_t(64 * sr + 16 * (sm ^ ((sr >> 1) & 3)));
-  // Read-back: lane l takes chunk l & 3 of token rows (l >> 2) + 8 i.
+  namespace sl = staged_layout;
+  const uint32_t st_addr = buf + uint32_t(sl::gemm2_offset(lane & 7, lane >> 3));
+  // Read-back: lane l takes chunk l & 3 of token rows (l >> 2) + 8 k.
   const int rq = lane >> 2, rc = lane & 3;
-  const uint32_t ld_addr = buf + uint32_t(64 * rq + 16 * (rc ^ ((rq >> 1) & 3)));
-  const int col = cur.n0 + 64 * (rc >> 1) + 16 * warp + 8 * (rc & 1);
+  const uint32_t ld_addr = buf + uint32_t(sl::gemm2_offset(rq, rc));
+  const int col = cur.n0 + sl::gemm2_column(warp, rc);
   const bool col_ok = col < p.N;
   bf16_raw* const out = p.out + int64_t(cur.mt.row0 + rq) * p.N + col;
 #pragma unroll
@@ -264,8 +264,9 @@ __device__ __forceinline__ void store_tile_staged(const GemmArgs& p, const TileW
 #pragma unroll
     for (int jj = 0; jj < 4; ++jj) {
       const int i = 4 * (4 * pass + jj);  // acc index of tokens 8 j + 2 (lane & 3), j = 4 pass + jj
-      stmatrix_x4_trans(st_addr + 512 * jj, pack(acc[0][i], acc[0][i + 1]), pack(acc[0][i + 2], acc[0][i + 3]),
-                        pack(acc[1][i], acc[1][i + 1]), pack(acc[1][i + 2], acc[1][i + 3]));
+      stmatrix_x4_trans(st_addr + 8 * sl::kRowBytes * jj, pack(acc[0][i], acc[0][i + 1]),
+                        pack(acc[0][i + 2], acc[0][i + 3]), pack(acc[1][i], acc[1][i + 1]),
+                        pack(acc[1][i + 2], acc[1][i + 3]));
     }
     __syncwarp();
 #pragma unroll
@@ -273,7 +274,7 @@ __device__ __forceinline__ void store_tile_staged(const GemmArgs& p, const TileW
       uint4 v;
       asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
                    : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                   : "r"(ld_addr + 512 * k)
+                   : "r"(ld_addr + 8 * sl::kRowBytes * k)
                    : "memory");
       if (col_ok && 32 * pass + 8 * k + rq < rows)
         asm volatile("st.global.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"l"(out + int64_t(32 * pass + 8 * k) * p.N),

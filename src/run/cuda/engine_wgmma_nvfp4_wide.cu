@@ -363,7 +363,8 @@ void launch_grouped_gemm_wgmma_nvfp4_wide(const GemmArgs& a, int tile_rows, cuda
   // The staged GEMM2 epilogue writes 8 output columns with one 16-byte store.
   if (!a.fused && (a.N % 8 != 0 || reinterpret_cast<uintptr_t>(a.out) % 16 != 0))
     throw UsageError("cuda runner (wgmma nvfp4, wide): GEMM2 output needs N % 8 == 0 (N = " + std::to_string(a.N) +
-                     ") and a 16-byte aligned pointer; H is a multiple of 64 and the runner's buffers are cudaMalloc'd");
+                     ") and a 16-byte aligned pointer (out); H is a multiple of 64 and the runner's buffers come "
+                     "from cudaMalloc, so pass an aligned buffer");
   if (tile_rows == kWgmmaWide160BlockM)
     launch_wide<kWgmmaWide160BlockM>(a, stream);
   else if (tile_rows == kWgmmaWideBlockM)
