@@ -3,8 +3,11 @@
 # subdirectories of one carried folder) in one call, one after the other: build, the GPU tests that
 # match a regex, then the `epmoe` commands. One log per tree in $OUT (or ./out), plus summary.md,
 # so that a device call that returns few files still brings every tree's result back.
-#   scripts/gpu_trees.sh [--tests REGEX] [--cmd "ARGS"] [--sh "COMMAND"] [--budget SECONDS] TREE...
+#   scripts/gpu_trees.sh [--tests REGEX] [--sanitize FILTER] [--cmd "ARGS"] [--sh "COMMAND"]
+#                        [--budget SECONDS] TREE...
 #     --tests   ctest -R regex of GPU tests (default: all GPU tests)
+#     --sanitize  after the tests, compute-sanitizer memcheck over the GPU tests of this gtest
+#               filter (e.g. 'CudaRunnerNvfp4Wide.*'); its error summary goes into summary.md
 #     --cmd     arguments of an epmoe run on every tree; repeatable, run in the order given
 #               (default: bench a2a --quick --phases); "" alone skips
 #     --sh      a shell command run in every tree after the --cmd runs, with $EPMOE the tree's
@@ -18,14 +21,15 @@ here=$(cd "$(dirname "$0")/.." && pwd)
 out=${OUT:-$here/out}
 mkdir -p "$out"
 export NCCL_NVLS_ENABLE=0 NVSHMEM_DISABLE_NVLS=1
-tests=""; cmds=(); shs=(); budget=540; trees=()
+tests=""; sanitize=""; cmds=(); shs=(); budget=540; trees=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --tests) tests="$2"; shift 2 ;;
+    --sanitize) sanitize="$2"; shift 2 ;;
     --cmd) cmds+=("$2"); shift 2 ;;
     --sh) shs+=("$2"); shift 2 ;;
     --budget) budget="$2"; shift 2 ;;
-    -h|--help) sed -n 2,15p "$0"; exit 0 ;;
+    -h|--help) sed -n 2,18p "$0"; exit 0 ;;
     -*) echo "gpu_trees: unknown option $1" >&2; exit 2 ;;
     *) trees+=("$1"); shift ;;
   esac
@@ -62,6 +66,15 @@ for t in "${trees[@]}"; do
   res=$(grep -E 'tests passed|tests failed' "$t/ctest.log" | tail -1)
   { echo "== tests: $res"; grep -E '^\s+[0-9]+ - .*\((Failed|Timeout|SEGFAULT|Subprocess)' "$t/ctest.log";
     grep -B3 -A20 'Failure' "$t/ctest.log" | head -80; } >> "$log"
+  if [ -n "$sanitize" ]; then
+    timeout 300 compute-sanitizer --tool memcheck --leak-check no --error-exitcode 99 \
+      "$t/build-gpu/tests/epmoe_gpu_tests" --gtest_filter="$sanitize" > "$t/sanitizer.log" 2>&1
+    src=$?
+    san=$(grep -E 'ERROR SUMMARY' "$t/sanitizer.log" | tail -1)
+    res="$res; compute-sanitizer ($sanitize): ${san:-no summary} (exit $src)"
+    { echo "== compute-sanitizer ($sanitize): exit $src"; grep -E 'PASSED|FAILED|ERROR SUMMARY' "$t/sanitizer.log";
+      grep -m 20 -E '^=+ (Invalid|Program hit|Error)' "$t/sanitizer.log"; } >> "$log"
+  fi
   for cmd in "${cmds[@]}"; do
     [ -n "$cmd" ] || continue
     echo "== epmoe $cmd" >> "$log"
