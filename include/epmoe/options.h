@@ -74,6 +74,10 @@ struct Tuning {
                                 //   up to which engine auto keeps the 32-row decode engines (above:
                                 //   CUTLASS, or for prepared nvfp4 the wide engine up to 640 rows);
                                 //   0 = the measured per-format crossover (policy.h)
+  int nvfp4_wide_max_rows = 0;  // [local] EPMOE_NVFP4_WIDE_MAX_ROWS=0..65536: expected rows per expert
+                                //   up to which engine auto runs prepared nvfp4 on the wide engine
+                                //   (above: widened CUTLASS); 0 = the measured bound (policy.h: 640,
+                                //   384 for experts under 16 M weights)
   CutlassSwap cutlass_swap = CutlassSwap::automatic;  // [local] EPMOE_CUTLASS_SWAP=auto|0|1|64|128|192|byrows:
                                 //   CUTLASS GEMMs swap-AB (64/128/192: that token-tile width; auto:
                                 //   per expert by its rows where that pays, byrows: always; same results within the bf16 rounding
@@ -96,6 +100,7 @@ struct Tuning {
   static constexpr int kMaxCeRows = 1 << 20;
   static constexpr int kMaxWidenScratchMb = 1 << 24;
   static constexpr int kMaxDecodeMaxRows = 1 << 16;
+  static constexpr int kMaxNvfp4WideMaxRows = 1 << 16;
 };
 
 // The defaults: built-in values overridden by the EPMOE_* variables that are set and well formed.

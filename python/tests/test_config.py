@@ -69,6 +69,8 @@ def test_nested_structs_are_references():
     c.tuning.cutlass_swap = epmoe.CutlassSwap.auto
     c.tuning.decode_max_rows = 64
     assert c.tuning.decode_max_rows == 64 and "cutlass_swap" in c.describe()
+    c.tuning.nvfp4_wide_max_rows = 512
+    assert c.tuning.nvfp4_wide_max_rows == 512 and "nvfp4_wide_max_rows" in c.describe()
     with pytest.raises(epmoe.UsageError, match="Tuning.cutlass_swap"):
         epmoe.Tuning(cutlass_swap="maybe")
 

@@ -150,6 +150,11 @@ EnvTuning read_env_tuning() {
                               "expected rows per expert up to which runner cuda keeps its decode engines"))
       t.decode_max_rows = int(*v);
   });
+  take("EPMOE_NVFP4_WIDE_MAX_ROWS", [&] {
+    if (auto v = env::integer("EPMOE_NVFP4_WIDE_MAX_ROWS", 0, Tuning::kMaxNvfp4WideMaxRows,
+                              "expected rows per expert up to which runner cuda runs prepared nvfp4 on its wide engine"))
+      t.nvfp4_wide_max_rows = int(*v);
+  });
   take("EPMOE_CUTLASS_SWAP", [&] {
     if (auto v = env::get("EPMOE_CUTLASS_SWAP"); v && !parse_cutlass_swap(*v, t.cutlass_swap))
       throw UsageError("environment variable EPMOE_CUTLASS_SWAP='" + *v +

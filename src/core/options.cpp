@@ -85,6 +85,8 @@ std::vector<ConfigIssue> validate(const Tuning& t) {
   range("widen_scratch_mb", t.widen_scratch_mb, 1, Tuning::kMaxWidenScratchMb, "the default is 1024 (MiB)");
   range("decode_max_rows", t.decode_max_rows, 0, Tuning::kMaxDecodeMaxRows,
         "0 (the default) keeps the measured crossover (--decode-max-rows)");
+  range("nvfp4_wide_max_rows", t.nvfp4_wide_max_rows, 0, Tuning::kMaxNvfp4WideMaxRows,
+        "0 (the default) keeps the measured bound (--nvfp4-wide-max-rows)");
   range("comm_sms", t.comm_sms, 1, Tuning::kMaxCommSms, "the default is 24 (--comm-sms)");
   range("push_warps", t.push_warps, Tuning::kMinPushWarps, Tuning::kMaxPushWarps, "the default is 6 (--push-warps)");
   range("ce_rows", t.ce_rows, 1, Tuning::kMaxCeRows, "the default is 512 (--ce-rows)");
@@ -111,7 +113,8 @@ std::string describe(const Tuning& t) {
   auto row = [&](const char* name, const std::string& v, const std::string& dv, bool agree, const char* var) {
     const bool from_env = env::get(var).has_value();
     const char* src = v != dv ? "set" : (from_env ? "env" : "default");
-    os << "  " << name << std::string(name[0] ? 18 - std::string(name).size() : 0, ' ') << v
+    const size_t len = std::string(name).size();
+    os << "  " << name << std::string(name[0] ? (len < 18 ? 18 - len : 1) : 0, ' ') << v
        << std::string(v.size() < 10 ? 10 - v.size() : 1, ' ') << (agree ? "[agree] " : "[local] ") << src
        << (from_env && v == dv ? std::string(" ") + var : std::string()) << "\n";
   };
@@ -125,6 +128,7 @@ std::string describe(const Tuning& t) {
   row("widen_scratch_mb", i(t.widen_scratch_mb), i(d.widen_scratch_mb), false, "EPMOE_WIDEN_SCRATCH_MB");
   row("nvfp4_prepare", b(t.nvfp4_prepare), b(d.nvfp4_prepare), false, "EPMOE_NVFP4_PREPARE");
   row("decode_max_rows", i(t.decode_max_rows), i(d.decode_max_rows), false, "EPMOE_DECODE_MAX_ROWS");
+  row("nvfp4_wide_max_rows", i(t.nvfp4_wide_max_rows), i(d.nvfp4_wide_max_rows), false, "EPMOE_NVFP4_WIDE_MAX_ROWS");
   row("cutlass_swap", cutlass_swap_name(t.cutlass_swap), cutlass_swap_name(d.cutlass_swap), false,
       "EPMOE_CUTLASS_SWAP");
   row("comm_sms", i(t.comm_sms), i(d.comm_sms), false, "EPMOE_COMM_SMS");

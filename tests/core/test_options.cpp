@@ -32,8 +32,10 @@ TEST(Tuning, EveryRangeIsChecked) {
   t.cutlass_swap = static_cast<CutlassSwap>(9);
   t.decode_max_rows = -1;
   t.nvfp4_wide_rows = 150;
+  t.nvfp4_wide_max_rows = 70000;
   const auto is = validate(t);
-  EXPECT_EQ(is.size(), 9u);
+  EXPECT_EQ(is.size(), 10u);
+  EXPECT_TRUE(has_issue(is, "tuning.nvfp4_wide_max_rows", "outside [0, 65536]"));
   EXPECT_TRUE(has_issue(is, "tuning.nvfp4_wide_rows", "use 0 (the default: by rows), 128 or 160"));
   EXPECT_TRUE(has_issue(is, "tuning.cutlass_swap", "auto, 0, 1, 64, 128, 192"));
   EXPECT_TRUE(has_issue(is, "tuning.decode_max_rows", "outside [0, 65536]"));
@@ -109,6 +111,7 @@ TEST(Tuning, AgreeFieldsAreFingerprintedLocalOnesAreNot) {
   d.tuning.widen_scratch_mb = 7;
   d.tuning.cutlass_swap = CutlassSwap::on;
   d.tuning.decode_max_rows = 64;
+  d.tuning.nvfp4_wide_max_rows = 512;
   EXPECT_EQ(config_fingerprint(d), base);
   d = c;
   d.tuning.combine = CombineMode::ce;
@@ -129,7 +132,7 @@ TEST(Tuning, DescribeListsEveryFieldWithItsAgreement) {
   t.engine = RunnerEngine::cutlass;
   const std::string s = describe(t);
   for (const char* f : {"engine", "wgmma_defer", "pdl", "nvfp4_wide_rows", "fused_swiglu", "widen_scratch_mb", "nvfp4_prepare", "cutlass_swap",
-                        "decode_max_rows", "comm_sms", "push_warps", "combine", "ce_rows", "fault_check"})
+                        "decode_max_rows", "nvfp4_wide_max_rows", "comm_sms", "push_warps", "combine", "ce_rows", "fault_check"})
     EXPECT_NE(s.find(f), std::string::npos) << f;
   EXPECT_NE(s.find("cutlass"), std::string::npos);
   EXPECT_NE(s.find("[agree]"), std::string::npos);

@@ -55,6 +55,7 @@ const FlagSpec kTuningFlags[] = {
     {"widen-scratch-mb", "N", "runner cuda: MiB for widening fp8/nvfp4 weights for CUTLASS bf16 (env EPMOE_WIDEN_SCRATCH_MB)"},
     {"nvfp4-prepare", "0|1", "runner cuda: copy nvfp4 weights into the decode engine's order (env EPMOE_NVFP4_PREPARE)"},
     {"decode-max-rows", "N", "runner cuda: expected rows per expert up to which the decode engines run, above CUTLASS (prepared nvfp4: the wide engine up to 640); 0 = measured crossover (env EPMOE_DECODE_MAX_ROWS)"},
+    {"nvfp4-wide-max-rows", "N", "runner cuda: expected rows per expert up to which prepared nvfp4 runs the wide engine, above widened CUTLASS; 0 = measured bound, 640 or 384 for small experts (env EPMOE_NVFP4_WIDE_MAX_ROWS)"},
     {"cutlass-swap", "auto|0|1|64|128|192|byrows", "runner cuda: CUTLASS GEMMs swap-AB (weights in the 128-row tile; 64/128/192: token-tile width; byrows: per expert by its rows; auto: byrows except small experts) (env EPMOE_CUTLASS_SWAP)"},
     {"comm-sms", "N", "dispatcher nvlink: SMs of the dispatch and combine kernels (env EPMOE_COMM_SMS)"},
     {"push-warps", "N", "dispatcher nvlink: combine warps per CTA that push rows, 4..12 (env EPMOE_NVL_PUSH_WARPS)"},
@@ -114,6 +115,7 @@ void apply_tuning_flags(const Flags& f, Tuning& t) {
   if (f.has("combine-mode") && !parse_combine_mode(f.get("combine-mode"), t.combine))
     throw UsageError("--combine-mode=" + f.get("combine-mode") + " is not a combine mode; use sm or ce");
   t.decode_max_rows = int_flag(f, "decode-max-rows", t.decode_max_rows);
+  t.nvfp4_wide_max_rows = int_flag(f, "nvfp4-wide-max-rows", t.nvfp4_wide_max_rows);
   t.ce_rows = int_flag(f, "ce-rows", t.ce_rows);
   if (f.has("fault-check") && !parse_fault_check(f.get("fault-check"), t.fault_check))
     throw UsageError("--fault-check=" + f.get("fault-check") + " is not a fault-check mode; use off, count or raise");

@@ -133,7 +133,8 @@ int decode_max_rows(WeightFormat wf, const DecodeEngines& d32, int tuned, bool p
   return 0;
 }
 
-double nvfp4_wide_max_rows(int hidden, int intermediate) {
+double nvfp4_wide_max_rows(int hidden, int intermediate, int tuned) {
+  if (tuned > 0) return double(tuned);
   return 3 * int64_t(hidden) * intermediate < kNvfp4WideSmallExpert ? kNvfp4WideMaxRowsSmall : kNvfp4WideMaxRows;
 }
 

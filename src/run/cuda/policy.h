@@ -182,12 +182,13 @@ int decode_max_rows(WeightFormat wf, const DecodeEngines& d32, int tuned, bool p
 // expert: Qwen3-30B wide 0.602 / 1.150 ms, widened CUTLASS 0.735 / 1.052 (crossover ~400 rows);
 // Qwen3-235B (18.9 M) 1.600 / 3.114 against 2.283 / 3.158; gpt-oss-120b (24.9 M) 1.948 / 3.784
 // against 2.958 / 4.087. So experts under kNvfp4WideSmallExpert weights stop at
-// kNvfp4WideMaxRowsSmall; nvfp4_wide_max_rows gives the bound for a shape, which use_nvfp4_wide
-// takes as max_rows.
+// kNvfp4WideMaxRowsSmall; nvfp4_wide_max_rows gives the bound for a shape (or the tuned one), which
+// use_nvfp4_wide takes as max_rows.
 constexpr double kNvfp4WideMaxRows = 640.0;
 constexpr double kNvfp4WideMaxRowsSmall = 384.0;
 constexpr int64_t kNvfp4WideSmallExpert = int64_t(16) << 20;
-double nvfp4_wide_max_rows(int hidden, int intermediate);
+// tuned > 0 (tuning.nvfp4_wide_max_rows) replaces the measured bound, for re-measuring it.
+double nvfp4_wide_max_rows(int hidden, int intermediate, int tuned = 0);
 bool use_nvfp4_wide(RunnerEngine engine, const DecodeEngines& d32, bool prepared, double expected_rows,
                     int decode_max_rows, double max_rows);
 

@@ -153,6 +153,10 @@ TEST(CudaRunnerNvfp4WideRules, WhenTheWideEngineRuns) {
   EXPECT_EQ(nvfp4_wide_max_rows(2880, 2880), cuda::policy::kNvfp4WideMaxRows);         // gpt-oss-120b
   EXPECT_EQ(nvfp4_wide_max_rows(7168, 2048), cuda::policy::kNvfp4WideMaxRows);         // DeepSeek-V3
   EXPECT_EQ(nvfp4_wide_max_rows(4096, 14336), cuda::policy::kNvfp4WideMaxRows);        // Mixtral-8x7B
+  // tuning.nvfp4_wide_max_rows > 0 replaces the bound for any shape (re-measuring the crossover).
+  EXPECT_EQ(nvfp4_wide_max_rows(2048, 768, 1000), 1000.0);
+  EXPECT_EQ(nvfp4_wide_max_rows(7168, 2048, 200), 200.0);
+  EXPECT_EQ(nvfp4_wide_max_rows(7168, 2048, 0), cuda::policy::kNvfp4WideMaxRows);
   const double small = cuda::policy::kNvfp4WideMaxRowsSmall;
   EXPECT_TRUE(use_nvfp4_wide(a, both, true, small, limit, small));
   EXPECT_FALSE(use_nvfp4_wide(a, both, true, small + 1, limit, small));
