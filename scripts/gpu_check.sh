@@ -55,13 +55,11 @@ fi
 
 # compute-sanitizer (memcheck) over the single-GPU tests that are quick under it: every kernel of
 # route, quantize, local dispatch/combine, the runner's engines on small problems, graph capture.
-if [ $sanitize -eq 1 ] && command -v compute-sanitizer >/dev/null 2>&1; then
+if [ $sanitize -eq 1 ]; then
   # EPMOE_SANITIZE_FILTER replaces the list (a gtest filter), e.g. to cover one engine's tests.
   filter=${EPMOE_SANITIZE_FILTER:-'CudaQuant.*:CudaRoute.*:CudaLocalDispatch.*:CudaRunner.SkewedLoadsAndTinyBatches:CudaRunnerNvfp4Wide.EveryPartialTileWidth:CutlassEngine.GroupedGemmDirect:CutlassEngine.GraphReplayEqualsEager:CutlassEngine.WidenMatchesHostDequant:WgmmaPipeline.*:CudaLayerGraph.*:CudaLayerFaults.*'}
-  timeout ${EPMOE_SANITIZE_TIMEOUT:-600} compute-sanitizer --tool memcheck --leak-check no --error-exitcode 99 \
-    build-gpu/tests/epmoe_gpu_tests --gtest_filter="$filter" > "$out/sanitizer.log" 2>&1
-  rc=$?
-  echo "- compute-sanitizer memcheck ($filter): $(grep -E 'ERROR SUMMARY' "$out/sanitizer.log" | tail -1) (exit $rc)" >> "$summary"
+  echo "- $(scripts/sanitize_tests.sh build-gpu/tests/epmoe_gpu_tests "$filter" "$out/sanitizer.log" \
+    "${EPMOE_SANITIZE_TIMEOUT:-600}")" >> "$summary"
 fi
 
 # The Python package against PyTorch on the GPU: built in its own tree against the NCCL that torch

@@ -67,12 +67,9 @@ for t in "${trees[@]}"; do
   { echo "== tests: $res"; grep -E '^\s+[0-9]+ - .*\((Failed|Timeout|SEGFAULT|Subprocess)' "$t/ctest.log";
     grep -B3 -A20 'Failure' "$t/ctest.log" | head -80; } >> "$log"
   if [ -n "$sanitize" ]; then
-    timeout 300 compute-sanitizer --tool memcheck --leak-check no --error-exitcode 99 \
-      "$t/build-gpu/tests/epmoe_gpu_tests" --gtest_filter="$sanitize" > "$t/sanitizer.log" 2>&1
-    src=$?
-    san=$(grep -E 'ERROR SUMMARY' "$t/sanitizer.log" | tail -1)
-    res="$res; compute-sanitizer ($sanitize): ${san:-no summary} (exit $src)"
-    { echo "== compute-sanitizer ($sanitize): exit $src"; grep -E 'PASSED|FAILED|ERROR SUMMARY' "$t/sanitizer.log";
+    san=$("$here/scripts/sanitize_tests.sh" "$t/build-gpu/tests/epmoe_gpu_tests" "$sanitize" "$t/sanitizer.log" 300)
+    res="$res; $san"
+    { echo "== $san"; grep -E 'PASSED|FAILED' "$t/sanitizer.log";
       grep -m 20 -E '^=+ (Invalid|Program hit|Error)' "$t/sanitizer.log"; } >> "$log"
   fi
   for cmd in "${cmds[@]}"; do

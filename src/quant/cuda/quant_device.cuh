@@ -6,6 +6,7 @@
 #include <cstdint>
 
 #include "epmoe/numeric.h"
+#include "epmoe/tensor.h"  // bf16_raw
 
 namespace epmoe::cuda::dev {
 
@@ -14,12 +15,17 @@ namespace epmoe::cuda::dev {
 // overflow to Inf); a NaN keeps its payload with the quiet bit set in num::f32_to_bf16 where the
 // hardware returns the canonical NaN, so NaNs take the software path. One F2FP instead of ~12
 // integer instructions per pair on the bitwise sums of the combine.
-__device__ __forceinline__ uint32_t bf16x2_exact(float lo, float hi) {
-  if (__builtin_expect((lo != lo) | (hi != hi), 0))
-    return uint32_t(num::f32_to_bf16(lo)) | (uint32_t(num::f32_to_bf16(hi)) << 16);
+// bf16x2_rn: the hardware conversion alone (a NaN becomes the canonical NaN, as in CUTLASS's
+// epilogues), where the GEMM epilogues write their outputs.
+__device__ __forceinline__ uint32_t bf16x2_rn(float lo, float hi) {
   uint32_t r;
   asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
   return r;
+}
+__device__ __forceinline__ uint32_t bf16x2_exact(float lo, float hi) {
+  if (__builtin_expect((lo != lo) | (hi != hi), 0))
+    return uint32_t(num::f32_to_bf16(lo)) | (uint32_t(num::f32_to_bf16(hi)) << 16);
+  return bf16x2_rn(lo, hi);
 }
 
 // Two floats -> two e4m3 codes (lo in the low byte) by the hardware's RNE satfinite conversion,

@@ -33,6 +33,7 @@
 #pragma once
 #include "core/cuda/pdl.cuh"
 #include "epmoe/numeric.h"
+#include "quant/cuda/quant_device.cuh"
 #include "run/cuda/engine_mma.cuh"
 #include "run/cuda/nvfp4_layout.h"
 #include "run/cuda/staged_layout.h"
@@ -203,8 +204,7 @@ __device__ __forceinline__ void store_tile(const GemmArgs& p, const TileWalk::Ti
   bf16_raw* const base = p.out + int64_t(cur.mt.row0 + t0) * p.N + cur.n0;
   // Tokens t (low half of v) and t + 1 (high half) of one column.
   auto put = [&](float a, float b, int j, int c, bool in) {
-    uint32_t v;
-    asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(v) : "f"(b), "f"(a));
+    const uint32_t v = dev::bf16x2_rn(a, b);
     bf16_raw* const o = base + int64_t(8 * j) * p.N + c;
     if (in && 8 * j + t0 < rows) o[0] = bf16_raw(v);
     if (in && 8 * j + t0 + 1 < rows) o[p.N] = bf16_raw(v >> 16);
@@ -229,8 +229,8 @@ __device__ __forceinline__ void store_tile(const GemmArgs& p, const TileWalk::Ti
 // aligned, its own, not the ring's): same values and rounding as store_tile, but each warp
 // transposes 32 tokens at a time with stmatrix.trans (its 32 weight rows of a token become four
 // 16-byte chunks) and writes them back with 16-byte stores, so a thread issues NR / 4 vector stores
-// instead of 2 NR two-byte ones. Needs p.N % 8 == 0 and a 16-byte aligned p.out (the caller checks;
-// store_tile otherwise). NR / 4 must be a multiple of 4 (the wide engine's 64 and 80). The buffer's
+// instead of 2 NR two-byte ones. Needs p.N % 8 == 0 and a 16-byte aligned p.out (the wide engine's
+// launcher refuses any other GEMM2 output). NR / 4 must be a multiple of 4 (the wide engine's 64 and 80). The buffer's
 // layout: staged_layout.h.
 constexpr int kStagedStoreBytes = staged_layout::kWarpBytes;
 __device__ __forceinline__ void stmatrix_x4_trans(uint32_t addr, uint32_t a, uint32_t b, uint32_t c, uint32_t d) {
@@ -243,11 +243,7 @@ __device__ __forceinline__ void store_tile_staged(const GemmArgs& p, const TileW
                                                   const float (&acc)[2][NR], int warp, int lane, float scale,
                                                   uint32_t buf) {
   static_assert(NR % 16 == 0, "whole 32-token passes");
-  auto pack = [&](float a, float b) {  // tokens t (low half) and t + 1 (high half)
-    uint32_t v;
-    asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(v) : "f"(b * scale), "f"(a * scale));
-    return v;
-  };
+  auto pack = [&](float a, float b) { return dev::bf16x2_rn(a * scale, b * scale); };  // tokens t, t + 1
   const int rows = cur.mt.rows;
   // stmatrix: lane l gives row l & 7 of matrix (chunk) l >> 3.
   namespace sl = staged_layout;

@@ -73,7 +73,7 @@ struct Geo {
   // Only the 128-row kernel has the staged epilogue: ptxas spills 128 -> 284 B in the 160-row one.
   static constexpr bool kStagedEpilogue = TN == 128;
   static constexpr int kStaged = kBars + 16 * kSlots;  // each warp's wg::store_tile_staged buffer
-  static constexpr int kSmem = kStaged + kGroups * 4 * wg::kStagedStoreBytes + 1024;
+  static constexpr int kSmem = kStaged + (kStagedEpilogue ? kGroups * 4 * wg::kStagedStoreBytes : 0) + 1024;
   static constexpr int kPasses = (TN + kCtaThreads / 4 - 1) / (kCtaThreads / 4);  // of token-row loads
   static_assert(TN == 128 || TN == 160, "the token-tile widths issue_width covers");
   static_assert(kSlot % 1024 == 0, "SW128 token atoms need 1024-byte alignment");
