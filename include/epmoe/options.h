@@ -77,7 +77,7 @@ struct Tuning {
   int nvfp4_wide_max_rows = 0;  // [local] EPMOE_NVFP4_WIDE_MAX_ROWS=0..65536: expected rows per expert
                                 //   up to which engine auto runs prepared nvfp4 on the wide engine
                                 //   (above: widened CUTLASS); 0 = the measured bound (policy.h: 640,
-                                //   384 for experts under 16 M weights)
+                                //   512 for experts under 16 M weights)
   CutlassSwap cutlass_swap = CutlassSwap::automatic;  // [local] EPMOE_CUTLASS_SWAP=auto|0|1|64|128|192|byrows:
                                 //   CUTLASS GEMMs swap-AB (64/128/192: that token-tile width; auto:
                                 //   per expert by its rows where that pays, byrows: always; same results within the bf16 rounding

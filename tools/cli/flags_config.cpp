@@ -55,7 +55,7 @@ const FlagSpec kTuningFlags[] = {
     {"widen-scratch-mb", "N", "runner cuda: MiB for widening fp8/nvfp4 weights for CUTLASS bf16 (env EPMOE_WIDEN_SCRATCH_MB)"},
     {"nvfp4-prepare", "0|1", "runner cuda: copy nvfp4 weights into the decode engine's order (env EPMOE_NVFP4_PREPARE)"},
     {"decode-max-rows", "N", "runner cuda: expected rows per expert up to which the decode engines run, above CUTLASS (prepared nvfp4: the wide engine up to 640); 0 = measured crossover (env EPMOE_DECODE_MAX_ROWS)"},
-    {"nvfp4-wide-max-rows", "N", "runner cuda: expected rows per expert up to which prepared nvfp4 runs the wide engine, above widened CUTLASS; 0 = measured bound, 640 or 384 for small experts (env EPMOE_NVFP4_WIDE_MAX_ROWS)"},
+    {"nvfp4-wide-max-rows", "N", "runner cuda: expected rows per expert up to which prepared nvfp4 runs the wide engine, above widened CUTLASS; 0 = measured bound, 640 or 512 for small experts (env EPMOE_NVFP4_WIDE_MAX_ROWS)"},
     {"cutlass-swap", "auto|0|1|64|128|192|byrows", "runner cuda: CUTLASS GEMMs swap-AB (weights in the 128-row tile; 64/128/192: token-tile width; byrows: per expert by its rows; auto: byrows except small experts) (env EPMOE_CUTLASS_SWAP)"},
     {"comm-sms", "N", "dispatcher nvlink: SMs of the dispatch and combine kernels (env EPMOE_COMM_SMS)"},
     {"push-warps", "N", "dispatcher nvlink: combine warps per CTA that push rows, 4..12 (env EPMOE_NVL_PUSH_WARPS)"},

@@ -183,9 +183,14 @@ int decode_max_rows(WeightFormat wf, const DecodeEngines& d32, int tuned, bool p
 // Qwen3-235B (18.9 M) 1.600 / 3.114 against 2.283 / 3.158; gpt-oss-120b (24.9 M) 1.948 / 3.784
 // against 2.958 / 4.087. So experts under kNvfp4WideSmallExpert weights stop at
 // kNvfp4WideMaxRowsSmall; nvfp4_wide_max_rows gives the bound for a shape (or the tuned one), which
-// use_nvfp4_wide takes as max_rows.
+// use_nvfp4_wide takes as max_rows. Re-measured after session 19's epilogue work (session 20,
+// bench/results/2026-12-02-session20-h200.md, same call, --nvfp4-wide-max-rows 2048 against 1):
+// Qwen3-30B at 384 / 448 / 512 / 640 / 768 rows wide 0.772 / 0.961 / 1.018 / 1.316 / 1.584 ms,
+// widened 0.977 / 1.024 / 1.050 / 1.310 / 1.377 (router at 512: 1.145 against 1.134), so the small
+// bound moved from 384 to 512; DeepSeek-V3 at 512 / 640 / 768 wide 11.94 / 15.28 / 18.73, widened
+// 13.66 / 17.42 / 17.94, so 640 stays.
 constexpr double kNvfp4WideMaxRows = 640.0;
-constexpr double kNvfp4WideMaxRowsSmall = 384.0;
+constexpr double kNvfp4WideMaxRowsSmall = 512.0;
 constexpr int64_t kNvfp4WideSmallExpert = int64_t(16) << 20;
 // tuned > 0 (tuning.nvfp4_wide_max_rows) replaces the measured bound, for re-measuring it.
 double nvfp4_wide_max_rows(int hidden, int intermediate, int tuned = 0);
