@@ -78,6 +78,19 @@ TEST(Nvfp4Layout, TokenOrderMatchesTheAFragments) {
   }
 }
 
+TEST(Nvfp4Layout, KpermBlockPutsEveryColumnWhereKpermSrcSays) {
+  // kperm_block (the permute kernels and the in-place pass): 64 distinct 16-bit values, as pairs in
+  // 32 words, must come out with position p holding natural column kperm_src(p), for any values.
+  uint32_t w[32], o[32];
+  for (int round = 0; round < 3; ++round) {
+    auto value = [&](int k) { return uint16_t(0x1000 * round + 0x0101 * k + 7); };
+    for (int j = 0; j < 32; ++j) w[j] = uint32_t(value(2 * j)) | uint32_t(value(2 * j + 1)) << 16;
+    nl::kperm_block(w, o);
+    for (int p = 0; p < 64; ++p)
+      EXPECT_EQ(uint16_t(o[p / 2] >> (16 * (p & 1))), value(nl::kperm_src(p))) << "position " << p;
+  }
+}
+
 TEST(Nvfp4Layout, PreparedDecodeEqualsNaturalDecode) {
   // The prepared engine decodes words in the prepared bit order with 10 operations; for every word
   // it must give the natural decode's four registers bit for bit (then every product, accumulation

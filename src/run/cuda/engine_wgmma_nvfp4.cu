@@ -95,8 +95,9 @@ __device__ __forceinline__ void cp_async16_l2_256(uint32_t dst, const void* src,
 // where the PRMTs all went to the ALU pipe (51% busy, ncu).
 
 // In place, one thread per 64-K block of a row (it holds all 128 bytes): position p gets natural
-// column kperm_src(p); every index is a compile-time constant after unrolling, so each output word
-// is one byte permute of two input words. Rows past offsets[E-1] + cnt[E-1] (unused) are left alone.
+// column kperm_src(p) (nvfp4_layout::kperm_block, one byte permute per output word). Rows past
+// offsets[E-1] + cnt[E-1] (unused) are left alone. The permute writes GEMM1's rows in this order
+// itself where it can (rows.h); this pass covers the rest.
 __global__ void kperm_kernel(bf16_raw* __restrict__ A, const int32_t* __restrict__ offsets,
                              const int32_t* __restrict__ cnt, int E, int K, int64_t max_rows) {
   const int64_t rows = min(int64_t(offsets[E - 1]) + cnt[E - 1], max_rows);
@@ -109,12 +110,7 @@ __global__ void kperm_kernel(bf16_raw* __restrict__ A, const int32_t* __restrict
       const uint4 v = p[c];
       w[4 * c] = v.x, w[4 * c + 1] = v.y, w[4 * c + 2] = v.z, w[4 * c + 3] = v.w;
     }
-#pragma unroll
-    for (int q = 0; q < 32; ++q) {
-      const int a = kperm_src(2 * q), b = kperm_src(2 * q + 1);
-      const uint32_t sel = ((a & 1) ? 0x32u : 0x10u) | (((b & 1) ? 0x76u : 0x54u) << 8);
-      o[q] = __byte_perm(w[a >> 1], w[b >> 1], sel);
-    }
+    nvfp4_layout::kperm_block(w, o);
 #pragma unroll
     for (int c = 0; c < 8; ++c) p[c] = make_uint4(o[4 * c], o[4 * c + 1], o[4 * c + 2], o[4 * c + 3]);
   }

@@ -78,4 +78,29 @@ constexpr bool kperm_is_bijection() {
 }
 static_assert(kperm_is_bijection(), "kperm_src must invert kperm_pos on 0..63");
 
+// One 64-K block of bf16 values, as 32 words of pairs (2j, 2j + 1), into the K order: output word q
+// holds natural columns kperm_src(2q) (low half) and kperm_src(2q + 1) (high half). Every index is a
+// compile-time constant after unrolling, so on the device each word is one byte permute (the
+// permute kernels and the in-place pass share this).
+EPMOE_HD uint32_t byte_perm(uint32_t a, uint32_t b, uint32_t sel) {
+#ifdef __CUDA_ARCH__
+  return __byte_perm(a, b, sel);
+#else
+  const uint64_t x = (uint64_t(b) << 32) | a;
+  uint32_t r = 0;
+  for (int i = 0; i < 4; ++i) r |= uint32_t((x >> (8 * ((sel >> (4 * i)) & 7))) & 0xffu) << (8 * i);
+  return r;
+#endif
+}
+EPMOE_HD void kperm_block(const uint32_t (&w)[32], uint32_t (&o)[32]) {
+#ifdef __CUDA_ARCH__
+#pragma unroll
+#endif
+  for (int q = 0; q < 32; ++q) {
+    const int a = kperm_src(2 * q), b = kperm_src(2 * q + 1);
+    const uint32_t sel = ((a & 1) ? 0x32u : 0x10u) | (((b & 1) ? 0x76u : 0x54u) << 8);
+    o[q] = byte_perm(w[a >> 1], w[b >> 1], sel);
+  }
+}
+
 }  // namespace epmoe::cuda::nvfp4_layout

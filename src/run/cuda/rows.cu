@@ -10,6 +10,7 @@
 #include "epmoe/format.h"
 #include "epmoe/numeric.h"
 #include "quant/cuda/quant_device.cuh"
+#include "run/cuda/nvfp4_layout.h"
 #include "run/cuda/permute.cuh"
 #include "run/cuda/tile_tables.h"
 
@@ -86,6 +87,73 @@ __global__ void permute_vec_kernel(QuantParams p, const uint8_t* __restrict__ pa
     }
     for (int k = 0; k < K; ++k)
       if (pos[k] >= 0) reinterpret_cast<uint4*>(A + int64_t(pos[k]) * H)[c] = out;
+  }
+}
+
+// Vector permute into the nvfp4 engine's K order: a thread dequantizes one 64-K block of the slot's
+// row (16-byte loads, the values and roundings of permute_vec_kernel) into 32 natural bf16 pairs and
+// permutes them as kperm_kernel does (position p <- natural column kperm_src(p), one byte permute per
+// output word) into the CTA's shared copy of the row, which the CTA then writes to each claimed row
+// with 16-byte stores, one contiguous chunk per thread, as permute_vec_kernel does. Why: the
+// separate in-place pass read and wrote every row of A once more (940 MB at DeepSeek-V3's 32768
+// rows, ~4% of the nvfp4 runner at M 32768; bench/results/2026-12-02-session20-h200.md).
+template <ActFormat F>
+__global__ void permute_kperm_kernel(QuantParams p, const uint8_t* __restrict__ payload,
+                                     const uint8_t* __restrict__ scales, const int32_t* __restrict__ ids,
+                                     const int32_t* __restrict__ counts, int C, int K, int E, int H,
+                                     const int32_t* __restrict__ offsets, int32_t* __restrict__ fill,
+                                     int32_t* __restrict__ pair_pos, bf16_raw* __restrict__ A) {
+  dev::pdl_enter();
+  extern __shared__ uint4 srow[];  // the permuted row, H / 8 chunks
+  __shared__ int32_t pos[32];
+  const int64_t i = blockIdx.x;
+  if (!slot_valid(i, C, counts)) return;
+  claim_rows(i, K, E, ids, offsets, fill, pair_pos, pos);
+  const uint8_t* row = payload + i * int64_t(payload_bytes(F, H));
+  const uint8_t* sc = scales ? scales + i * int64_t(scale_bytes(F, H)) : nullptr;
+  for (int b = threadIdx.x; b < H / 64; b += blockDim.x) {
+    uint32_t w[32];  // natural pairs (2j, 2j + 1) of the block
+    if constexpr (F == ActFormat::bf16) {
+#pragma unroll
+      for (int c = 0; c < 8; ++c) {
+        const uint4 v = __ldg(reinterpret_cast<const uint4*>(row) + 8 * b + c);
+        w[4 * c] = v.x, w[4 * c + 1] = v.y, w[4 * c + 2] = v.z, w[4 * c + 3] = v.w;
+      }
+    } else {
+      constexpr int kChunks = F == ActFormat::fp8 ? 4 : 2;  // 16-byte loads per 64 codes
+      uint32_t q[4 * kChunks];
+#pragma unroll
+      for (int c = 0; c < kChunks; ++c) {
+        const uint4 v = __ldg(reinterpret_cast<const uint4*>(row) + kChunks * b + c);
+        q[4 * c] = v.x, q[4 * c + 1] = v.y, q[4 * c + 2] = v.z, q[4 * c + 3] = v.w;
+      }
+#pragma unroll
+      for (int j = 0; j < 32; ++j) {
+        float v[2];
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int e = 2 * j + h;  // element of the block
+          if constexpr (F == ActFormat::fp8)
+            v[h] = dev::fp8_dequant(uint8_t(q[e >> 2] >> (8 * (e & 3))),
+                                    reinterpret_cast<const float*>(sc)[(64 * b) / 128]);
+          else
+            v[h] = dev::nvfp4_dequant(uint8_t((q[e >> 3] >> (4 * (e & 7))) & 0xf), sc[4 * b + e / 16],
+                                      p.nvfp4_global_scale);
+        }
+        const __nv_bfloat162 pr = __floats2bfloat162_rn(v[0], v[1]);
+        w[j] = *reinterpret_cast<const uint32_t*>(&pr);
+      }
+    }
+    uint32_t o[32];
+    nvfp4_layout::kperm_block(w, o);
+#pragma unroll
+    for (int c = 0; c < 8; ++c) srow[8 * b + c] = make_uint4(o[4 * c], o[4 * c + 1], o[4 * c + 2], o[4 * c + 3]);
+  }
+  __syncthreads();
+  for (int c = threadIdx.x; c < H / 8; c += blockDim.x) {
+    const uint4 v = srow[c];
+    for (int k = 0; k < K; ++k)
+      if (pos[k] >= 0) reinterpret_cast<uint4*>(A + int64_t(pos[k]) * H)[c] = v;
   }
 }
 
@@ -366,14 +434,21 @@ bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0;
 
 }  // namespace
 
-void launch_permute_bf16(const DispatchOutput& in, const int32_t* offsets, int32_t* fill, int32_t* pair_pos,
-                         bf16_raw* A, cudaStream_t st, bool pdl) {
+bool launch_permute_bf16(const DispatchOutput& in, const int32_t* offsets, int32_t* fill, int32_t* pair_pos,
+                         bf16_raw* A, cudaStream_t st, bool pdl, bool kperm) {
   const int64_t S = in.slots();
-  if (S <= 0) return;
   const int C = in.capacity, K = in.top_k, E = in.num_local_experts, H = in.hidden;
   const bool vec = H % 8 == 0 && aligned16(in.payload) && aligned16(A);
+  kperm = kperm && vec && H % 64 == 0 && H <= kPermuteKpermMaxH;
+  if (S <= 0) return kperm;  // no rows: either order holds
   const unsigned grid = unsigned(S);
-  if (vec) {
+  if (kperm) {
+    auto* kernel = in.format == ActFormat::bf16  ? permute_kperm_kernel<ActFormat::bf16>
+                   : in.format == ActFormat::fp8 ? permute_kperm_kernel<ActFormat::fp8>
+                                                 : permute_kperm_kernel<ActFormat::nvfp4>;
+    launch_kernel(kernel, grid, 256, size_t(H) * 2, st, pdl, in.quant, in.payload, in.scales, in.local_ids, in.counts,
+                  C, K, E, H, offsets, fill, pair_pos, A);
+  } else if (vec) {
     auto* kernel = in.format == ActFormat::bf16  ? permute_vec_kernel<ActFormat::bf16>
                    : in.format == ActFormat::fp8 ? permute_vec_kernel<ActFormat::fp8>
                                                  : permute_vec_kernel<ActFormat::nvfp4>;
@@ -383,6 +458,7 @@ void launch_permute_bf16(const DispatchOutput& in, const int32_t* offsets, int32
     launch_kernel(permute_kernel, grid, 256, 0, st, pdl, in.format, in.quant, in.payload, in.scales, in.local_ids,
                   in.counts, C, K, E, H, offsets, fill, pair_pos, A);
   }
+  return kperm;
 }
 
 void launch_reduce(const DispatchOutput& in, const int32_t* pair_pos, const bf16_raw* o, bf16_raw* y, cudaStream_t st,

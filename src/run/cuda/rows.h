@@ -39,8 +39,14 @@ void launch_intermediate_fp8(bf16_raw* h, const int32_t* offsets, const int32_t*
 
 // A[pos] = bf16(activation of slot i) for every valid (slot i, k) of this rank, pos claimed from
 // offsets[e] + fill[e] (atomic) and recorded in pair_pos[i * K + k] (-1: not a local expert).
-void launch_permute_bf16(const DispatchOutput& in, const int32_t* offsets, int32_t* fill, int32_t* pair_pos,
-                         bf16_raw* A, cudaStream_t st, bool pdl = false);
+// kperm: write the rows in the nvfp4 decode engine's K order instead (per 64-K block, natural column
+// nvfp4_layout::kperm_src(p) at position p: the bytes kperm_nvfp4_tokens would leave), saving that
+// pass's read and write of every row. Returns whether it did: only the vector form does (H % 64 ==
+// 0, 16-byte aligned payload and A, H <= kPermuteKpermMaxH); otherwise the rows are natural and the
+// caller runs kperm_nvfp4_tokens.
+constexpr int kPermuteKpermMaxH = 24576;  // the row staged in 48 KB of shared memory
+bool launch_permute_bf16(const DispatchOutput& in, const int32_t* offsets, int32_t* fill, int32_t* pair_pos,
+                         bf16_raw* A, cudaStream_t st, bool pdl = false, bool kperm = false);
 
 // y[slot] = bf16(sum over k ascending of w_k * o[pair_pos[slot][k]]) in fp32 without fma.
 void launch_reduce(const DispatchOutput& in, const int32_t* pair_pos, const bf16_raw* o, bf16_raw* y, cudaStream_t st,

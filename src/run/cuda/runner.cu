@@ -175,12 +175,16 @@ void CudaRunner::run(const DispatchOutput& in, const ExpertWeights& w, bf16_raw*
 
   launch_count(in, bm, cnt_.get<int32_t>(), offsets_.get<int32_t>(), fill_.get<int32_t>(), tiles_.get<MTile>(),
                num_tiles_.get<int32_t>(), st, pdl_, split ? kWgmmaWide160BlockM : 0, tiles2);
+  // The nvfp4 engine reads its tokens K-permuted: the permute writes GEMM1's rows that way where it
+  // can (else they are rewritten in place below); GEMM2's come that way out of GEMM1 when it ran on
+  // the same engine, else they are rewritten too.
+  bool a_korder = false;
   if (d.fp8_1) {
     launch_permute_fp8_rows(in, offsets_.get<int32_t>(), fill_.get<int32_t>(), pair_pos_.get<int32_t>(),
                             a8_.get<uint8_t>(), as_.get<float>(), max_rows, st, pdl_);
   } else {
-    launch_permute_bf16(in, offsets_.get<int32_t>(), fill_.get<int32_t>(), pair_pos_.get<int32_t>(),
-                        a_.get<bf16_raw>(), st, pdl_);
+    a_korder = launch_permute_bf16(in, offsets_.get<int32_t>(), fill_.get<int32_t>(), pair_pos_.get<int32_t>(),
+                                   a_.get<bf16_raw>(), st, pdl_, d.nvfp4_1);
   }
 
   GemmArgs g1;
@@ -200,9 +204,8 @@ void CudaRunner::run(const DispatchOutput& in, const ExpertWeights& w, bf16_raw*
     g1.a_scales = as_.get<float>();
     g1.a_scales_ld = max_rows;
   }
-  // The nvfp4 engine reads its tokens K-permuted: GEMM1's rows are rewritten in place, GEMM2's
-  // come that way out of GEMM1 when it ran on the same engine, else they are rewritten too.
-  if (d.nvfp4_1) kperm_nvfp4_tokens(a_.get<bf16_raw>(), offsets_.get<int32_t>(), cnt_.get<int32_t>(), E, H, max_rows, st);
+  if (d.nvfp4_1 && !a_korder)
+    kperm_nvfp4_tokens(a_.get<bf16_raw>(), offsets_.get<int32_t>(), cnt_.get<int32_t>(), E, H, max_rows, st);
   g1.out_kperm = d.nvfp4_1 && d.nvfp4_2;
   gemm(g1, d.fp8_1, d.nvfp4_1);
 

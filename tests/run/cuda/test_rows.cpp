@@ -2,7 +2,8 @@
 // vector form (16-byte accesses) and a scalar form that runs where rows are not 16-byte aligned.
 // Both must give the same bits: here each pass runs twice on the same data, once on aligned
 // buffers (vector form) and once on buffers offset by 4 bytes (scalar form), including NaN, Inf,
-// huge and subnormal values.
+// huge and subnormal values. The permute's K-order form (the nvfp4 engine's token order) must give
+// the bytes of the natural rows rewritten by the in-place K-order pass.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -12,6 +13,7 @@
 #include <random>
 #include <vector>
 
+#include "run/cuda/engine.h"
 #include "run/cuda/engine_cutlass.h"
 #include "run/cuda/rows.h"
 #include "run/cuda/runner_test_util.h"
@@ -131,6 +133,41 @@ TEST(RowPasses, PermuteAndWeightedSumVectorEqualScalarBitwise) {
         ++compared;
       }
     EXPECT_EQ(compared, rows);
+
+    // The nvfp4 engine's K order written by the permute itself (kperm = true) against the natural
+    // rows rewritten by the in-place pass (kperm_nvfp4_tokens): the same bytes. The scalar form
+    // (A not 16-byte aligned) declines and writes natural rows.
+    {
+      SCOPED_TRACE("K order");
+      std::vector<int32_t> cnt(p.E);
+      for (int e = 0; e < p.E; ++e) cnt[e] = int32_t((e + 1 < p.E ? offsets[e + 1] : rows) - offsets[e]);
+      const Dev<int32_t> d_cnt(cnt);
+      cuda::kperm_nvfp4_tokens(a_v.get(), d_off.get(), d_cnt.get(), p.E, p.H, rows, nullptr);
+      Dev<int32_t> fill_k(std::vector<int32_t>(p.E, 0)), pp_k(S * K);
+      Dev<bf16_raw> a_k(size_t(rows) * p.H);
+      EXPECT_TRUE(cuda::launch_permute_bf16(dd.view, d_off.get(), fill_k.get(), pp_k.get(), a_k.get(), nullptr, false,
+                                            true));
+      Dev<int32_t> fill_n(std::vector<int32_t>(p.E, 0)), pp_n(S * K);
+      Shifted<bf16_raw> a_n(std::vector<bf16_raw>(size_t(rows) * p.H, 0), 2);
+      EXPECT_FALSE(cuda::launch_permute_bf16(dd.view, d_off.get(), fill_n.get(), pp_n.get(), a_n.get(), nullptr, false,
+                                             true));
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      const std::vector<int32_t> hpk = pp_k.download(), hpn = pp_n.download();
+      const std::vector<bf16_raw> hak = a_k.download(), hkv = a_v.download(), han = a_n.download(size_t(rows) * p.H);
+      int64_t same = 0;
+      for (int64_t j = 0; j < recv.counts[0]; ++j)
+        for (size_t k = 0; k < K; ++k) {
+          const int32_t rv = hpv[j * K + k], rk = hpk[j * K + k], rn = hpn[j * K + k];
+          ASSERT_EQ(rv < 0, rk < 0) << "slot " << j << " k " << k;
+          if (rv < 0) continue;
+          ASSERT_EQ(0, std::memcmp(&hkv[size_t(rv) * p.H], &hak[size_t(rk) * p.H], size_t(p.H) * 2))
+              << "K-ordered row of slot " << j << " k " << k;
+          ASSERT_EQ(0, std::memcmp(&hav[size_t(rv) * p.H], &han[size_t(rn) * p.H], size_t(p.H) * 2))
+              << "natural row (declined K order) of slot " << j << " k " << k;
+          ++same;
+        }
+      EXPECT_EQ(same, rows);
+    }
 
     // Weighted sum over random expert outputs (specials included), both forms, same pair_pos.
     const std::vector<bf16_raw> o = random_bf16(rng, size_t(rows) * p.H);
