@@ -45,6 +45,30 @@ __global__ void permute_kernel(ActFormat f, QuantParams p, const uint8_t* __rest
   }
 }
 
+// Elements 8c .. 8c + 7 of a slot's fp8 (two words) or nvfp4 (one word) codes `q`, with the row's
+// scales `sc`, as four bf16 pairs (2j, 2j + 1): load_act's values, rounded in pairs. Both vector
+// permutes convert through it.
+template <ActFormat F>
+__device__ __forceinline__ uint4 dequant8(const uint32_t* q, const uint8_t* sc, int c, float nvfp4_global_scale) {
+  float v[8];
+  if constexpr (F == ActFormat::fp8) {
+    const float s = reinterpret_cast<const float*>(sc)[(8 * c) / 128];
+#pragma unroll
+    for (int j = 0; j < 8; ++j) v[j] = dev::fp8_dequant(uint8_t(q[j >> 2] >> (8 * (j & 3))), s);
+  } else {
+    const uint8_t s = sc[(8 * c) / 16];
+#pragma unroll
+    for (int j = 0; j < 8; ++j) v[j] = dev::nvfp4_dequant(uint8_t((q[0] >> (4 * j)) & 0xf), s, nvfp4_global_scale);
+  }
+  uint32_t w[4];
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const __nv_bfloat162 b = __floats2bfloat162_rn(v[2 * j], v[2 * j + 1]);
+    w[j] = *reinterpret_cast<const uint32_t*>(&b);
+  }
+  return make_uint4(w[0], w[1], w[2], w[3]);
+}
+
 // Vector permute (H % 8 == 0, 16-byte aligned payload and A): a thread step is 8 elements, read as
 // 16 (bf16), 8 (fp8) or 4 (nvfp4) bytes and stored as one 16-byte bf16 chunk per claimed row. The
 // values are load_act's, rounded in the same pairs.
@@ -64,26 +88,13 @@ __global__ void permute_vec_kernel(QuantParams p, const uint8_t* __restrict__ pa
     uint4 out;
     if constexpr (F == ActFormat::bf16) {
       out = __ldg(reinterpret_cast<const uint4*>(row) + c);
+    } else if constexpr (F == ActFormat::fp8) {
+      const uint2 q = __ldg(reinterpret_cast<const uint2*>(row) + c);
+      const uint32_t qw[2] = {q.x, q.y};
+      out = dequant8<F>(qw, sc, c, p.nvfp4_global_scale);
     } else {
-      float v[8];
-      if constexpr (F == ActFormat::fp8) {
-        const uint2 q = __ldg(reinterpret_cast<const uint2*>(row) + c);
-        const float s = reinterpret_cast<const float*>(sc)[(8 * c) / 128];
-#pragma unroll
-        for (int j = 0; j < 8; ++j) v[j] = dev::fp8_dequant(uint8_t((j < 4 ? q.x : q.y) >> (8 * (j & 3))), s);
-      } else {
-        const uint32_t q = __ldg(reinterpret_cast<const uint32_t*>(row) + c);
-        const uint8_t s = sc[(8 * c) / 16];
-#pragma unroll
-        for (int j = 0; j < 8; ++j) v[j] = dev::nvfp4_dequant(uint8_t((q >> (4 * j)) & 0xf), s, p.nvfp4_global_scale);
-      }
-      uint32_t w[4];
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const __nv_bfloat162 b = __floats2bfloat162_rn(v[2 * j], v[2 * j + 1]);
-        w[j] = *reinterpret_cast<const uint32_t*>(&b);
-      }
-      out = make_uint4(w[0], w[1], w[2], w[3]);
+      const uint32_t q = __ldg(reinterpret_cast<const uint32_t*>(row) + c);
+      out = dequant8<F>(&q, sc, c, p.nvfp4_global_scale);
     }
     for (int k = 0; k < K; ++k)
       if (pos[k] >= 0) reinterpret_cast<uint4*>(A + int64_t(pos[k]) * H)[c] = out;
@@ -128,20 +139,9 @@ __global__ void permute_kperm_kernel(QuantParams p, const uint8_t* __restrict__ 
         q[4 * c] = v.x, q[4 * c + 1] = v.y, q[4 * c + 2] = v.z, q[4 * c + 3] = v.w;
       }
 #pragma unroll
-      for (int j = 0; j < 32; ++j) {
-        float v[2];
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const int e = 2 * j + h;  // element of the block
-          if constexpr (F == ActFormat::fp8)
-            v[h] = dev::fp8_dequant(uint8_t(q[e >> 2] >> (8 * (e & 3))),
-                                    reinterpret_cast<const float*>(sc)[(64 * b) / 128]);
-          else
-            v[h] = dev::nvfp4_dequant(uint8_t((q[e >> 3] >> (4 * (e & 7))) & 0xf), sc[4 * b + e / 16],
-                                      p.nvfp4_global_scale);
-        }
-        const __nv_bfloat162 pr = __floats2bfloat162_rn(v[0], v[1]);
-        w[j] = *reinterpret_cast<const uint32_t*>(&pr);
+      for (int c = 0; c < 8; ++c) {  // the block's 8-element chunks, as permute_vec_kernel's
+        const uint4 v = dequant8<F>(q + c * (F == ActFormat::fp8 ? 2 : 1), sc, 8 * b + c, p.nvfp4_global_scale);
+        w[4 * c] = v.x, w[4 * c + 1] = v.y, w[4 * c + 2] = v.z, w[4 * c + 3] = v.w;
       }
     }
     uint32_t o[32];
