@@ -16,7 +16,8 @@
 namespace epmoe::cuda {
 
 struct MTile {
-  int32_t expert, row0, rows, pad;
+  int32_t expert, row0, rows;
+  int32_t walk;  // the decode engines' walk order (tile_tables::walk_tag); 0: row-major
 };
 
 struct GemmArgs {

@@ -37,6 +37,7 @@
 #include "run/cuda/engine_mma.cuh"
 #include "run/cuda/nvfp4_layout.h"
 #include "run/cuda/staged_layout.h"
+#include "run/cuda/tile_tables.h"
 
 namespace epmoe::cuda::wg {
 
@@ -96,7 +97,10 @@ __device__ __forceinline__ void reg_fence(float (&d)[16]) {
 // starts again at row I (MatrixView::row_split = I).
 // `group` weight tiles side by side per CTA tile (the wide nvfp4 engine: one per warpgroup): the
 // walk then lists (m-tile, group of weight tiles), n0 the first tile's; the last group of an odd
-// NT has tiles past N, which that engine skips.
+// NT has tiles past N, which that engine skips. The order of the list: tile_tables::walk_item (an
+// expert's m-tiles side by side, so that they share each weight tile through L2), or row-major
+// with expert_order = false (the wide nvfp4 engine: its few groups per m-tile already put an
+// expert's m-tiles in flight together, and the order's registers would add to its spills).
 struct TileWalk {
   struct Tile {
     MTile mt;
@@ -104,9 +108,10 @@ struct TileWalk {
   };
   const MTile* tiles;
   int N, n_per_tile, NT, NG, my_tiles;
-  bool fused;
-  __device__ __forceinline__ explicit TileWalk(const GemmArgs& p, int group = 1)
-      : tiles(p.tiles), N(p.N), n_per_tile(p.fused ? kRowsW / 2 : kRowsW), fused(p.fused) {
+  bool fused, expert_order;
+  __device__ __forceinline__ explicit TileWalk(const GemmArgs& p, int group = 1, bool expert_order_ = true)
+      : tiles(p.tiles), N(p.N), n_per_tile(p.fused ? kRowsW / 2 : kRowsW), fused(p.fused),
+        expert_order(expert_order_) {
     NT = (N + n_per_tile - 1) / n_per_tile;
     NG = (NT + group - 1) / group;
     const int total = *p.num_tiles * NG;
@@ -116,7 +121,9 @@ struct TileWalk {
   int n_group;
   __device__ __forceinline__ Tile at(int local) const {
     const int tile = int(blockIdx.x) + local * int(gridDim.x);
-    return Tile{tiles[tile / NG], (tile % NG) * n_group};
+    const MTile first = tiles[tile / NG];
+    const tile_tables::WalkItem it = tile_tables::walk_item(tile, NG, expert_order ? first.walk : 0);
+    return Tile{it.q == tile / NG ? first : tiles[it.q], it.g * n_group};
   }
   // Tile row r -> weight row, and whether it exists.
   __device__ __forceinline__ int w_row(int n0, int r) const { return fused ? (r < 64 ? n0 + r : N + n0 + r - 64) : n0 + r; }

@@ -165,7 +165,7 @@ __global__ void __launch_bounds__(kCtaThreads, 1) nvfp4_wide_kernel(GemmArgs p) 
   // zeros for sub-block 1, and no token bytes past K are read).
   const int K = p.K, KT = (K + kKS - 1) / kKS;
   const bool half = K % kKS != 0;
-  const wg::TileWalk walk(p, kGroups);
+  const wg::TileWalk walk(p, kGroups, /*expert_order=*/false);
   const int my_tiles = walk.my_tiles;
   const int64_t steps = int64_t(my_tiles) * KT;
   using Cur = wg::TileWalk::Tile;

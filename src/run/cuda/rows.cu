@@ -314,9 +314,13 @@ __device__ void scan_offsets(const int32_t* cnt, int E, const TileTables t, int3
     offsets[e] = r;
     fill[e] = 0;
     if (tile_tables::in_second(cnt[e], t.bm, t.bm2)) {
-      for (int m = 0; m < cnt[e]; m += t.bm2) t.tiles2[i2++] = MTile{e, r + m, min(t.bm2, cnt[e] - m), 0};
+      const int c = tile_tables::tiles_of(cnt[e], t.bm2);
+      for (int j = 0; j < c; ++j)
+        t.tiles2[i2++] = MTile{e, r + j * t.bm2, min(t.bm2, cnt[e] - j * t.bm2), tile_tables::walk_tag(j, c)};
     } else {
-      for (int m = 0; m < cnt[e]; m += t.bm) t.tiles[i1++] = MTile{e, r + m, min(t.bm, cnt[e] - m), 0};
+      const int c = tile_tables::tiles_of(cnt[e], t.bm);
+      for (int j = 0; j < c; ++j)
+        t.tiles[i1++] = MTile{e, r + j * t.bm, min(t.bm, cnt[e] - j * t.bm), tile_tables::walk_tag(j, c)};
     }
     r += cnt[e];
   }
