@@ -127,7 +127,7 @@ __global__ void __launch_bounds__(kThreads) nvfp4_wgmma_kernel(GemmArgs p) {
   const int K = p.K, KT = K / kKS;
   const int rows_w = p.W.rows, cols_w = p.W.cols;
   const int64_t w_row_bytes = cols_w / 2, s_row_bytes = cols_w / 16;
-  const wg::TileWalk walk(p);
+  const wg::TileWalk walk(p, 1, /*expert_order=*/false);  // see TileWalk
   const int my_tiles = walk.my_tiles;
   const int64_t steps = int64_t(my_tiles) * KT;
   using Cur = wg::TileWalk::Tile;

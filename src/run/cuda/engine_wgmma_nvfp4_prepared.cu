@@ -85,7 +85,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) nvfp4_prepared_kernel(Ge
   // K % 128 == 64 (prepared weights only): the last stage is half a stage, sub-block 0 alone.
   const int K = p.K, KT = (K + kKS - 1) / kKS;
   const bool half = K % kKS != 0;
-  const wg::TileWalk walk(p);
+  const wg::TileWalk walk(p, 1, /*expert_order=*/false);  // see TileWalk
   const int my_tiles = walk.my_tiles;
   const int64_t steps = int64_t(my_tiles) * KT;
   using Cur = wg::TileWalk::Tile;

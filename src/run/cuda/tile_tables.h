@@ -31,7 +31,7 @@ EPMOE_HD constexpr bool in_second(int rows, int bm, int bm2) {
 // [s * ng, (s + c) * ng), so q = t / ng still lands in the expert, and an expert of one m-tile
 // (every uniform decode load) keeps the row-major order.
 //
-// rows.cu tags each m-tile (MTile::pad) with its index j within the expert and the expert's count
+// rows.cu tags each m-tile (MTile::walk) with its index j within the expert and the expert's count
 // c; an untagged tile (0), or an expert of more than kWalkMaxTiles m-tiles, walks row-major.
 constexpr int kWalkMaxTiles = 0x7fff;
 EPMOE_HD constexpr int walk_tag(int j, int count) {
