@@ -34,7 +34,9 @@ if len(rows) < 3:
 head = rows[0]
 ki, ti = head.index("Kernel Name"), head.index("gpu__time_duration.sum")
 unit = rows[1][ti]
-scale = {"nsecond": 1e-3, "usecond": 1.0, "msecond": 1e3}.get(unit, 1.0)
+scale = {"nsecond": 1e-3, "ns": 1e-3, "usecond": 1.0, "us": 1.0, "msecond": 1e3, "ms": 1e3}.get(unit)
+if scale is None:
+    print(f"kernel_times.sh: unknown time unit {unit!r}"); sys.exit(3)
 agg = collections.OrderedDict()
 for r in rows[2:]:
     name = re.sub(r"\(.*", "", r[ki]).strip()           # drop the argument list

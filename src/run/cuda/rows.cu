@@ -5,6 +5,8 @@
 
 #include <cuda_bf16.h>
 
+#include <algorithm>
+
 #include "core/cuda/check.h"
 #include "core/cuda/pdl.cuh"
 #include "epmoe/format.h"
@@ -341,6 +343,7 @@ __global__ void __launch_bounds__(kScanThreads) offsets_kernel(const int32_t* __
 // through shared memory (E ints), so neither the memset of cnt nor a second launch is needed.
 // The counts are the same integers (an order-free sum), so every table is the same.
 constexpr int64_t kFusedCountPairs = 1 << 16;
+constexpr int kCountBatch = 8;
 __global__ void __launch_bounds__(kScanThreads)
     count_offsets_kernel(const int32_t* __restrict__ ids, const int32_t* __restrict__ counts, int64_t S, int C, int K,
                          int E, TileTables t, int32_t* __restrict__ cnt, int32_t* __restrict__ offsets,
@@ -349,8 +352,20 @@ __global__ void __launch_bounds__(kScanThreads)
   extern __shared__ int32_t s_cnt[];
   for (int e = threadIdx.x; e < E; e += blockDim.x) s_cnt[e] = 0;
   __syncthreads();
-  for (int64_t i = threadIdx.x; i < S; i += blockDim.x)
-    if (slot_valid(i, C, counts)) count_slot(ids, i, K, E, s_cnt);
+  // Pairs, kCountBatch ids loaded before their atomics: one id per step left a whole global-load
+  // latency per step in this single CTA (28 us for 32768 pairs, Qwen3-30B M 32768, session 22).
+  const int64_t P = S * K;
+  for (int64_t p0 = threadIdx.x; p0 < P; p0 += int64_t(kCountBatch) * blockDim.x) {
+    int32_t e[kCountBatch];
+#pragma unroll
+    for (int b = 0; b < kCountBatch; ++b) {
+      const int64_t p = p0 + int64_t(b) * blockDim.x;
+      e[b] = p < P && slot_valid(p / K, C, counts) ? ids[p] : -1;
+    }
+#pragma unroll
+    for (int b = 0; b < kCountBatch; ++b)
+      if (e[b] >= 0 && e[b] < E) atomicAdd(&s_cnt[e[b]], 1);
+  }
   __syncthreads();
   for (int e = threadIdx.x; e < E; e += blockDim.x) cnt[e] = s_cnt[e];
   scan_offsets(s_cnt, E, t, offsets, fill);
@@ -470,8 +485,12 @@ void launch_reduce(const DispatchOutput& in, const int32_t* pair_pos, const bf16
   const int64_t S = in.slots();
   if (S <= 0) return;
   const int C = in.capacity, K = in.top_k, H = in.hidden;
-  if (H % 8 == 0 && aligned16(o) && aligned16(y))
-    launch_kernel(reduce_vec_kernel, unsigned(S), 128, 0, st, pdl, o, pair_pos, in.weights, in.counts, C, K, H, y);
+  if (H % 8 == 0 && aligned16(o) && aligned16(y)) {
+    // As few threads as cover the row in one step of kChunks chunks (>= one warp, <= 128): at
+    // H = 2048 a 128-thread CTA left half its chunk slots empty and half the loads per SM in flight.
+    const int threads = std::clamp(((H / 8 + kChunks - 1) / kChunks + 31) & ~31, 32, 128);
+    launch_kernel(reduce_vec_kernel, unsigned(S), threads, 0, st, pdl, o, pair_pos, in.weights, in.counts, C, K, H, y);
+  }
   else
     launch_kernel(reduce_kernel, unsigned(S), 256, 0, st, pdl, o, pair_pos, in.weights, in.counts, C, K, H, y);
 }
