@@ -22,6 +22,7 @@
 
 #include "args.h"
 #include "bench_timer.h"
+#include "bench_rows.h"
 #include "bench_util.h"
 #include "setup.h"
 #include "core/cuda/check.h"
@@ -72,10 +73,7 @@ struct Opts {
   IntermediateQuant iq = IntermediateQuant::automatic;
   // nvfp4 weights in their natural layout and/or prepared for the decode engine.
   bool nvfp4_natural = false, nvfp4_prepared = true;
-  // How rows spread over the local experts: evenly; skewed (half of the rows on a tenth of the
-  // experts); or as the preset's router sends tokens with random N(0, 1) logits (the local experts
-  // are the first E of the model's).
-  enum class Routing { uniform, skew, router } routing = Routing::uniform;
+  BenchRouting routing = BenchRouting::uniform;  // how rows spread over the local experts (bench_rows.h)
   bool graph = false;  // time CUDA graph replays of one captured call instead of eager calls
   std::vector<cuda::policy::RowBucket> row_buckets;  // CudaRunner::set_row_buckets (empty: the policy's)
   MoeConfig flags_cfg;                // the shared configuration and tuning flags, applied
@@ -118,14 +116,9 @@ void bench_preset(const Opts& o, const ModelPreset& given, double hbm_gbs, const
   // random bf16 bits, read as bf16 rows or as e4m3 codes with scales of 1/64.
   DeviceBuffer payload(size_t(maxM) * H * 2), scales(size_t(maxM) * (H / 16) * 4 + 16), ids(size_t(maxM) * 4),
       wts(size_t(maxM) * 4), counts(4), y(size_t(maxM) * H * 2);
-  const int hot = std::max(1, E / 10);
   // The expert of slot j when the call has M valid slots (the first M of the buffer).
-  const std::vector<int32_t> routed =
-      o.routing == Opts::Routing::router ? harness::router_rows(pre.config, E, maxM, 4242) : std::vector<int32_t>{};
-  auto expert_of = [&](long long j, long long M) {
-    if (o.routing == Opts::Routing::router) return routed[size_t(j)];
-    return int32_t(o.routing == Opts::Routing::skew && j < M / 2 ? j % hot : j % E);
-  };
+  const BenchRows brows(o.routing, pre.config, E, maxM);
+  auto expert_of = [&](long long j, long long M) { return brows.expert(j, M); };
   std::vector<int32_t> hid(maxM);
   {
     for (long long j = 0; j < maxM; ++j) hid[j] = expert_of(j, maxM);
@@ -191,7 +184,7 @@ void bench_preset(const Opts& o, const ModelPreset& given, double hbm_gbs, const
       cfg.capacity = int(M);
       const int32_t m32 = int32_t(M);
       EPMOE_CUDA_CHECK(cudaMemcpy(counts.get(), &m32, 4, cudaMemcpyHostToDevice));
-      if (o.routing == Opts::Routing::skew) {  // the hot half depends on M
+      if (o.routing == BenchRouting::skew) {  // the hot half depends on M
         for (long long j = 0; j < M; ++j) hid[j] = expert_of(j, M);
         EPMOE_CUDA_CHECK(cudaMemcpy(ids.get(), hid.data(), size_t(M) * 4, cudaMemcpyHostToDevice));
       }
@@ -281,11 +274,7 @@ void bench_preset(const Opts& o, const ModelPreset& given, double hbm_gbs, const
     return f == WeightFormat::bf16 ? el * 2 : f == WeightFormat::fp8 ? el + el / (128 * 128) * 4 : el / 2 + el / 16;
   };
   // Experts that receive rows from the first M slots: only their weights are read.
-  auto touched_experts = [&](long long M) {
-    std::vector<char> hit(E, 0);
-    for (long long j = 0; j < M; ++j) hit[expert_of(j, M)] = 1;
-    return double(std::count(hit.begin(), hit.end(), 1));
-  };
+  auto touched_experts = [&](long long M) { return double(brows.touched(M)); };
   // The floor of a row: max(weight bytes read / (0.9 x the HBM copy rate of this run), FLOPs / P), P
   // 700 TFLOP/s for bf16 tensor-core work (bf16 and nvfp4 weights), 1100 for fp8.
   auto floor_ms = [&](WeightFormat f, long long M) {
@@ -325,10 +314,55 @@ void bench_preset(const Opts& o, const ModelPreset& given, double hbm_gbs, const
   std::printf("\nHBM copy %.0f GB/s. TFLOP/s counts 2*M*3*H*I; weight GB/s counts the weights (and scales) of the "
               "experts that received rows, once; floor = max(those bytes / (0.9 x HBM copy), FLOPs / P), P = 700 "
               "TFLOP/s (bf16, nvfp4 weights) or 1100 (fp8); routing %s.\n",
-              hbm_gbs,
-              o.routing == Opts::Routing::skew     ? "skewed (half of the rows on a tenth of the experts)"
-              : o.routing == Opts::Routing::router ? "the preset's router on random N(0, 1) logits (rows for local experts)"
-                                                   : "uniform");
+              hbm_gbs, brows.describe());
+  std::fflush(stdout);
+}
+
+// --dry-run: for every preset and M, how the routing spreads the rows over the local experts and
+// how many rows of MMA each path's tiles do for them, as a multiple of M (1.00: no padding): the
+// decode engines' 32-row m-tiles, and the CUTLASS split by rows per expert (policy::row_buckets, or
+// --row-buckets) on bf16 and on fp8 weights. A swap-AB tile t does ceil(rows / t) * t rows; the
+// unswapped 128-row m-tiles come in pairs (2x1 clusters). Which engine a point runs on is the
+// runner's choice (RUNNER.md); this shows what each would compute, without a GPU.
+void print_plan(const Opts& o) {
+  const long long maxM = *std::max_element(o.Ms.begin(), o.Ms.end());
+  for (const ModelPreset* given : o.presets) {
+    ModelPreset pre = *given;
+    apply_config_flags(*o.flags_given, pre.config);
+    const int H = pre.config.hidden, I = pre.config.intermediate;
+    const int E = o.local_experts > 0 ? o.local_experts : std::max(1, pre.config.num_experts / 2);
+    const BenchRows brows(o.routing, pre.config, E, maxM);
+    std::printf("\n# epmoe bench runner, dry run (no GPU): %s H=%d I=%d, %d local experts, routing %s, cutlass swap %s%s\n",
+                pre.name.c_str(), H, I, E, brows.describe(), cutlass_swap_name(pre.config.tuning.cutlass_swap),
+                o.row_buckets.empty() ? "" : ", --row-buckets");
+    std::printf("| M | mean rows per expert | experts with rows | rows per expert | MMA rows / M: 32-row m-tiles | "
+                "CUTLASS split, bf16 | CUTLASS split, fp8 |\n|---|---|---|---|---|---|---|\n");
+    for (const long long M : o.Ms) {
+      const std::vector<int> counts = brows.counts(M);
+      const double mean = double(M) / E;
+      auto padded = [&](int rows, int tile) { return (rows + tile - 1) / tile * tile; };
+      long long decode = 0;
+      for (const int c : counts) decode += padded(c, 32);
+      auto split = [&](bool fp8) {
+        const double weight_bytes = double(E) * 3.0 * H * I * (fp8 ? 1 : 2);  // as policy::cutlass_plan
+        const std::vector<cuda::policy::RowBucket> buckets =
+            o.row_buckets.empty()
+                ? cuda::policy::row_buckets(pre.config.tuning.cutlass_swap, mean, fp8, weight_bytes, E)
+                : o.row_buckets;
+        long long mma = 0;
+        for (const int c : counts)
+          for (const cuda::policy::RowBucket& b : buckets)
+            if (c > 0 && c >= b.lo && c <= b.hi) {
+              mma += b.tile_n > 0 ? padded(c, b.tile_n) : padded(padded(c, 128) / 128, 2) * 128;
+              break;
+            }
+        return double(mma) / double(M);
+      };
+      const auto [lo, hi] = std::minmax_element(counts.begin(), counts.end());
+      std::printf("| %lld | %.1f | %d | %d..%d | %.2f | %.2f | %.2f |\n", M, mean, brows.touched(M), *lo, *hi,
+                  double(decode) / double(M), split(false), split(true));
+    }
+  }
   std::fflush(stdout);
 }
 
@@ -345,6 +379,8 @@ int bench_runner(const std::vector<std::string>& args) {
                                "of the experts) or router (the preset's router on random logits)");
   flags.add("skew", "", "short for --routing skew");
   flags.add("row-buckets", "SPEC", "CUTLASS split table instead of the policy's, lo-hi:tile,...,lo-:tile (tile 0 unswapped, 64, 96 (fp8), 128, 192), e.g. 0-64:64,65-128:128,129-:0");
+  flags.add("dry-run", "", "print each point's rows per expert and the rows of MMA the decode m-tiles and the CUTLASS "
+                          "split do for them (x M), then exit; touches no GPU");
   flags.add("graph", "", "time CUDA graph replays of one captured runner call (no host launch work) instead of eager calls");
   // The configuration fields a runner-only bench leaves free, and every tuning option (--engine:
   // auto, mma or cutlass, CUTLASS where the format allows; --intermediate-quant fp8: fp8 weights
@@ -369,12 +405,12 @@ int bench_runner(const std::vector<std::string>& args) {
   if (flags.has("local-experts") && o.local_experts <= 0)
     throw UsageError("--local-experts: " + std::to_string(o.local_experts) + " must be positive");
   const bool quick = flags.get_bool("quick", false);
-  if (flags.get_bool("skew", false)) o.routing = Opts::Routing::skew;
+  if (flags.get_bool("skew", false)) o.routing = BenchRouting::skew;
   if (flags.has("routing")) {
     const std::string r = flags.get("routing");
-    if (r == "uniform") o.routing = Opts::Routing::uniform;
-    else if (r == "skew") o.routing = Opts::Routing::skew;
-    else if (r == "router") o.routing = Opts::Routing::router;
+    if (r == "uniform") o.routing = BenchRouting::uniform;
+    else if (r == "skew") o.routing = BenchRouting::skew;
+    else if (r == "router") o.routing = BenchRouting::router;
     else throw UsageError("--routing=" + r + " is not a routing; use uniform, skew or router");
   }
   o.graph = flags.get_bool("graph", false);
@@ -407,6 +443,10 @@ int bench_runner(const std::vector<std::string>& args) {
   o.nvfp4_natural = layout != "prepared";
   o.nvfp4_prepared = layout != "natural";
 
+  if (flags.get_bool("dry-run", false)) {
+    print_plan(o);
+    return 0;
+  }
   std::string why;
   if (cuda::device_count(&why) == 0) {
     std::fprintf(stderr, "bench runner: no CUDA device (%s)\n", why.c_str());
