@@ -24,7 +24,6 @@ class BenchRows {
   std::vector<int> counts(long long M) const;
   // Local experts that receive rows in a call of M slots (only their weights are read).
   int touched(long long M) const;
-  BenchRouting routing() const { return routing_; }
   // The routing in the words of the table footers.
   const char* describe() const;
 

@@ -21,8 +21,8 @@
 #include <vector>
 
 #include "args.h"
-#include "bench_timer.h"
 #include "bench_rows.h"
+#include "bench_timer.h"
 #include "bench_util.h"
 #include "setup.h"
 #include "core/cuda/check.h"
@@ -31,7 +31,6 @@
 #include "epmoe/presets.h"
 #include "epmoe/quant.h"
 #include "harness/cuda/synthetic.h"
-#include "harness/synthetic.h"
 #include "run/cuda/runner.h"
 
 namespace epmoe::cli {
@@ -344,11 +343,10 @@ void print_plan(const Opts& o) {
       long long decode = 0;
       for (const int c : counts) decode += padded(c, 32);
       auto split = [&](bool fp8) {
-        const double weight_bytes = double(E) * 3.0 * H * I * (fp8 ? 1 : 2);  // as policy::cutlass_plan
         const std::vector<cuda::policy::RowBucket> buckets =
-            o.row_buckets.empty()
-                ? cuda::policy::row_buckets(pre.config.tuning.cutlass_swap, mean, fp8, weight_bytes, E)
-                : o.row_buckets;
+            o.row_buckets.empty() ? cuda::policy::row_buckets(pre.config.tuning.cutlass_swap, mean, fp8,
+                                                               cuda::policy::split_weight_bytes(E, H, I, fp8), E)
+                                  : o.row_buckets;
         long long mma = 0;
         for (const int c : counts)
           for (const cuda::policy::RowBucket& b : buckets)

@@ -175,9 +175,7 @@ CutlassPlan cutlass_plan(const DispatchOutput& in, const ExpertWeights& w, Inter
   p.gemm2 = wf == WeightFormat::bf16 ? CutlassPath::bf16 : fp8_2 ? CutlassPath::fp8 : CutlassPath::widened;
   p.split_w13 = p.gemm1 == CutlassPath::fp8 && I % 128 != 0;
   p.swap_tile_n = swap_tile_n(swap, expected_rows);
-  // The bytes both GEMMs stream (fp8: one per weight, else bf16's two; nvfp4 is widened, unsplit).
-  const double weight_bytes = double(E) * 3.0 * H * I * (fp8w ? 1 : 2);
-  p.buckets = row_buckets(swap, expected_rows, fp8w, weight_bytes, E);
+  p.buckets = row_buckets(swap, expected_rows, fp8w, split_weight_bytes(E, H, I, fp8w), E);
   const bool fusable = fused_swiglu && p.gemm1 != CutlassPath::fp8 && !iq8;
   if (fusable && swap == CutlassSwap::automatic && expected_rows > kSwapMaxRows) p.buckets = {RowBucket{}};
   p.fused_swiglu = fusable && p.tile_n(p.gemm1) == 0;

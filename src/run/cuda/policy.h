@@ -114,6 +114,9 @@ struct RowBucket {
 std::vector<RowBucket> row_buckets(CutlassSwap swap, double expected_rows, bool fp8 = false,
                                    double weight_bytes = 1e30, int experts = 1 << 30);
 constexpr double kSplitMinWeightBytes = 1024.0 * 1024 * 1024;
+// row_buckets' weight_bytes for E experts of H x I: the bytes both GEMMs stream (fp8: one per
+// weight, else bf16's two; nvfp4 is widened, unsplit).
+inline double split_weight_bytes(int E, int H, int I, bool fp8) { return double(E) * 3.0 * H * I * (fp8 ? 1 : 2); }
 constexpr int kSplitMinExperts = 16;
 constexpr double kSplitMaxRows = 384.0;
 // A split table as text, "lo-hi:tile,...,lo-:tile" (e.g. "0-64:64,65-128:128,129-:0"; tile 0 =

@@ -490,9 +490,9 @@ void launch_reduce(const DispatchOutput& in, const int32_t* pair_pos, const bf16
     // H = 2048 a 128-thread CTA left half its chunk slots empty and half the loads per SM in flight.
     const int threads = std::clamp(((H / 8 + kChunks - 1) / kChunks + 31) & ~31, 32, 128);
     launch_kernel(reduce_vec_kernel, unsigned(S), threads, 0, st, pdl, o, pair_pos, in.weights, in.counts, C, K, H, y);
-  }
-  else
+  } else {
     launch_kernel(reduce_kernel, unsigned(S), 256, 0, st, pdl, o, pair_pos, in.weights, in.counts, C, K, H, y);
+  }
 }
 
 void launch_count(const DispatchOutput& in, int bm, int32_t* cnt, int32_t* offsets, int32_t* fill, MTile* tiles,
