@@ -341,8 +341,11 @@ __global__ void __launch_bounds__(kScanThreads) offsets_kernel(const int32_t* __
 
 // count_kernel and offsets_kernel in one CTA, for few pairs (kFusedCountPairs): the counts go
 // through shared memory (E ints), so neither the memset of cnt nor a second launch is needed.
-// The counts are the same integers (an order-free sum), so every table is the same.
-constexpr int64_t kFusedCountPairs = 1 << 16;
+// The counts are the same integers (an order-free sum), so every table is the same. One CTA's
+// count grows with the pairs (20 us at 32768, Qwen3-30B M 32768, session 22) where the grid-wide
+// count and the offsets took 8 us together (session 13): hence 8192. PREDICTED, not yet measured:
+// Qwen3-30B M 32768 count + offsets 20 -> ~8 us (ncu), no change at M <= 8192 pairs.
+constexpr int64_t kFusedCountPairs = 1 << 13;
 constexpr int kCountBatch = 8;
 __global__ void __launch_bounds__(kScanThreads)
     count_offsets_kernel(const int32_t* __restrict__ ids, const int32_t* __restrict__ counts, int64_t S, int C, int K,
