@@ -73,7 +73,24 @@ __device__ __forceinline__ uint4 dequant8(const uint32_t* q, const uint8_t* sc, 
 
 // Vector permute (H % 8 == 0, 16-byte aligned payload and A): a thread step is 8 elements, read as
 // 16 (bf16), 8 (fp8) or 4 (nvfp4) bytes and stored as one 16-byte bf16 chunk per claimed row. The
-// values are load_act's, rounded in the same pairs.
+// values are load_act's, rounded in the same pairs. A thread loads kPermuteChunks chunks before it
+// stores them, and the launch gives a CTA as few threads as cover the row in one such step (as the
+// weighted sum's): at H 2048 a 256-thread CTA moved one chunk per thread, 4 KB per CTA behind its
+// claim of the rows (3.4 TB/s at Qwen3-30B M 32768, session 22).
+constexpr int kPermuteChunks = 4;
+template <ActFormat F>
+__device__ __forceinline__ uint4 permute_chunk(const QuantParams& p, const uint8_t* row, const uint8_t* sc, int c) {
+  if constexpr (F == ActFormat::bf16) {
+    return __ldg(reinterpret_cast<const uint4*>(row) + c);
+  } else if constexpr (F == ActFormat::fp8) {
+    const uint2 q = __ldg(reinterpret_cast<const uint2*>(row) + c);
+    const uint32_t qw[2] = {q.x, q.y};
+    return dequant8<F>(qw, sc, c, p.nvfp4_global_scale);
+  } else {
+    const uint32_t q = __ldg(reinterpret_cast<const uint32_t*>(row) + c);
+    return dequant8<F>(&q, sc, c, p.nvfp4_global_scale);
+  }
+}
 template <ActFormat F>
 __global__ void permute_vec_kernel(QuantParams p, const uint8_t* __restrict__ payload, const uint8_t* __restrict__ scales,
                                    const int32_t* __restrict__ ids, const int32_t* __restrict__ counts, int C, int K,
@@ -86,20 +103,21 @@ __global__ void permute_vec_kernel(QuantParams p, const uint8_t* __restrict__ pa
   claim_rows(i, K, E, ids, offsets, fill, pair_pos, pos);
   const uint8_t* row = payload + i * int64_t(payload_bytes(F, H));
   const uint8_t* sc = scales ? scales + i * int64_t(scale_bytes(F, H)) : nullptr;
-  for (int c = threadIdx.x; c < H / 8; c += blockDim.x) {
-    uint4 out;
-    if constexpr (F == ActFormat::bf16) {
-      out = __ldg(reinterpret_cast<const uint4*>(row) + c);
-    } else if constexpr (F == ActFormat::fp8) {
-      const uint2 q = __ldg(reinterpret_cast<const uint2*>(row) + c);
-      const uint32_t qw[2] = {q.x, q.y};
-      out = dequant8<F>(qw, sc, c, p.nvfp4_global_scale);
-    } else {
-      const uint32_t q = __ldg(reinterpret_cast<const uint32_t*>(row) + c);
-      out = dequant8<F>(&q, sc, c, p.nvfp4_global_scale);
+  const int nch = H / 8;
+  for (int c0 = threadIdx.x; c0 < nch; c0 += kPermuteChunks * blockDim.x) {
+    uint4 out[kPermuteChunks];
+#pragma unroll
+    for (int u = 0; u < kPermuteChunks; ++u) {
+      const int c = c0 + u * blockDim.x;
+      if (c < nch) out[u] = permute_chunk<F>(p, row, sc, c);
     }
-    for (int k = 0; k < K; ++k)
-      if (pos[k] >= 0) reinterpret_cast<uint4*>(A + int64_t(pos[k]) * H)[c] = out;
+#pragma unroll
+    for (int u = 0; u < kPermuteChunks; ++u) {
+      const int c = c0 + u * blockDim.x;
+      if (c >= nch) continue;
+      for (int k = 0; k < K; ++k)
+        if (pos[k] >= 0) reinterpret_cast<uint4*>(A + int64_t(pos[k]) * H)[c] = out[u];
+    }
   }
 }
 
@@ -107,7 +125,7 @@ __global__ void permute_vec_kernel(QuantParams p, const uint8_t* __restrict__ pa
 // row (16-byte loads, the values and roundings of permute_vec_kernel) into 32 natural bf16 pairs and
 // permutes them as kperm_kernel does (position p <- natural column kperm_src(p), one byte permute per
 // output word) into the CTA's shared copy of the row, which the CTA then writes to each claimed row
-// with 16-byte stores, one contiguous chunk per thread, as permute_vec_kernel does. Why: the
+// with 16-byte stores, one contiguous chunk per thread step. Why: the
 // separate in-place pass read and wrote every row of A once more (940 MB at DeepSeek-V3's 32768
 // rows, ~4% of the nvfp4 runner at M 32768; bench/results/2026-12-02-session20-h200.md).
 template <ActFormat F>
@@ -474,8 +492,9 @@ bool launch_permute_bf16(const DispatchOutput& in, const int32_t* offsets, int32
     auto* kernel = in.format == ActFormat::bf16  ? permute_vec_kernel<ActFormat::bf16>
                    : in.format == ActFormat::fp8 ? permute_vec_kernel<ActFormat::fp8>
                                                  : permute_vec_kernel<ActFormat::nvfp4>;
-    launch_kernel(kernel, grid, 256, 0, st, pdl, in.quant, in.payload, in.scales, in.local_ids, in.counts, C, K, E, H,
-                  offsets, fill, pair_pos, A);
+    const int threads = std::clamp(((H / 8 + kPermuteChunks - 1) / kPermuteChunks + 31) & ~31, 32, 256);
+    launch_kernel(kernel, grid, threads, 0, st, pdl, in.quant, in.payload, in.scales, in.local_ids, in.counts, C, K, E,
+                  H, offsets, fill, pair_pos, A);
   } else {
     launch_kernel(permute_kernel, grid, 256, 0, st, pdl, in.format, in.quant, in.payload, in.scales, in.local_ids,
                   in.counts, C, K, E, H, offsets, fill, pair_pos, A);
