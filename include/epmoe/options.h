@@ -66,6 +66,9 @@ struct Tuning {
                                 //   (an expert of 129-160 rows decodes its weights once; same bits)
   bool fused_swiglu = false;    // [local] EPMOE_CUTLASS_SWIGLU=0|1: CUTLASS GEMM1 as gate half +
                                 //   up half with SwiGLU in its epilogue (same bits)
+  bool concurrent_buckets = true;  // [local] EPMOE_CUTLASS_CONCURRENT=0|1: the CUTLASS GEMMs' launches
+                                //   per range of rows per expert (cutlass_swap auto/byrows) on side
+                                //   streams, overlapping (same bits)
   int widen_scratch_mb = 1024;  // [local] EPMOE_WIDEN_SCRATCH_MB=1..16777216: bound of the buffer
                                 //   fp8/nvfp4 weights are widened into for the CUTLASS bf16 GEMM
   bool nvfp4_prepare = true;    // [local] EPMOE_NVFP4_PREPARE=0|1: copy nvfp4 weights once into

@@ -136,6 +136,10 @@ EnvTuning read_env_tuning() {
     if (auto v = env::flag("EPMOE_CUTLASS_SWIGLU", "1: SwiGLU in the epilogue of CUTLASS GEMM1's up half"))
       t.fused_swiglu = *v;
   });
+  take("EPMOE_CUTLASS_CONCURRENT", [&] {
+    if (auto v = env::flag("EPMOE_CUTLASS_CONCURRENT", "1: runner cuda's CUTLASS launches per row range overlap on side streams"))
+      t.concurrent_buckets = *v;
+  });
   take("EPMOE_WIDEN_SCRATCH_MB", [&] {
     if (auto v = env::integer("EPMOE_WIDEN_SCRATCH_MB", 1, Tuning::kMaxWidenScratchMb,
                               "MiB of scratch for weights widened to bf16"))

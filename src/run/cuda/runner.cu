@@ -40,6 +40,7 @@ CudaRunner::CudaRunner(const MoeConfig& cfg, int device_index)
       pdl_(cfg.tuning.pdl),
       widen_scratch_(size_t(cfg.tuning.widen_scratch_mb) << 20),
       fused_swiglu_(cfg.tuning.fused_swiglu),
+      concurrent_buckets_(cfg.tuning.concurrent_buckets),
       cutlass_swap_(cfg.tuning.cutlass_swap) {}
 
 size_t CudaRunner::prepare(ExpertWeights& w, Stream stream) {

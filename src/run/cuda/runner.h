@@ -31,6 +31,7 @@
 #include <vector>
 
 #include "core/cuda/check.h"
+#include "core/cuda/stream_fork.h"
 #include "epmoe/config.h"
 #include "epmoe/runner.h"
 #include "run/cuda/engine_cutlass.h"
@@ -95,6 +96,10 @@ class CudaRunner final : public Runner {
   // (tuning.cutlass_swap).
   void set_cutlass_swap(CutlassSwap s) { cutlass_swap_ = s; }
   CutlassSwap cutlass_swap() const { return cutlass_swap_; }
+  // The CUTLASS GEMMs' launches per row range on side streams, overlapping (tuning.concurrent_buckets;
+  // the same bits).
+  void set_concurrent_buckets(bool on) { concurrent_buckets_ = on; }
+  bool concurrent_buckets() const { return concurrent_buckets_; }
   // Replaces the split table of the direct CUTLASS GEMMs (policy::parse_row_buckets; empty = the
   // policy's), whatever cutlass_swap says: for trying other ranges and tiles (bench runner
   // --row-buckets). A tile the GEMM has no instantiation for throws UsageError at run().
@@ -131,6 +136,8 @@ class CudaRunner final : public Runner {
   size_t widen_scratch_ = size_t(1) << 30;
   int last_widen_chunks_ = 0;
   bool fused_swiglu_ = false, last_swiglu_fused_ = false;
+  bool concurrent_buckets_ = true;
+  StreamFork fork_;  // side streams of the concurrent launches per row range
   CutlassSwap cutlass_swap_ = CutlassSwap::automatic;
   std::vector<policy::RowBucket> row_buckets_;
   int last_swap_tile_n_ = 0;

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "epmoe/format.h"
+#include "core/cuda/stream_fork.h"
 #include "run/cuda/engine.h"
 #include "run/cuda/engine_cutlass.h"
 #include "run/cuda/policy.h"
@@ -32,31 +33,45 @@ void gemm1_swiglu(const cutlass_engine::Grouped& g, bf16_raw* gate, cudaStream_t
 }
 
 // GEMM `g` as one launch per row bucket (policy::RowBucket): the bucket's row range and tile.
+// With `fork`, each launch goes on its own side stream with its own `ws_stride` bytes of g.workspace
+// (its tables), so that they overlap: the launches whose range no expert falls in (the device counts
+// decide, so the host launches them all) end at once instead of one after the other, and a launch's
+// last wave shares the GPU with the next one's first. Each expert's rows are in exactly one range,
+// so the launches write disjoint rows and the bytes are those of the sequential order.
 void run_buckets(cutlass_engine::Grouped g, const std::vector<policy::RowBucket>& buckets, bool fp8,
-                 cudaStream_t st) {
-  for (const policy::RowBucket& b : buckets) {
+                 cudaStream_t st, StreamFork* fork, size_t ws_stride) {
+  const bool split = fork && buckets.size() > 1;
+  if (split) fork->fork(st, int(buckets.size()));
+  uint8_t* const ws = static_cast<uint8_t*>(g.workspace);
+  for (size_t i = 0; i < buckets.size(); ++i) {
+    const policy::RowBucket& b = buckets[i];
     g.rows_lo = b.lo;
     g.rows_hi = b.hi;
     g.swap_ab = b.tile_n != 0;
     g.swap_tile_n = b.tile_n ? b.tile_n : 64;
+    cudaStream_t s = split ? fork->side(int(i)) : st;
+    if (split) g.workspace = ws + i * ws_stride;
     if (fp8)
-      cutlass_engine::grouped_gemm_fp8(g, st);
+      cutlass_engine::grouped_gemm_fp8(g, s);
     else
-      cutlass_engine::grouped_gemm_bf16(g, st);
+      cutlass_engine::grouped_gemm_bf16(g, s);
   }
+  if (split) fork->join(st);
 }
 
 // fp8 GEMM1 `g` (N = 2I) as its gate and up halves (policy::CutlassPlan::split_w13): two groups
 // per expert in the same launches (Grouped::halves), each N = I with its own scale tile rows,
 // written into the two column halves of g.out [rows][2I]; the result is the [rows][2I] the single
 // GEMM writes where I % 128 == 0.
-void run_fp8_halves(cutlass_engine::Grouped g, const std::vector<policy::RowBucket>& buckets, cudaStream_t st) {
+void run_fp8_halves(cutlass_engine::Grouped g, const std::vector<policy::RowBucket>& buckets, cudaStream_t st,
+                    StreamFork* fork, size_t ws_stride) {
   g.N /= 2;
   g.halves = true;
-  run_buckets(g, buckets, true, st);
+  run_buckets(g, buckets, true, st, fork, ws_stride);
 }
 
-// The workspace the launches of `buckets` (fp8 or bf16 GEMMs) share: the largest one's.
+// The workspace one launch of `buckets` (fp8 or bf16 GEMMs) needs: the largest one's, rounded up
+// to 256 bytes so that concurrent launches' regions (run_buckets) stay aligned.
 size_t bucket_workspace(const std::vector<policy::RowBucket>& buckets, bool fp8, int E, int sms) {
   size_t n = 0;
   for (const policy::RowBucket& b : buckets) {
@@ -66,7 +81,7 @@ size_t bucket_workspace(const std::vector<policy::RowBucket>& buckets, bool fp8,
                                      : cutlass_engine::bf16_workspace_bytes(E, sms));
     n = std::max(n, s);
   }
-  return n;
+  return (n + 255) / 256 * 256;
 }
 
 }  // namespace
@@ -151,14 +166,17 @@ void CudaRunner::run_cutlass(const DispatchOutput& in, const ExpertWeights& w, b
   last_engines_ = engines_.c_str();
 
   if (sms_ == 0) EPMOE_CUDA_CHECK(cudaDeviceGetAttribute(&sms_, cudaDevAttrMultiProcessorCount, device_));
-  // GEMMs run one after the other on the stream, so they share one workspace (sized for a full
-  // group count; a chunk has fewer groups).
+  // The GEMMs run one after the other on the stream, so they share one workspace (sized for a full
+  // group count; a chunk has fewer groups); a GEMM's concurrent launches per row range
+  // (concurrent_buckets) take one region each.
   const bool any_fp8 = p1 == CutlassPath::fp8 || p2 == CutlassPath::fp8;
   const bool any_bf16 = p1 == CutlassPath::bf16 || p2 == CutlassPath::bf16;
   const bool any_widened = p1 == CutlassPath::widened || p2 == CutlassPath::widened;
   const int sw = plan.swap_tile_n;
-  cws_.reserve(std::max({any_fp8 ? bucket_workspace(plan.buckets, true, plan.split_w13 ? 2 * E : E, sms_) : 0,
-                         any_bf16 ? bucket_workspace(plan.buckets, false, E, sms_) : 0,
+  const size_t ws_stride = std::max(any_fp8 ? bucket_workspace(plan.buckets, true, plan.split_w13 ? 2 * E : E, sms_) : 0,
+                                    any_bf16 ? bucket_workspace(plan.buckets, false, E, sms_) : 0);
+  StreamFork* const fork = concurrent_buckets_ && plan.buckets.size() > 1 ? &fork_ : nullptr;
+  cws_.reserve(std::max({ws_stride * (fork ? plan.buckets.size() : 1),
                          any_widened ? bucket_workspace({policy::RowBucket{0, policy::RowBucket{}.hi, sw}}, false, E,
                                                         sms_)
                                      : 0,
@@ -215,9 +233,9 @@ void CudaRunner::run_cutlass(const DispatchOutput& in, const ExpertWeights& w, b
     g1.sfa = as_.get<float>();
     g1.sfw = static_cast<const float*>(w.w13.scales);
     if (plan.split_w13)
-      run_fp8_halves(g1, plan.buckets, st);
+      run_fp8_halves(g1, plan.buckets, st, fork, ws_stride);
     else
-      run_buckets(g1, plan.buckets, true, st);
+      run_buckets(g1, plan.buckets, true, st, fork, ws_stride);
   } else if (fuse) {
     // gu_ holds the gate half [rows][I]; the up half's epilogue writes the intermediate into h_.
     g1.A = a_.get<bf16_raw>();
@@ -230,7 +248,7 @@ void CudaRunner::run_cutlass(const DispatchOutput& in, const ExpertWeights& w, b
   } else {
     g1.A = a_.get<bf16_raw>();
     if (p1 == CutlassPath::bf16)
-      run_buckets(g1, plan.buckets, false, st);
+      run_buckets(g1, plan.buckets, false, st, fork, ws_stride);
     else
       last_widen_chunks_ += run_widened(g1, w.w13, nvfp4 ? inv_gs_.get<float>() : nullptr, chunk1, st);
   }
@@ -249,13 +267,13 @@ void CudaRunner::run_cutlass(const DispatchOutput& in, const ExpertWeights& w, b
     g2.A = h8_.get<uint8_t>();
     g2.sfa = hs_.get<float>();
     g2.sfw = static_cast<const float*>(w.w2.scales);
-    run_buckets(g2, plan.buckets, true, st);
+    run_buckets(g2, plan.buckets, true, st, fork, ws_stride);
   } else {
     g2.A = h_.get<bf16_raw>();
     g2.sfa = nullptr;
     g2.sfw = nullptr;
     if (p2 == CutlassPath::bf16)
-      run_buckets(g2, plan.buckets, false, st);
+      run_buckets(g2, plan.buckets, false, st, fork, ws_stride);
     else
       last_widen_chunks_ += run_widened(g2, w.w2, nvfp4 ? inv_gs_.get<float>() + E : nullptr, chunk2, st);
   }

@@ -202,5 +202,19 @@ TEST(CudaPolicy, FusedSwigluSwitch) {
   }
 }
 
+// tuning.concurrent_buckets reaches the runner (on by default); set_concurrent_buckets overrides it.
+TEST(CudaPolicy, ConcurrentBucketsSwitch) {
+  const Shape p;
+  EXPECT_TRUE(Tuning{}.concurrent_buckets);
+  for (const bool on : {false, true}) {
+    MoeConfig cfg = make_cfg(p);
+    cfg.tuning.concurrent_buckets = on;
+    cuda::CudaRunner r(cfg, 0);
+    EXPECT_EQ(r.concurrent_buckets(), on);
+    r.set_concurrent_buckets(!on);
+    EXPECT_EQ(r.concurrent_buckets(), !on);
+  }
+}
+
 }  // namespace
 }  // namespace epmoe::test

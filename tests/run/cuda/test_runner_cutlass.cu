@@ -699,6 +699,19 @@ TEST(CutlassEngine, GraphReplayEqualsEager) {
         return y.download();
       };
       const auto e1 = eager();  // also grows every workspace to this step's size
+      {
+        // The launches per row range one after the other on the stream (tuning.concurrent_buckets
+        // off) write the same bytes as the overlapping ones (on, the default).
+        cuda::CudaRunner seq(cfg, 0);
+        seq.set_engine(Engine::cutlass);
+        seq.set_cutlass_swap(sw);
+        seq.set_concurrent_buckets(false);
+        if (c.scratch) seq.set_widen_scratch_bytes(c.scratch);
+        y.poison();
+        seq.run(d, dw, y.get(), st);
+        EPMOE_CUDA_CHECK(cudaStreamSynchronize(st));
+        EXPECT_EQ(first_diff(y.download(), e1), -1) << "concurrent launches per row range differ from sequential";
+      }
       if (c.scratch) EXPECT_GT(runner.last_widen_chunks(), 2);
       cudaGraph_t graph;
       cudaGraphExec_t exec;
