@@ -51,13 +51,14 @@ std::vector<RowBucket> row_buckets(CutlassSwap swap, double expected_rows, bool 
                                    int experts) {
   constexpr int kAll = RowBucket{}.hi;
   if (swap == CutlassSwap::automatic &&
-      (weight_bytes < kSplitMinWeightBytes || experts < kSplitMinExperts || expected_rows > kSplitMaxRows))
+      (weight_bytes < kSplitMinWeightBytes || experts < kSplitMinExperts || expected_rows > split_max_rows(fp8)))
     return {RowBucket{0, kAll, single_tile_n(expected_rows)}};
   if (swap == CutlassSwap::automatic || swap == CutlassSwap::byrows) {
     if (fp8)
       return {{0, 64, 64},   {65, 128, 128}, {129, 192, 96}, {193, 256, 0},
               {257, 288, 96}, {289, 384, 128}, {385, kAll, 0}};
-    return {{0, 64, 64}, {65, 128, 128}, {129, 192, 192}, {193, 256, 0}, {257, 384, 192}, {385, kAll, 0}};
+    return {{0, 64, 64},    {65, 128, 128}, {129, 192, 192}, {193, 256, 0},
+            {257, 384, 192}, {385, 512, 0},  {513, 576, 192}, {577, kAll, 0}};
   }
   RowBucket all;
   all.tile_n = swap_tile_n(swap, expected_rows);

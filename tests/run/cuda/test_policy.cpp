@@ -94,19 +94,35 @@ TEST(CudaPolicy, SwapAndCrossoverRules) {
     }
   };
   const double big = pol::kSplitMinWeightBytes, small = pol::kSplitMinWeightBytes - 1;
-  for (const double rows : {1.0, 64.0, pol::kSwapMaxRows + 1, pol::kSplitMaxRows, 1e5}) {
+  for (const double rows : {1.0, 64.0, pol::kSwapMaxRows + 1, pol::kSplitMaxRows, pol::kSplitMaxRows + 1,
+                            pol::kSplitMaxRowsBf16, 1e5}) {
     for (const auto& [sw, bytes] : {std::pair{CutlassSwap::automatic, big}, std::pair{CutlassSwap::byrows, big},
                                     std::pair{CutlassSwap::byrows, 1.0}}) {
-      // Above kSplitMaxRows expected rows automatic runs one unswapped launch; byrows still splits.
-      if (sw == CutlassSwap::automatic && rows > pol::kSplitMaxRows) {
+      // Above split_max_rows expected rows (fp8 384, bf16 576) automatic runs one unswapped launch;
+      // byrows still splits.
+      const bool one8 = sw == CutlassSwap::automatic && rows > pol::split_max_rows(true);
+      const bool one16 = sw == CutlassSwap::automatic && rows > pol::split_max_rows(false);
+      if (one16)
         same(pol::row_buckets(sw, rows, false, bytes), {{0, kAll, 0}});
+      else
+        same(pol::row_buckets(sw, rows, false, bytes), {{0, 64, 64},
+                                                        {65, 128, 128},
+                                                        {129, 192, 192},
+                                                        {193, 256, 0},
+                                                        {257, 384, 192},
+                                                        {385, 512, 0},
+                                                        {513, 576, 192},
+                                                        {577, kAll, 0}});
+      if (one8)
         same(pol::row_buckets(sw, rows, true, bytes), {{0, kAll, 0}});
-        continue;
-      }
-      same(pol::row_buckets(sw, rows, false, bytes),
-           {{0, 64, 64}, {65, 128, 128}, {129, 192, 192}, {193, 256, 0}, {257, 384, 192}, {385, kAll, 0}});
-      same(pol::row_buckets(sw, rows, true, bytes),
-           {{0, 64, 64}, {65, 128, 128}, {129, 192, 96}, {193, 256, 0}, {257, 288, 96}, {289, 384, 128}, {385, kAll, 0}});
+      else
+        same(pol::row_buckets(sw, rows, true, bytes), {{0, 64, 64},
+                                                       {65, 128, 128},
+                                                       {129, 192, 96},
+                                                       {193, 256, 0},
+                                                       {257, 288, 96},
+                                                       {289, 384, 128},
+                                                       {385, kAll, 0}});
     }
     const int single = rows <= pol::kSwapMaxRows ? 128 : 0;
     EXPECT_EQ(pol::single_tile_n(rows), single);
@@ -114,7 +130,7 @@ TEST(CudaPolicy, SwapAndCrossoverRules) {
       same(pol::row_buckets(CutlassSwap::automatic, rows, fp8, small), {{0, kAll, single}});
       same(pol::row_buckets(CutlassSwap::automatic, rows, fp8, big, pol::kSplitMinExperts - 1), {{0, kAll, single}});
       EXPECT_EQ(pol::row_buckets(CutlassSwap::automatic, rows, fp8, big, pol::kSplitMinExperts).size() > 1,
-                rows <= pol::kSplitMaxRows);
+                rows <= pol::split_max_rows(fp8));
       EXPECT_GT(pol::row_buckets(CutlassSwap::byrows, rows, fp8, small, 1).size(), 1u);
     }
   }
