@@ -84,16 +84,19 @@ struct RowBucket {
 // rows_hi), so every expert runs in one launch on a tile that wastes little on its rows.
 // Automatic (cutlass_swap auto), bf16: [0, 64] swap-AB 64, [65, 128] swap-AB 128, [129, 192]
 // swap-AB 192, [193, 256] unswapped (two m-tiles, one cluster), [257, 384] swap-AB 192 (two token
-// tiles instead of four m-tile slots), above unswapped. fp8 has no 192-wide tile (it spills: two
+// tiles instead of four m-tile slots), [385, 512] unswapped, [513, 576] swap-AB 192 (three token
+// tiles instead of five m-tiles), above unswapped. fp8 has no 192-wide tile (it spills: two
 // 96-register accumulator sets per thread under the 168-register cap; measured slower than 128-wide
 // pairs, router at M 16384 2.82 ms vs 2.53): [0, 64] 64, [65, 128] 128, [129, 192] swap-AB 96 (two
 // 96-wide token tiles, 192 rows of MMA where an unswapped pair of 128-row m-tiles does 256: router
 // at M 16384 2.411 ms vs 2.587 with [129, 256] unswapped, the other M within 1.5%, session 13),
 // [193, 256] unswapped, [257, 288] swap-AB 96 (three tiles: 288 rows of MMA instead of 384;
 // router at M 32768 3.897 ms vs 4.353 with [257, 384] on 128, M 24576 3.128 vs 3.083), [289, 384]
-// swap-AB 128, above unswapped. A launch with no expert in its range costs a launch and
-// nothing else at DeepSeek-V3's sizes (uniform routing measured no slower than one launch). Forced
-// widths (and off / on): one bucket of all rows with swap_tile_n.
+// swap-AB 128, above unswapped. A launch with no expert in its range costs ~6 us when the launches
+// run one after the other (Qwen3-235B uniform at a 512-row mean, ten ranges: +102-107 us, session
+// 23), so the runner runs them on side streams (tuning.concurrent_buckets): 0.94-1.00x the
+// sequential time at every split point measured. Forced widths (and off / on): one bucket of all
+// rows with swap_tile_n.
 // Automatic runs one launch per GEMM instead (tile: single_tile_n) where the split cannot pay:
 // - small experts (all local weights of both GEMMs, `weight_bytes`, under kSplitMinWeightBytes):
 //   each launch, even with no expert in its range, costs its table fill (~2 us) and a grid, which
@@ -103,13 +106,13 @@ struct RowBucket {
 // - few experts (`experts` under kSplitMinExperts): a range then holds one or two experts, and
 //   every launch adds its own last partial wave of tiles to the sum (Mixtral-8x7B, 4 experts,
 //   router M 2048, one call: bf16 1.422 split vs 1.296, fp8 1.157 vs 1.065).
-// - a large mean (expected rows per expert above kSplitMaxRows): the experts' m-tiles are full
-//   and the launches of the empty ranges are pure cost. One unswapped launch (session 15, H200,
-//   split / one launch, median of 7 in one call): DeepSeek-V3 at a 512-row mean (M 65536) uniform
-//   bf16 10.221 / 10.041, fp8 6.390 / 6.343, router bf16 11.550 / 10.936, fp8 7.713 / 7.713;
-//   gpt-oss-120b fp8 at 512 (M 32768) uniform 2.053 / 1.953, router 2.419 / 2.356. At a 256-row
-//   mean the split stays (router: three-m-tile experts, session 13), though uniform DeepSeek-V3
-//   M 32768 measured 4.972 / 4.904 (bf16) and 3.373 / 3.220 (fp8) in that call.
+// - a large mean (expected rows per expert above split_max_rows: bf16 576, fp8 384): the experts'
+//   m-tiles are full. bf16 splits up to 576 because under the router a 512-row mean spreads to
+//   ~470-575 rows, and [513, 576] on 192-wide tiles pays (session 23, concurrent launches, split /
+//   one launch, router: Qwen3-235B M 32768 2.224 / 2.351 ms, gpt-oss-120b M 32768 2.841 / 3.128,
+//   DeepSeek-V3 M 65536 10.097 / 11.209; uniform +0.8-1.1%). fp8 has no 192-wide tile, and its
+//   split at 512 (six 96-wide tiles for [513, 576]) was 3.6-9.3% slower on Qwen3-235B and gpt-oss,
+//   router included (session 23). At a 256-row mean both split (router: three-m-tile experts).
 // `cutlass_swap = byrows` splits whatever the size.
 std::vector<RowBucket> row_buckets(CutlassSwap swap, double expected_rows, bool fp8 = false,
                                    double weight_bytes = 1e30, int experts = 1 << 30);
@@ -118,7 +121,7 @@ constexpr double kSplitMinWeightBytes = 1024.0 * 1024 * 1024;
 // weight, else bf16's two; nvfp4 is widened, unsplit).
 inline double split_weight_bytes(int E, int H, int I, bool fp8) { return double(E) * 3.0 * H * I * (fp8 ? 1 : 2); }
 constexpr int kSplitMinExperts = 16;
-constexpr double kSplitMaxRows = 384.0;     // fp8
+constexpr double kSplitMaxRows = 384.0;  // fp8
 constexpr double kSplitMaxRowsBf16 = 576.0;
 inline double split_max_rows(bool fp8) { return fp8 ? kSplitMaxRows : kSplitMaxRowsBf16; }
 // A split table as text, "lo-hi:tile,...,lo-:tile" (e.g. "0-64:64,65-128:128,129-:0"; tile 0 =

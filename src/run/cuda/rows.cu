@@ -76,7 +76,8 @@ __device__ __forceinline__ uint4 dequant8(const uint32_t* q, const uint8_t* sc, 
 // values are load_act's, rounded in the same pairs. A thread loads kPermuteChunks chunks before it
 // stores them, and the launch gives a CTA as few threads as cover the row in one such step (as the
 // weighted sum's): at H 2048 a 256-thread CTA moved one chunk per thread, 4 KB per CTA behind its
-// claim of the rows (3.4 TB/s at Qwen3-30B M 32768, session 22).
+// claim of the rows (3.4 TB/s at Qwen3-30B M 32768, session 22); this form took it 78.3 -> 74.4 us
+// (ncu, session 23; predicted ~68).
 constexpr int kPermuteChunks = 4;
 template <ActFormat F>
 __device__ __forceinline__ uint4 permute_chunk(const QuantParams& p, const uint8_t* row, const uint8_t* sc, int c) {
@@ -361,8 +362,8 @@ __global__ void __launch_bounds__(kScanThreads) offsets_kernel(const int32_t* __
 // through shared memory (E ints), so neither the memset of cnt nor a second launch is needed.
 // The counts are the same integers (an order-free sum), so every table is the same. One CTA's
 // count grows with the pairs (20 us at 32768, Qwen3-30B M 32768, session 22) where the grid-wide
-// count and the offsets took 8 us together (session 13): hence 8192. PREDICTED, not yet measured:
-// Qwen3-30B M 32768 count + offsets 20 -> ~8 us (ncu), no change at M <= 8192 pairs.
+// count and the offsets took 8 us together (session 13): hence 8192. Measured (ncu, session 23):
+// Qwen3-30B M 32768 count + offsets 20.2 -> 9.7 us.
 constexpr int64_t kFusedCountPairs = 1 << 13;
 constexpr int kCountBatch = 8;
 __global__ void __launch_bounds__(kScanThreads)

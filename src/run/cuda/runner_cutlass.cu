@@ -132,7 +132,7 @@ int CudaRunner::run_widened(const cutlass_engine::Grouped& g, const MatrixView& 
 // With cutlass_swap auto the bf16 and fp8 GEMMs run one launch per range of rows per expert
 // (policy::row_buckets), each on the tile that fits the range (swap-AB 64, 128 or 192: the same
 // operands and output bytes, the weights in the 128-row tile; or unswapped), which the device
-// counts decide; widened chunks run one swap-AB width (policy::swap_tile_n). A swapped GEMM1 is
+// counts decide, on side streams unless tuning.concurrent_buckets is off; widened chunks run one swap-AB width (policy::swap_tile_n). A swapped GEMM1 is
 // followed by the SwiGLU pass (the fused epilogue has no swapped form).
 // Widened GEMMs run as all GEMM1 chunks, the SwiGLU pass once over all rows, then all GEMM2 chunks:
 // the SwiGLU pass and the intermediate's fp8 quantization stay one launch each, and both GEMMs
