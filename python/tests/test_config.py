@@ -71,6 +71,9 @@ def test_nested_structs_are_references():
     assert c.tuning.decode_max_rows == 64 and "cutlass_swap" in c.describe()
     c.tuning.nvfp4_wide_max_rows = 512
     assert c.tuning.nvfp4_wide_max_rows == 512 and "nvfp4_wide_max_rows" in c.describe()
+    assert c.tuning.concurrent_buckets is True
+    c.tuning.concurrent_buckets = False
+    assert c.tuning.concurrent_buckets is False and "concurrent_buckets" in c.describe()
     with pytest.raises(epmoe.UsageError, match="Tuning.cutlass_swap"):
         epmoe.Tuning(cutlass_swap="maybe")
 
