@@ -2,56 +2,93 @@
 # Per-kernel GPU time of one `epmoe bench` point, from Nsight Compute (nsys is not on the GPU
 # machines; ncu is). ncu serializes the kernels, so the sum is the time without overlap or launch
 # gaps: compare it with the bench's own median to see what the gaps cost.
-#   scripts/kernel_times.sh [--calls N] [--match REGEX] -- EPMOE_BIN bench runner --m 8192 --formats bf16 ...
-# --calls N: divide each kernel's total by N (the bench's warm-up + repetitions; default 1).
+#   scripts/kernel_times.sh [--calls N] [--match REGEX] [--bytes] -- EPMOE_BIN bench runner --m 8192 --formats bf16 ...
+#   scripts/kernel_times.sh [--calls N] [--bytes] --csv FILE
+# --calls N: divide each kernel's total by N (the bench's warm-up + repetitions + 5 host-time
+#            calls, e.g. 10 for --reps 3; default 1).
 # --match REGEX: only kernels whose name matches (ncu -k regex:...).
-# Prints one row per kernel name: launches, total us, us per call, share of the total.
+# --bytes: also DRAM and L2 bytes per kernel (dram__bytes.sum, lts__t_bytes.sum; ncu replays each
+#          kernel for them) and their rates over its time, to tell a kernel bound by HBM from one
+#          bound by L2 or by neither.
+# --csv FILE: read an existing `ncu --csv --page raw` file instead of profiling.
+# Prints one row per kernel: launches, total us, us per call, share of the total. Kernels whose
+# names ncu prints alike when cut short (CUTLASS instantiations) are told apart by the first two
+# cute::C triples of their full names (e.g. cluster 2x1x1, tile 128x192x64) and a short hash.
 set -uo pipefail
-calls=1; match=""
+calls=1; match=""; bytes=0; csv_in=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --calls) calls="$2"; shift 2 ;;
     --match) match="$2"; shift 2 ;;
+    --bytes) bytes=1; shift ;;
+    --csv) csv_in="$2"; shift 2 ;;
     --) shift; break ;;
     *) echo "kernel_times.sh: unknown argument $1 (put the command after --)"; exit 2 ;;
   esac
 done
-[ $# -eq 0 ] && { echo "kernel_times.sh: no command after --"; exit 2; }
-ncu_bin=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | tail -1 || ls /usr/local/cuda/bin/ncu 2>/dev/null)
-[ -z "$ncu_bin" ] && { echo "kernel_times.sh: ncu not found"; exit 3; }
-csv=$(mktemp)
-# --clock-control none: the clocks the bench itself runs at (ncu locks them to base otherwise).
-"$ncu_bin" --clock-control none --metrics gpu__time_duration.sum --csv --page raw ${match:+-k "regex:$match"} \
-  "$@" > "$csv" 2> "$csv.err"
-rc=$?
-python3 - "$csv" "$calls" <<'EOF'
-import csv, sys, re, collections
-path, calls = sys.argv[1], float(sys.argv[2])
+rc=0
+if [ -n "$csv_in" ]; then
+  csv="$csv_in"
+else
+  [ $# -eq 0 ] && { echo "kernel_times.sh: no command after -- (or give --csv)"; exit 2; }
+  ncu_bin=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | tail -1 || ls /usr/local/cuda/bin/ncu 2>/dev/null)
+  [ -z "$ncu_bin" ] && { echo "kernel_times.sh: ncu not found"; exit 3; }
+  csv=$(mktemp)
+  trap 'rm -f "$csv" "$csv.err"' EXIT
+  metrics=gpu__time_duration.sum
+  [ $bytes -eq 1 ] && metrics=$metrics,dram__bytes.sum,lts__t_bytes.sum
+  # --clock-control none: the clocks the bench itself runs at (ncu locks them to base otherwise).
+  "$ncu_bin" --clock-control none --metrics "$metrics" --csv --page raw ${match:+-k "regex:$match"} \
+    "$@" > "$csv" 2> "$csv.err"
+  rc=$?
+fi
+python3 - "$csv" "$calls" "$bytes" <<'EOF'
+import csv, sys, re, collections, hashlib
+path, calls, want_bytes = sys.argv[1], float(sys.argv[2]), sys.argv[3] == "1"
 lines = [l for l in open(path, errors="replace") if l.startswith('"')]
 rows = list(csv.reader(lines))
 if len(rows) < 3:
     print("kernel_times.sh: ncu produced no kernel rows"); sys.exit(0)
-head = rows[0]
+head, units = rows[0], rows[1]
 ki, ti = head.index("Kernel Name"), head.index("gpu__time_duration.sum")
-unit = rows[1][ti]
-scale = {"nsecond": 1e-3, "ns": 1e-3, "usecond": 1.0, "us": 1.0, "msecond": 1e3, "ms": 1e3}.get(unit)
-if scale is None:
-    print(f"kernel_times.sh: unknown time unit {unit!r}"); sys.exit(3)
+def scale_of(col, table, what):
+    s = table.get(units[col])
+    if s is None:
+        print(f"kernel_times.sh: unknown {what} unit {units[col]!r}"); sys.exit(3)
+    return s
+tscale = scale_of(ti, {"nsecond": 1e-3, "ns": 1e-3, "usecond": 1.0, "us": 1.0, "msecond": 1e3, "ms": 1e3}, "time")
+bcols = []
+if want_bytes:
+    btable = {"byte": 1.0, "Kbyte": 1e3, "Mbyte": 1e6, "Gbyte": 1e9, "KB": 1e3, "MB": 1e6, "GB": 1e9}
+    for m in ("dram__bytes.sum", "lts__t_bytes.sum"):
+        if m not in head:
+            print(f"kernel_times.sh: no {m} column (profile with --bytes)"); sys.exit(3)
+        c = head.index(m)
+        bcols.append((c, scale_of(c, btable, "byte")))
+def label(full):
+    name = re.sub(r"^void ", "", re.sub(r"\(.*", "", full).strip())  # drop the argument list
+    if len(name) < 90:
+        return name
+    triples = re.findall(r"cute::C<(\d+)>, cute::C<(\d+)>, cute::C<(\d+)>", full)[:2]
+    tag = " ".join("x".join(t) for t in triples)
+    return f"{name[:60]}... {tag} #{hashlib.md5(full.encode()).hexdigest()[:6]}".replace("  ", " ")
+def num(s):
+    return float(s.replace(",", ""))
 agg = collections.OrderedDict()
 for r in rows[2:]:
-    name = re.sub(r"\(.*", "", r[ki]).strip()           # drop the argument list
-    name = re.sub(r"^void ", "", name)
-    name = name if len(name) < 90 else name[:87] + "..."
-    t = float(r[ti].replace(",", "")) * scale
-    n, s = agg.get(name, (0, 0.0))
-    agg[name] = (n + 1, s + t)
-total = sum(s for _, s in agg.values())
-print(f"| kernel | launches | total us | us per call (/{calls:g}) | share |")
-print("|---|---|---|---|---|")
-for name, (n, s) in sorted(agg.items(), key=lambda kv: -kv[1][1]):
-    print(f"| `{name}` | {n} | {s:.1f} | {s / calls:.1f} | {100 * s / total:.1f}% |")
-print(f"| all | {sum(n for n, _ in agg.values())} | {total:.1f} | {total / calls:.1f} | 100% |")
+    name = label(r[ki])
+    n, t, b = agg.get(name, (0, 0.0, [0.0] * len(bcols)))
+    agg[name] = (n + 1, t + num(r[ti]) * tscale, [x + num(r[c]) * s for x, (c, s) in zip(b, bcols)])
+total = sum(t for _, t, _ in agg.values())
+extra = " DRAM GB/s | L2 GB/s |" if want_bytes else ""
+print(f"| kernel | launches | total us | us per call (/{calls:g}) | share |{extra}")
+print("|---|---|---|---|---|" + ("---|---|" if want_bytes else ""))
+for name, (n, t, b) in sorted(agg.items(), key=lambda kv: -kv[1][1]):
+    rates = "".join(f" {x / (t * 1e3) if t > 0 else 0:.0f} |" for x in b)  # bytes / (us * 1e3) = GB/s
+    print(f"| `{name}` | {n} | {t:.1f} | {t / calls:.1f} | {100 * t / total:.1f}% |{rates}")
+print(f"| all | {sum(n for n, _, _ in agg.values())} | {total:.1f} | {total / calls:.1f} | 100% |" +
+      (" | |" if want_bytes else ""))
 EOF
-[ $rc -ne 0 ] && { echo "ncu exit $rc:"; tail -5 "$csv.err"; }
-rm -f "$csv" "$csv.err"
-exit $rc
+prc=$?
+[ $rc -ne 0 ] && { echo "ncu exit $rc:"; tail -5 "$csv.err"; exit $rc; }
+exit $prc
