@@ -69,7 +69,8 @@ def label(full):
     name = re.sub(r"^void ", "", re.sub(r"\(.*", "", full).strip())  # drop the argument list
     if len(name) < 90:
         return name
-    triples = re.findall(r"cute::C<(\d+)>, cute::C<(\d+)>, cute::C<(\d+)>", full)[:2]
+    c = r"cute::C<(?:\([^)]*\))?(\d+)\w*>"  # the demangler may write C<128>, C<(int)128> or C<128l>
+    triples = re.findall(", ".join([c] * 3), full)[:2]
     tag = " ".join("x".join(t) for t in triples)
     return f"{name[:60]}... {tag} #{hashlib.md5(full.encode()).hexdigest()[:6]}".replace("  ", " ")
 def num(s):
