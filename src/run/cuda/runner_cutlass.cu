@@ -132,8 +132,9 @@ int CudaRunner::run_widened(const cutlass_engine::Grouped& g, const MatrixView& 
 // With cutlass_swap auto the bf16 and fp8 GEMMs run one launch per range of rows per expert
 // (policy::row_buckets), each on the tile that fits the range (swap-AB 64, 128 or 192: the same
 // operands and output bytes, the weights in the 128-row tile; or unswapped), which the device
-// counts decide, on side streams unless tuning.concurrent_buckets is off; widened chunks run one swap-AB width (policy::swap_tile_n). A swapped GEMM1 is
-// followed by the SwiGLU pass (the fused epilogue has no swapped form).
+// counts decide, on side streams unless tuning.concurrent_buckets is off; widened chunks run one
+// swap-AB width (policy::swap_tile_n). A swapped GEMM1 is followed by the SwiGLU pass (the fused
+// epilogue has no swapped form).
 // Widened GEMMs run as all GEMM1 chunks, the SwiGLU pass once over all rows, then all GEMM2 chunks:
 // the SwiGLU pass and the intermediate's fp8 quantization stay one launch each, and both GEMMs
 // share one scratch buffer (W13 chunks, then W2 chunks).
@@ -173,7 +174,8 @@ void CudaRunner::run_cutlass(const DispatchOutput& in, const ExpertWeights& w, b
   const bool any_bf16 = p1 == CutlassPath::bf16 || p2 == CutlassPath::bf16;
   const bool any_widened = p1 == CutlassPath::widened || p2 == CutlassPath::widened;
   const int sw = plan.swap_tile_n;
-  const size_t ws_stride = std::max(any_fp8 ? bucket_workspace(plan.buckets, true, plan.split_w13 ? 2 * E : E, sms_) : 0,
+  const int groups8 = plan.split_w13 ? 2 * E : E;
+  const size_t ws_stride = std::max(any_fp8 ? bucket_workspace(plan.buckets, true, groups8, sms_) : 0,
                                     any_bf16 ? bucket_workspace(plan.buckets, false, E, sms_) : 0);
   StreamFork* const fork = concurrent_buckets_ && plan.buckets.size() > 1 ? &fork_ : nullptr;
   cws_.reserve(std::max({ws_stride * (fork ? plan.buckets.size() : 1),
