@@ -79,6 +79,11 @@ struct Opts {
   const Flags* flags_given = nullptr;
 };
 
+// Local experts of a preset's point: --local-experts, or half the model's (EP 2).
+int local_experts_of(const Opts& o, const MoeConfig& model) {
+  return o.local_experts > 0 ? o.local_experts : std::max(1, model.num_experts / 2);
+}
+
 // The header's iq: the value each weight format runs with, e.g. "auto (bf16 none, fp8 fp8, nvfp4
 // none)", so that a table of fp8 rows says whether GEMM2 took the fp8 path.
 std::string iq_header(const Opts& o, const MoeConfig& shape) {
@@ -100,7 +105,7 @@ void bench_preset(const Opts& o, const ModelPreset& given, double hbm_gbs, const
   ModelPreset pre = given;
   apply_config_flags(*o.flags_given, pre.config);  // --hidden, --intermediate, --ue8m0, tuning
   const int H = pre.config.hidden, I = pre.config.intermediate;
-  const int E = o.local_experts > 0 ? o.local_experts : std::max(1, pre.config.num_experts / 2);
+  const int E = local_experts_of(o, pre.config);
   const std::vector<long long>& Ms = o.Ms;
   const int reps = o.reps;
   const long long maxM = *std::max_element(Ms.begin(), Ms.end());
@@ -329,7 +334,7 @@ void print_plan(const Opts& o) {
     ModelPreset pre = *given;
     apply_config_flags(*o.flags_given, pre.config);
     const int H = pre.config.hidden, I = pre.config.intermediate;
-    const int E = o.local_experts > 0 ? o.local_experts : std::max(1, pre.config.num_experts / 2);
+    const int E = local_experts_of(o, pre.config);
     const BenchRows brows(o.routing, pre.config, E, maxM);
     std::printf("\n# epmoe bench runner, dry run (no GPU): %s H=%d I=%d, %d local experts, routing %s, cutlass swap %s%s\n",
                 pre.name.c_str(), H, I, E, brows.describe(), cutlass_swap_name(pre.config.tuning.cutlass_swap),

@@ -121,9 +121,9 @@ constexpr double kSplitMinWeightBytes = 1024.0 * 1024 * 1024;
 // weight, else bf16's two; nvfp4 is widened, unsplit).
 inline double split_weight_bytes(int E, int H, int I, bool fp8) { return double(E) * 3.0 * H * I * (fp8 ? 1 : 2); }
 constexpr int kSplitMinExperts = 16;
-constexpr double kSplitMaxRows = 384.0;  // fp8
+constexpr double kSplitMaxRowsFp8 = 384.0;
 constexpr double kSplitMaxRowsBf16 = 576.0;
-inline double split_max_rows(bool fp8) { return fp8 ? kSplitMaxRows : kSplitMaxRowsBf16; }
+inline double split_max_rows(bool fp8) { return fp8 ? kSplitMaxRowsFp8 : kSplitMaxRowsBf16; }
 // A split table as text, "lo-hi:tile,...,lo-:tile" (e.g. "0-64:64,65-128:128,129-:0"; tile 0 =
 // unswapped), for trying other ranges without a rebuild (CudaRunner::set_row_buckets, `epmoe bench
 // runner --row-buckets`). The ranges must start at 0, follow each other and end open; tiles 0, 64,

@@ -334,15 +334,13 @@ __device__ void scan_offsets(const int32_t* cnt, int E, const TileTables t, int3
   for (int e = e0; e < e1; ++e) {
     offsets[e] = r;
     fill[e] = 0;
-    if (tile_tables::in_second(cnt[e], t.bm, t.bm2)) {
-      const int c = tile_tables::tiles_of(cnt[e], t.bm2);
-      for (int j = 0; j < c; ++j)
-        t.tiles2[i2++] = MTile{e, r + j * t.bm2, min(t.bm2, cnt[e] - j * t.bm2), tile_tables::walk_tag(j, c)};
-    } else {
-      const int c = tile_tables::tiles_of(cnt[e], t.bm);
-      for (int j = 0; j < c; ++j)
-        t.tiles[i1++] = MTile{e, r + j * t.bm, min(t.bm, cnt[e] - j * t.bm), tile_tables::walk_tag(j, c)};
-    }
+    const bool second = tile_tables::in_second(cnt[e], t.bm, t.bm2);
+    const int bm = second ? t.bm2 : t.bm;
+    MTile* const table = second ? t.tiles2 : t.tiles;
+    int32_t& at = second ? i2 : i1;
+    const int c = tile_tables::tiles_of(cnt[e], bm);
+    for (int j = 0; j < c; ++j)
+      table[at++] = MTile{e, r + j * bm, min(bm, cnt[e] - j * bm), tile_tables::walk_tag(j, c)};
     r += cnt[e];
   }
   if (tid == kScanThreads - 1) {
@@ -473,6 +471,12 @@ __global__ void intermediate_fp8_kernel(bf16_raw* __restrict__ h, const int32_t*
 
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
+// Threads of a vector row-pass CTA that covers a row's H / 8 16-byte chunks in one step of
+// `per_thread` chunks each: whole warps, at least one, at most `max_threads`.
+int row_step_threads(int H, int per_thread, int max_threads) {
+  return std::clamp(((H / 8 + per_thread - 1) / per_thread + 31) & ~31, 32, max_threads);
+}
+
 }  // namespace
 
 bool launch_permute_bf16(const DispatchOutput& in, const int32_t* offsets, int32_t* fill, int32_t* pair_pos,
@@ -493,7 +497,7 @@ bool launch_permute_bf16(const DispatchOutput& in, const int32_t* offsets, int32
     auto* kernel = in.format == ActFormat::bf16  ? permute_vec_kernel<ActFormat::bf16>
                    : in.format == ActFormat::fp8 ? permute_vec_kernel<ActFormat::fp8>
                                                  : permute_vec_kernel<ActFormat::nvfp4>;
-    const int threads = std::clamp(((H / 8 + kPermuteChunks - 1) / kPermuteChunks + 31) & ~31, 32, 256);
+    const int threads = row_step_threads(H, kPermuteChunks, 256);
     launch_kernel(kernel, grid, threads, 0, st, pdl, in.quant, in.payload, in.scales, in.local_ids, in.counts, C, K, E,
                   H, offsets, fill, pair_pos, A);
   } else {
@@ -511,7 +515,7 @@ void launch_reduce(const DispatchOutput& in, const int32_t* pair_pos, const bf16
   if (H % 8 == 0 && aligned16(o) && aligned16(y)) {
     // As few threads as cover the row in one step of kChunks chunks (>= one warp, <= 128): at
     // H = 2048 a 128-thread CTA left half its chunk slots empty and half the loads per SM in flight.
-    const int threads = std::clamp(((H / 8 + kChunks - 1) / kChunks + 31) & ~31, 32, 128);
+    const int threads = row_step_threads(H, kChunks, 128);
     launch_kernel(reduce_vec_kernel, unsigned(S), threads, 0, st, pdl, o, pair_pos, in.weights, in.counts, C, K, H, y);
   } else {
     launch_kernel(reduce_kernel, unsigned(S), 256, 0, st, pdl, o, pair_pos, in.weights, in.counts, C, K, H, y);

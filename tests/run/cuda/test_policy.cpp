@@ -79,7 +79,7 @@ TEST(CudaPolicy, SwapAndCrossoverRules) {
   EXPECT_EQ(pol::swap_tile_n(CutlassSwap::n128, 1), 128);
   EXPECT_EQ(pol::swap_tile_n(CutlassSwap::n192, 1), 192);
   // The split by rows (byrows, and automatic for experts of at least kSplitMinWeightBytes up to
-  // kSplitMaxRows expected rows): the ranges cover every row count once, in order; bf16 and fp8 tables as
+  // split_max_rows expected rows): the ranges cover every row count once, in order; bf16 and fp8 tables as
   // documented in policy.h. Smaller or fewer experts under automatic: one launch, swap-AB 128 up
   // to kSwapMaxRows expected rows, unswapped above.
   using RB = pol::RowBucket;
@@ -94,7 +94,7 @@ TEST(CudaPolicy, SwapAndCrossoverRules) {
     }
   };
   const double big = pol::kSplitMinWeightBytes, small = pol::kSplitMinWeightBytes - 1;
-  for (const double rows : {1.0, 64.0, pol::kSwapMaxRows + 1, pol::kSplitMaxRows, pol::kSplitMaxRows + 1,
+  for (const double rows : {1.0, 64.0, pol::kSwapMaxRows + 1, pol::kSplitMaxRowsFp8, pol::kSplitMaxRowsFp8 + 1,
                             pol::kSplitMaxRowsBf16, 1e5}) {
     for (const auto& [sw, bytes] : {std::pair{CutlassSwap::automatic, big}, std::pair{CutlassSwap::byrows, big},
                                     std::pair{CutlassSwap::byrows, 1.0}}) {
