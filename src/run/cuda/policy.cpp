@@ -106,6 +106,19 @@ std::vector<RowBucket> parse_row_buckets(const std::string& spec) {
   return out;
 }
 
+std::vector<int> bucket_order(const std::vector<RowBucket>& buckets, double expected_rows) {
+  auto distance = [&](const RowBucket& b) {
+    if (expected_rows < b.lo) return double(b.lo) - expected_rows;
+    if (expected_rows > b.hi) return expected_rows - double(b.hi);
+    return 0.0;
+  };
+  std::vector<int> order(buckets.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = int(i);
+  std::stable_sort(order.begin(), order.end(),
+                   [&](int a, int b) { return distance(buckets[a]) < distance(buckets[b]); });
+  return order;
+}
+
 void check_row_buckets(const std::vector<RowBucket>& buckets, bool fp8) {
   for (const RowBucket& b : buckets)
     if (b.tile_n != 0 && !cutlass_engine::swap_tile_exists(b.tile_n, fp8))

@@ -129,6 +129,12 @@ inline double split_max_rows(bool fp8) { return fp8 ? kSplitMaxRowsFp8 : kSplitM
 // runner --row-buckets`). The ranges must start at 0, follow each other and end open; tiles 0, 64,
 // 96, 128 or 192 (96 exists for fp8 only: check_row_buckets). Throws UsageError naming the part.
 std::vector<RowBucket> parse_row_buckets(const std::string& spec);
+// The order in which concurrent launches per range are issued (indices into `buckets`): the range
+// holding the expected rows per expert first, then the others by their distance from it (ties: the
+// lower range first). The launches hold one CTA per SM each (their shared memory), so the first
+// issued takes the SMs first: a range no expert falls in then starts and ends while the likely
+// large one already runs, rather than ahead of it. Any order writes the same bytes.
+std::vector<int> bucket_order(const std::vector<RowBucket>& buckets, double expected_rows);
 // Throws UsageError when a bucket's tile has no instantiation on that GEMM
 // (cutlass_engine::swap_tile_exists: 96 is fp8's only).
 void check_row_buckets(const std::vector<RowBucket>& buckets, bool fp8);

@@ -37,19 +37,25 @@ void gemm1_swiglu(const cutlass_engine::Grouped& g, bf16_raw* gate, cudaStream_t
 // (its tables), so that they overlap: the launches whose range no expert falls in (the device counts
 // decide, so the host launches them all) end at once instead of one after the other, and a launch's
 // last wave shares the GPU with the next one's first. Each expert's rows are in exactly one range,
-// so the launches write disjoint rows and the bytes are those of the sequential order.
+// so the launches write disjoint rows and the bytes are those of the sequential order. They are
+// issued in policy::bucket_order of `expected_rows` (the likely large range first).
 void run_buckets(cutlass_engine::Grouped g, const std::vector<policy::RowBucket>& buckets, bool fp8,
-                 cudaStream_t st, StreamFork* fork, size_t ws_stride) {
+                 cudaStream_t st, StreamFork* fork, size_t ws_stride, double expected_rows) {
   const bool split = fork && buckets.size() > 1;
   if (split) fork->fork(st, int(buckets.size()));
   uint8_t* const ws = static_cast<uint8_t*>(g.workspace);
-  for (size_t i = 0; i < buckets.size(); ++i) {
+  std::vector<int> order(buckets.size());
+  if (split)
+    order = policy::bucket_order(buckets, expected_rows);
+  else
+    for (size_t i = 0; i < order.size(); ++i) order[i] = int(i);
+  for (const int i : order) {
     const policy::RowBucket& b = buckets[i];
     g.rows_lo = b.lo;
     g.rows_hi = b.hi;
     g.swap_ab = b.tile_n != 0;
     g.swap_tile_n = b.tile_n ? b.tile_n : 64;
-    cudaStream_t s = split ? fork->side(int(i)) : st;
+    cudaStream_t s = split ? fork->side(i) : st;
     if (split) g.workspace = ws + i * ws_stride;
     if (fp8)
       cutlass_engine::grouped_gemm_fp8(g, s);
@@ -64,10 +70,10 @@ void run_buckets(cutlass_engine::Grouped g, const std::vector<policy::RowBucket>
 // written into the two column halves of g.out [rows][2I]; the result is the [rows][2I] the single
 // GEMM writes where I % 128 == 0.
 void run_fp8_halves(cutlass_engine::Grouped g, const std::vector<policy::RowBucket>& buckets, cudaStream_t st,
-                    StreamFork* fork, size_t ws_stride) {
+                    StreamFork* fork, size_t ws_stride, double expected_rows) {
   g.N /= 2;
   g.halves = true;
-  run_buckets(g, buckets, true, st, fork, ws_stride);
+  run_buckets(g, buckets, true, st, fork, ws_stride, expected_rows);
 }
 
 // The workspace one launch of `buckets` (fp8 or bf16 GEMMs) needs: the largest one's, rounded up
@@ -146,8 +152,9 @@ void CudaRunner::run_cutlass(const DispatchOutput& in, const ExpertWeights& w, b
   const WeightFormat wf = w.w13.format;
   const IntermediateQuant iq = cfg_.effective_intermediate_quant();
   const bool iq8 = iq == IntermediateQuant::fp8;
+  const double er = policy::expected_rows(cfg_, in);
   policy::CutlassPlan plan =
-      policy::cutlass_plan(in, w, iq, fused_swiglu_, cutlass_swap_, policy::expected_rows(cfg_, in), widen_scratch_);
+      policy::cutlass_plan(in, w, iq, fused_swiglu_, cutlass_swap_, er, widen_scratch_);
   const CutlassPath p1 = plan.gemm1, p2 = plan.gemm2;
   if (!row_buckets_.empty()) {
     policy::check_row_buckets(row_buckets_, p1 != CutlassPath::bf16 && p2 != CutlassPath::bf16);
@@ -235,9 +242,9 @@ void CudaRunner::run_cutlass(const DispatchOutput& in, const ExpertWeights& w, b
     g1.sfa = as_.get<float>();
     g1.sfw = static_cast<const float*>(w.w13.scales);
     if (plan.split_w13)
-      run_fp8_halves(g1, plan.buckets, st, fork, ws_stride);
+      run_fp8_halves(g1, plan.buckets, st, fork, ws_stride, er);
     else
-      run_buckets(g1, plan.buckets, true, st, fork, ws_stride);
+      run_buckets(g1, plan.buckets, true, st, fork, ws_stride, er);
   } else if (fuse) {
     // gu_ holds the gate half [rows][I]; the up half's epilogue writes the intermediate into h_.
     g1.A = a_.get<bf16_raw>();
@@ -250,7 +257,7 @@ void CudaRunner::run_cutlass(const DispatchOutput& in, const ExpertWeights& w, b
   } else {
     g1.A = a_.get<bf16_raw>();
     if (p1 == CutlassPath::bf16)
-      run_buckets(g1, plan.buckets, false, st, fork, ws_stride);
+      run_buckets(g1, plan.buckets, false, st, fork, ws_stride, er);
     else
       last_widen_chunks_ += run_widened(g1, w.w13, nvfp4 ? inv_gs_.get<float>() : nullptr, chunk1, st);
   }
@@ -269,13 +276,13 @@ void CudaRunner::run_cutlass(const DispatchOutput& in, const ExpertWeights& w, b
     g2.A = h8_.get<uint8_t>();
     g2.sfa = hs_.get<float>();
     g2.sfw = static_cast<const float*>(w.w2.scales);
-    run_buckets(g2, plan.buckets, true, st, fork, ws_stride);
+    run_buckets(g2, plan.buckets, true, st, fork, ws_stride, er);
   } else {
     g2.A = h_.get<bf16_raw>();
     g2.sfa = nullptr;
     g2.sfw = nullptr;
     if (p2 == CutlassPath::bf16)
-      run_buckets(g2, plan.buckets, false, st, fork, ws_stride);
+      run_buckets(g2, plan.buckets, false, st, fork, ws_stride, er);
     else
       last_widen_chunks_ += run_widened(g2, w.w2, nvfp4 ? inv_gs_.get<float>() + E : nullptr, chunk2, st);
   }

@@ -203,6 +203,20 @@ TEST(CudaPolicy, RowBucketsFromText) {
   EXPECT_NO_THROW(pol::check_row_buckets(pol::parse_row_buckets("0-:192"), false));
 }
 
+// Concurrent launches per range are issued from the range of the expected rows outwards, each
+// range once.
+TEST(CudaPolicy, BucketOrderFromTheMean) {
+  namespace pol = cuda::policy;
+  const auto b = pol::parse_row_buckets("0-64:64,65-128:128,129-192:192,193-256:0,257-384:192,385-:0");
+  EXPECT_EQ(pol::bucket_order(b, 256.0), (std::vector<int>{3, 4, 2, 1, 5, 0}));  // distances 0, 1, 64, 128, 129, 192
+  EXPECT_EQ(pol::bucket_order(b, 32.0), (std::vector<int>{0, 1, 2, 3, 4, 5}));
+  EXPECT_EQ(pol::bucket_order(b, 1e6), (std::vector<int>{5, 4, 3, 2, 1, 0}));
+  // Between two ranges (128.5): the nearer first; at equal distance the lower one.
+  EXPECT_EQ(pol::bucket_order(b, 128.5).front(), 1);
+  EXPECT_EQ(pol::bucket_order(pol::parse_row_buckets("0-10:64,11-:0"), 10.5), (std::vector<int>{0, 1}));
+  EXPECT_EQ(pol::bucket_order(pol::parse_row_buckets("0-:0"), 7.0), (std::vector<int>{0}));
+}
+
 // tuning.fused_swiglu reaches the runner (the constructor touches no GPU and throws nothing);
 // set_fused_swiglu overrides it.
 TEST(CudaPolicy, FusedSwigluSwitch) {
