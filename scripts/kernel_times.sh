@@ -6,7 +6,8 @@
 #   scripts/kernel_times.sh [--calls N] [--bytes] --csv FILE
 # --calls N: divide each kernel's total by N (the bench's warm-up + repetitions + 5 host-time
 #            calls, e.g. 10 for --reps 3; default 1).
-# --match REGEX: only kernels whose name matches (ncu -k regex:...).
+# --match REGEX: only kernels whose demangled name matches (ncu --kernel-name-base demangled -k regex:...;
+#            ncu's default base, the function name, is `device_kernel` for every CUTLASS kernel).
 # --bytes: also DRAM and L2 bytes per kernel (dram__bytes.sum, lts__t_bytes.sum; ncu replays each
 #          kernel for them) and their rates over its time, to tell a kernel bound by HBM from one
 #          bound by L2 or by neither.
@@ -38,7 +39,7 @@ else
   metrics=gpu__time_duration.sum
   [ $bytes -eq 1 ] && metrics=$metrics,dram__bytes.sum,lts__t_bytes.sum
   # --clock-control none: the clocks the bench itself runs at (ncu locks them to base otherwise).
-  "$ncu_bin" --clock-control none --metrics "$metrics" --csv --page raw ${match:+-k "regex:$match"} \
+  "$ncu_bin" --clock-control none --metrics "$metrics" --csv --page raw ${match:+--kernel-name-base demangled -k "regex:$match"} \
     "$@" > "$csv" 2> "$csv.err"
   rc=$?
 fi
