@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # scripts/kernel_times.sh on a made-up ncu raw page (no GPU): launches of one kernel summed and
 # divided by --calls, CUTLASS instantiations whose cut names are alike told apart by their tile
-# triples, DRAM and L2 rates with --bytes, unit scaling, and the errors for a missing command, an
+# triples, DRAM and L2 rates and DRAM GB per call (read / write where the page has them) with --bytes,
+# a row per launch with --launches, unit scaling, and the errors for a missing command, an
 # unknown unit and --bytes on a page without byte columns.
 set -uo pipefail
 tool="$1/scripts/kernel_times.sh"
@@ -27,10 +28,24 @@ echo "$out" | grep -q '2x1x1 128x192x64 #[0-9a-f]\{6\}` | 1 | 100.0 | 50.0 | 31.
 echo "$out" | grep -q '2x1x1 128x256x64 #[0-9a-f]\{6\}` | 1 | 200.0 | 100.0 | 62.5% |$' || fail "tile 256 row"
 echo "$out" | grep -q '^| all | 4 | 320.0 | 160.0 | 100% |$' || fail "total"
 out=$("$tool" --csv "$dir/raw.csv" --bytes) || fail "exit $? with --bytes: $out"
-# 80 MB in 20 us: 4000 GB/s from DRAM; 0.16 GB in 20 us: 8000 GB/s from L2.
-echo "$out" | grep -q '^| `epmoe::permute_vec_kernel<0>` | 2 | 20.0 | 20.0 | 6.2% | 4000 | 8000 |$' ||
+# 80 MB in 20 us: 4000 GB/s from DRAM; 0.16 GB in 20 us: 8000 GB/s from L2; 0.08 GB per call (1).
+echo "$out" | grep -q '^| `epmoe::permute_vec_kernel<0>` | 2 | 20.0 | 20.0 | 6.2% | 4000 | 8000 | 0.08 |$' ||
   fail "--bytes rates: $out"
-echo "$out" | grep -q '128x256x64 .* | 2500 | 10000 |$' || fail "--bytes CUTLASS rates: $out"
+echo "$out" | grep -q '128x256x64 .* | 2500 | 10000 | 0.50 |$' || fail "--bytes CUTLASS rates: $out"
+# With read and write columns (as --bytes profiles): their GB per call; --launches: a row per launch.
+cat > "$dir/rw.csv" <<CSV
+"ID","Process ID","Kernel Name","dram__bytes.sum","dram__bytes_read.sum","dram__bytes_write.sum","gpu__time_duration.sum","lts__t_bytes.sum"
+"","","","Gbyte","Gbyte","Mbyte","usecond","Gbyte"
+"0","1","$long2","3","2.5","500","1000","6"
+"1","1","$long2","1","0.75","250","500","2"
+CSV
+out=$("$tool" --csv "$dir/rw.csv" --bytes --calls 2) || fail "exit $? with read/write columns: $out"
+echo "$out" | grep -q '128x256x64 .* | 2 | 1500.0 | 750.0 | 100.0% | 2667 | 5333 | 2.00 | 1.62 / 0.38 |$' ||
+  fail "read / write per call: $out"
+out=$("$tool" --csv "$dir/rw.csv" --bytes --launches) || fail "exit $? with --launches: $out"
+echo "$out" | grep -q '^| launch | kernel | us | DRAM GB/s | L2 GB/s | DRAM GB per launch | read / write GB |$' ||
+  fail "--launches header: $out"
+echo "$out" | grep -q '^| 1 | `cutlass.* | 500.0 | 2000 | 4000 | 1.00 | 0.75 / 0.25 |$' || fail "--launches row: $out"
 "$tool" > "$dir/err" 2>&1 && fail "no command accepted"
 grep -q "no command after --" "$dir/err" || fail "no-command message: $(cat "$dir/err")"
 sed 's/"usecond"/"fortnight"/' "$dir/raw.csv" > "$dir/unit.csv"
