@@ -4,7 +4,9 @@
 # instantiations dominate the build, so two trees take about as long as one); the GPU tests that
 # match --tests run on the first tree; then every --cmd runs on each tree in turn, for --rounds
 # rounds, the tree order reversed every other round so that neither side always runs first. Only
-# the bench tables' rows and HBM-copy lines are kept; one log, $OUT/ab.log (or ./out/ab.log).
+# the bench tables' rows and HBM-copy lines are kept; one log, $OUT/ab.log (or ./out/ab.log), which
+# ends with a table per command: each row's time (the header's first "time"/"ms"/"us" column) on
+# every tree, one value per round, and its mean over the first tree's.
 #   scripts/gpu_ab.sh [--tests REGEX] [--cmd "ARGS"]... [--rounds N] [--sh "COMMAND"]...
 #                     [--budget SECONDS] TREE...
 #     --tests   ctest -R regex of GPU tests, run on the first tree (default: none)
@@ -85,4 +87,44 @@ for s in "${shs[@]+"${shs[@]}"}"; do
   say "== sh $s $(el)"
   EPMOE="$first/build-gpu/epmoe" timeout 240 bash -c "$s" 2>&1 | tee -a "$log"
 done
+# Side by side: a row is the i-th data row of a command's output on each tree (the benches print
+# their rows in a fixed order); its label is its first three cells.
+python3 - "$log" <<'PY' | tee -a "$log"
+import re, sys, collections
+def num(c):
+    try:
+        float(c)
+        return True
+    except ValueError:
+        return False
+vals = collections.OrderedDict()  # cmd -> tree -> round -> [(label, value)]
+cur, col = None, None
+for line in open(sys.argv[1]):
+    m = re.match(r"^== (\S+) round (\d+): epmoe (.*) \[\d+ s\]$", line.rstrip())
+    if m:
+        cur, col = m.groups(), None
+        vals.setdefault(cur[2], collections.OrderedDict()).setdefault(cur[0], {})[cur[1]] = []
+        continue
+    if not cur or not line.startswith("|"):
+        continue
+    cells = [c.strip() for c in line.strip().strip("|").split("|")]
+    if not any(num(c) for c in cells):  # a header
+        col = next((i for i, c in enumerate(cells) if "time" in c or c.endswith(" ms") or c.endswith(" us")), None)
+        continue
+    if col is not None and col < len(cells) and num(cells[col]):
+        vals[cur[2]][cur[0]][cur[1]].append((" / ".join(cells[:3]), float(cells[col])))
+for cmd, trees in vals.items():
+    names = list(trees)
+    rows = [list(zip(*[r for _, r in sorted(trees[t].items())])) for t in names]  # tree -> row -> rounds
+    n = min(len(r) for r in rows)
+    if n == 0:
+        continue
+    print(f"\n`epmoe {cmd}`\n\n| row | " + " | ".join(names) + " | " + " | ".join(f"{t} / {names[0]}" for t in names[1:]) + " |")
+    print("|---|" + "---|" * (2 * len(names) - 1))
+    for i in range(n):
+        means = [sum(v for _, v in rows[k][i]) / len(rows[k][i]) for k in range(len(names))]
+        cells = [" / ".join(f"{v:g}" for _, v in rows[k][i]) for k in range(len(names))]
+        ratios = [f"{m / means[0]:.3f}" if means[0] else "-" for m in means[1:]]
+        print(f"| {i}: {rows[0][i][0][0]} | " + " | ".join(cells + ratios) + " |")
+PY
 say "done $(el)"

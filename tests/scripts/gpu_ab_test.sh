@@ -24,7 +24,10 @@ add_custom_target(gpu_tests ALL COMMAND \${CMAKE_COMMAND} -E touch \${CMAKE_BINA
 add_test(NAME gpu_one COMMAND true)
 set_tests_properties(gpu_one PROPERTIES LABELS gpu)
 CM
-  printf '#!/usr/bin/env bash\necho "| tree %s | $* |"\necho "noise that is not a table row"\n' "$name" > "$t/epmoe.sh"
+  # A bench table as the runner prints it: a header, then rows whose time is 2.0 ms on tree a and
+  # 1.0 on tree b (the summary's ratio 0.500).
+  time=$([ "$name" = a ] && echo 2.0 || echo 1.0)
+  printf '#!/usr/bin/env bash\necho "| tree %s | $* |"\necho "noise that is not a table row"\necho "| M | format | engine | time ms |"\necho "| 128 | bf16 | x | %s |"\necho "| 2048 | bf16 | x | %s |"\n' "$name" "$time" "$time" > "$t/epmoe.sh"
   chmod +x "$t/epmoe.sh"
 done
 OUT="$dir/out" timeout 120 "$tool" --tests gpu_one --rounds 2 --cmd "bench runner --m 1" \
@@ -40,6 +43,7 @@ grep -q '^| tree a | bench runner --m 1 |$' "$log" || fail "the command's argume
 grep -q 'noise' "$log" && fail "a line that is not a table row reached the log"
 grep -q "^| sh sees $dir/trees/a/build-gpu/epmoe |" "$log" || fail "the --sh run"
 grep -q '^done ' "$log" || fail "no closing line"
+grep -q '^| 1: 2048 / bf16 / x | 2 / 2 | 1 / 1 | 0.500 |$' "$log" || fail "the side-by-side table"
 "$tool" --nope "$dir/trees/a" > "$dir/err" 2>&1 && fail "unknown option accepted"
 grep -q "unknown option --nope" "$dir/err" || fail "unknown-option message: $(cat "$dir/err")"
 "$tool" "$dir/trees/none" > "$dir/err" 2>&1 && fail "a missing tree accepted"
