@@ -7,9 +7,11 @@
 # the bench tables' rows and HBM-copy lines are kept; one log, $OUT/ab.log (or ./out/ab.log), which
 # ends with a table per command: each row's time (the header's first "time"/"ms"/"us" column) on
 # every tree, one value per round, and its mean over the first tree's.
-#   scripts/gpu_ab.sh [--tests REGEX] [--cmd "ARGS"]... [--rounds N] [--sh "COMMAND"]...
-#                     [--budget SECONDS] TREE...
+#   scripts/gpu_ab.sh [--tests REGEX] [--sanitize FILTER] [--cmd "ARGS"]... [--rounds N]
+#                     [--sh "COMMAND"]... [--budget SECONDS] TREE...
 #     --tests   ctest -R regex of GPU tests, run on the first tree (default: none)
+#     --sanitize  then compute-sanitizer memcheck over the first tree's GPU tests of this gtest
+#               filter (scripts/sanitize_tests.sh; needs --tests, which builds them)
 #     --cmd     arguments of an epmoe run (repeatable), e.g. "bench runner --m 32768 --formats bf16"
 #     --rounds  times every --cmd runs on every tree (default 2)
 #     --sh      a shell command run once at the end with $EPMOE the FIRST tree's binary (repeatable),
@@ -21,20 +23,22 @@ here=$(cd "$(dirname "$0")/.." && pwd)
 out=${OUT:-$here/out}
 mkdir -p "$out"
 export NCCL_NVLS_ENABLE=0 NVSHMEM_DISABLE_NVLS=1
-tests=""; cmds=(); shs=(); rounds=2; budget=500; trees=()
+tests=""; sanitize=""; cmds=(); shs=(); rounds=2; budget=500; trees=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --tests) tests="$2"; shift 2 ;;
+    --sanitize) sanitize="$2"; shift 2 ;;
     --cmd) cmds+=("$2"); shift 2 ;;
     --rounds) rounds="$2"; shift 2 ;;
     --sh) shs+=("$2"); shift 2 ;;
     --budget) budget="$2"; shift 2 ;;
-    -h|--help) sed -n 2,16p "$0"; exit 0 ;;
+    -h|--help) sed -n 2,20p "$0"; exit 0 ;;
     -*) echo "gpu_ab: unknown option $1" >&2; exit 2 ;;
     *) trees+=("$1"); shift ;;
   esac
 done
 [ ${#trees[@]} -gt 0 ] || { echo "gpu_ab: no tree given (see --help)" >&2; exit 2; }
+[ -z "$sanitize" ] || [ -n "$tests" ] || { echo "gpu_ab: --sanitize needs --tests (the test binary is built with them)" >&2; exit 2; }
 for t in "${trees[@]}"; do [ -d "$t" ] || { echo "gpu_ab: no such tree: $t" >&2; exit 2; }; done
 start=$(date +%s)
 el() { echo "[$(( $(date +%s) - start )) s]"; }
@@ -67,6 +71,8 @@ if [ -n "$tests" ] && [ -x "$first/build-gpu/epmoe" ]; then
   (cd "$first/build-gpu" && ctest -L gpu -j 4 --timeout 300 -R "$tests" --output-on-failure > ../ctest.log 2>&1)
   say "tests $(basename "$first"): $(grep -E 'tests passed|tests failed' "$first/ctest.log" | tail -1) $(el)"
   grep -E '\((Failed|Timeout|SEGFAULT|Subprocess)' "$first/ctest.log" >> "$log"
+  [ -z "$sanitize" ] ||
+    say "$("$here/scripts/sanitize_tests.sh" "$first/build-gpu/tests/epmoe_gpu_tests" "$sanitize" "$first/sanitizer.log" 300) $(el)"
 fi
 
 for c in "${cmds[@]+"${cmds[@]}"}"; do
