@@ -65,16 +65,13 @@ tscale = scale_of(ti, {"nsecond": 1e-3, "ns": 1e-3, "usecond": 1.0, "us": 1.0, "
 bcols = []
 if want_bytes:
     btable = {"byte": 1.0, "Kbyte": 1e3, "Mbyte": 1e6, "Gbyte": 1e9, "KB": 1e3, "MB": 1e6, "GB": 1e9}
-    for m in ("dram__bytes.sum", "lts__t_bytes.sum"):
+    need, rw = ["dram__bytes.sum", "lts__t_bytes.sum"], ["dram__bytes_read.sum", "dram__bytes_write.sum"]
+    for m in need:
         if m not in head:
             print(f"kernel_times.sh: no {m} column (profile with --bytes)"); sys.exit(3)
+    for m in need + (rw if all(m in head for m in rw) else []):  # read / write: where the page has both
         c = head.index(m)
         bcols.append((c, scale_of(c, btable, "byte")))
-    split = all(m in head for m in ("dram__bytes_read.sum", "dram__bytes_write.sum"))
-    if split:
-        for m in ("dram__bytes_read.sum", "dram__bytes_write.sum"):
-            c = head.index(m)
-            bcols.append((c, scale_of(c, btable, "byte")))
 def label(full):
     name = re.sub(r"^void ", "", re.sub(r"\(.*", "", full).strip())  # drop the argument list
     if len(name) < 90:

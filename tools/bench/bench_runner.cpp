@@ -120,12 +120,10 @@ void bench_preset(const Opts& o, const ModelPreset& given, double hbm_gbs, const
   // random bf16 bits, read as bf16 rows or as e4m3 codes with scales of 1/64.
   DeviceBuffer payload(size_t(maxM) * H * 2), scales(size_t(maxM) * (H / 16) * 4 + 16), ids(size_t(maxM) * 4),
       wts(size_t(maxM) * 4), counts(4), y(size_t(maxM) * H * 2);
-  // The expert of slot j when the call has M valid slots (the first M of the buffer).
-  const BenchRows brows(o.routing, pre.config, E, maxM);
-  auto expert_of = [&](long long j, long long M) { return brows.expert(j, M); };
+  const BenchRows brows(o.routing, pre.config, E, maxM);  // the expert of each of the first M slots
   std::vector<int32_t> hid(maxM);
   {
-    for (long long j = 0; j < maxM; ++j) hid[j] = expert_of(j, maxM);
+    for (long long j = 0; j < maxM; ++j) hid[j] = brows.expert(j, maxM);
     EPMOE_CUDA_CHECK(cudaMemcpy(ids.get(), hid.data(), hid.size() * 4, cudaMemcpyHostToDevice));
     const std::vector<float> ones(maxM, 1.f), sc(scales.size() / 4, 1.f / 64);
     EPMOE_CUDA_CHECK(cudaMemcpy(wts.get(), ones.data(), ones.size() * 4, cudaMemcpyHostToDevice));
@@ -189,7 +187,7 @@ void bench_preset(const Opts& o, const ModelPreset& given, double hbm_gbs, const
       const int32_t m32 = int32_t(M);
       EPMOE_CUDA_CHECK(cudaMemcpy(counts.get(), &m32, 4, cudaMemcpyHostToDevice));
       if (o.routing == BenchRouting::skew) {  // the hot half depends on M
-        for (long long j = 0; j < M; ++j) hid[j] = expert_of(j, M);
+        for (long long j = 0; j < M; ++j) hid[j] = brows.expert(j, M);
         EPMOE_CUDA_CHECK(cudaMemcpy(ids.get(), hid.data(), size_t(M) * 4, cudaMemcpyHostToDevice));
       }
       DispatchOutput in;
@@ -277,12 +275,11 @@ void bench_preset(const Opts& o, const ModelPreset& given, double hbm_gbs, const
     const double el = 3.0 * H * I;
     return f == WeightFormat::bf16 ? el * 2 : f == WeightFormat::fp8 ? el + el / (128 * 128) * 4 : el / 2 + el / 16;
   };
-  // Experts that receive rows from the first M slots: only their weights are read.
-  auto touched_experts = [&](long long M) { return double(brows.touched(M)); };
-  // The floor of a row: max(weight bytes read / (0.9 x the HBM copy rate of this run), FLOPs / P), P
-  // 700 TFLOP/s for bf16 tensor-core work (bf16 and nvfp4 weights), 1100 for fp8.
+  // The floor of a row: max(weight bytes read (only the experts that receive rows) / (0.9 x the HBM
+  // copy rate of this run), FLOPs / P), P 700 TFLOP/s for bf16 tensor-core work (bf16 and nvfp4
+  // weights), 1100 for fp8.
   auto floor_ms = [&](WeightFormat f, long long M) {
-    const double bytes = touched_experts(M) * wbytes(f), flops = 2.0 * double(M) * 3.0 * H * I;
+    const double bytes = double(brows.touched(M)) * wbytes(f), flops = 2.0 * double(M) * 3.0 * H * I;
     const double peak = f == WeightFormat::fp8 ? 1100e12 : 700e12;
     return std::max(bytes / (0.9 * hbm_gbs * 1e9), flops / peak) * 1e3;
   };
@@ -299,7 +296,7 @@ void bench_preset(const Opts& o, const ModelPreset& given, double hbm_gbs, const
     for (const Row& r : rows) {
       if (r.M != M) continue;
       const double flops = 2.0 * double(M) * 3.0 * H * I;
-      const double touched = touched_experts(M);
+      const double touched = double(brows.touched(M));
       const double gbs = touched * wbytes(r.f) / (r.ms * 1e6);
       char vs_bf16[32] = "-", vs_fp8[32] = "-", cub[32] = "-", spd[32] = "-";
       if (r.f != WeightFormat::bf16 && t_bf16 > 0) std::snprintf(vs_bf16, sizeof vs_bf16, "%.2fx", r.ms / t_bf16);

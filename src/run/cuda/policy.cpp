@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <numeric>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -113,7 +114,7 @@ std::vector<int> bucket_order(const std::vector<RowBucket>& buckets, double expe
     return 0.0;
   };
   std::vector<int> order(buckets.size());
-  for (size_t i = 0; i < order.size(); ++i) order[i] = int(i);
+  std::iota(order.begin(), order.end(), 0);
   std::stable_sort(order.begin(), order.end(),
                    [&](int a, int b) { return distance(buckets[a]) < distance(buckets[b]); });
   return order;

@@ -280,11 +280,12 @@ __global__ void reduce_vec_kernel(const bf16_raw* __restrict__ o, const int32_t*
 constexpr int kScanThreads = 1024;
 
 // Slot i's pairs into the per-expert counters cnt (global or shared); ids outside [0, E) count nowhere.
+// One pair routed to local expert e (ids outside [0, E) belong to no local expert).
+__device__ __forceinline__ void count_id(int e, int E, int32_t* cnt) {
+  if (e >= 0 && e < E) atomicAdd(&cnt[e], 1);
+}
 __device__ __forceinline__ void count_slot(const int32_t* __restrict__ ids, int64_t i, int K, int E, int32_t* cnt) {
-  for (int k = 0; k < K; ++k) {
-    const int e = ids[i * K + k];
-    if (e >= 0 && e < E) atomicAdd(&cnt[e], 1);
-  }
+  for (int k = 0; k < K; ++k) count_id(ids[i * K + k], E, cnt);
 }
 
 __global__ void count_kernel(const int32_t* __restrict__ ids, const int32_t* __restrict__ counts, int64_t S, int C,
@@ -383,8 +384,7 @@ __global__ void __launch_bounds__(kScanThreads)
       e[b] = p < P && slot_valid(p / K, C, counts) ? ids[p] : -1;
     }
 #pragma unroll
-    for (int b = 0; b < kCountBatch; ++b)
-      if (e[b] >= 0 && e[b] < E) atomicAdd(&s_cnt[e[b]], 1);
+    for (int b = 0; b < kCountBatch; ++b) count_id(e[b], E, s_cnt);
   }
   __syncthreads();
   for (int e = threadIdx.x; e < E; e += blockDim.x) cnt[e] = s_cnt[e];

@@ -2,6 +2,7 @@
 // the operand path of policy::cutlass_plan, widened weights in chunks through one scratch buffer.
 #include <algorithm>
 #include <string>
+#include <numeric>
 #include <vector>
 
 #include "epmoe/format.h"
@@ -48,7 +49,7 @@ void run_buckets(cutlass_engine::Grouped g, const std::vector<policy::RowBucket>
   if (split)
     order = policy::bucket_order(buckets, expected_rows);
   else
-    for (size_t i = 0; i < order.size(); ++i) order[i] = int(i);
+    std::iota(order.begin(), order.end(), 0);  // one stream: the table's order
   for (const int i : order) {
     const policy::RowBucket& b = buckets[i];
     g.rows_lo = b.lo;
