@@ -73,6 +73,9 @@ struct Grouped {
   int sms = 0;                       // multiprocessors of the device (persistent grid)
   // grouped_gemm_bf16 / grouped_gemm_fp8 run their swap-AB instantiation (the same product; the
   // workspace then needs *_swap_workspace_bytes). Not with src (the SwiGLU GEMM is not swapped).
+  // grouped_gemm_bf16_glu sets it for its tables: N is I, the problem 2I wide (W13's gate and up
+  // rows), out [rows][I].
+  bool glu = false;
   bool swap_ab = false;
   int swap_tile_n = 64;  // swapped: rows of an expert per tile, 64, 128 or 192
   // Only the experts with rows_lo <= rows[e] <= rows_hi run (the others get no tiles): the runner
@@ -89,6 +92,12 @@ void grouped_gemm_bf16(const Grouped& g, cudaStream_t stream);
 // every other engine computes it (engine_cutlass_swiglu.cu).
 size_t swiglu_workspace_bytes(int experts, int sms);
 void grouped_gemm_bf16_swiglu(const Grouped& g, cudaStream_t stream);
+// GEMM1 and SwiGLU as one grouped GEMM (engine_cutlass_glu.cu): out [rows][N] = bf16(silu(g) * u),
+// g and u the bf16-rounded products of A with W's gate rows [0, N) and up rows [N, 2N) (W is
+// [E][2N][K]); the same bits as grouped_gemm_bf16 with 2N columns followed by swiglu. Needs
+// N % 128 == 0, bf16 weights and no alpha, halves, swap-AB or source.
+size_t glu_workspace_bytes(int experts, int sms);
+void grouped_gemm_bf16_glu(const Grouped& g, cudaStream_t stream);
 size_t fp8_workspace_bytes(int experts, int sms);
 // Needs K % 16 == 0 (16-byte TMA rows). A last partial 128-block of K or of N is its own scale
 // block: TMA fills the codes past K with zeros, and the scale loads past N are predicated off, so
@@ -227,11 +236,11 @@ template <class T>
 __global__ void fill_tables(T t, int E, int N, int K, const int32_t* __restrict__ rows,
                             const int32_t* __restrict__ offsets, int rows_lo, int rows_hi, const void* A,
                             const float* sfa, const void* W, int64_t w_stride, const float* sfw, const bf16_raw* src,
-                            bf16_raw* out, bool halves) {
+                            bf16_raw* out, bool halves, bool glu) {
   const int grp = blockIdx.x * blockDim.x + threadIdx.x;
   if (grp >= (halves ? 2 * E : E)) return;
   const int e = halves ? grp >> 1 : grp, h = halves ? grp & 1 : 0;
-  const int64_t out_ld = halves ? 2 * int64_t(N) : N;
+  const int64_t out_ld = halves ? 2 * int64_t(N) : N;  // glu: [rows][N] out of a 2N-wide problem
   const int m = rows[e] >= rows_lo && rows[e] <= rows_hi ? rows[e] : 0;
   const int64_t off = offsets[e];
   const auto* rows_ptr = static_cast<const typename T::ERows*>(A) + off * K;
@@ -246,7 +255,7 @@ __global__ void fill_tables(T t, int E, int N, int K, const int32_t* __restrict_
     t.b[grp] = rows_ptr;
     t.sd[grp] = cute::make_stride(cute::Int<1>{}, out_ld, cute::Int<0>{});
   } else {
-    t.shapes[grp] = typename T::Shape3{m, N, K};
+    t.shapes[grp] = typename T::Shape3{m, glu ? 2 * N : N, K};
     t.a[grp] = rows_ptr;
     t.b[grp] = w_ptr;
     t.sd[grp] = cute::make_stride(out_ld, cute::Int<1>{}, cute::Int<0>{});
@@ -296,10 +305,12 @@ typename Gemm::Arguments make_args(const Tables<Gemm, kScaled, kSource, kSwap>& 
     args.epilogue.ptr_C = nullptr;
     args.epilogue.thread.alpha = 1.0f;
     args.epilogue.thread.beta = 0.0f;
-    if (alpha) {
-      // The ptr-array scalar broadcast reads alpha_ptr[group * stride_L] for each tile's group.
-      args.epilogue.thread.alpha_ptr = alpha;
-      args.epilogue.thread.dAlpha = {cute::_0{}, cute::_0{}, int64_t(1)};
+    if constexpr (requires { args.epilogue.thread.dAlpha; }) {  // not the glu GEMM's epilogue
+      if (alpha) {
+        // The ptr-array scalar broadcast reads alpha_ptr[group * stride_L] for each tile's group.
+        args.epilogue.thread.alpha_ptr = alpha;
+        args.epilogue.thread.dAlpha = {cute::_0{}, cute::_0{}, int64_t(1)};
+      }
     }
   }
   args.hw_info.device_id = device;
@@ -367,10 +378,11 @@ void run(const Grouped& g, const char* what, cudaStream_t stream) {
     throw UsageError(std::string("cutlass ") + what + ": halves take no alpha and no source");
   const T t = T::carve(g.workspace, groups);
   if (kSource && !g.src) throw UsageError(std::string("cutlass ") + what + ": the source (gate) is null");
-  const int64_t w_stride = g.w_expert_stride ? g.w_expert_stride : int64_t(g.N) * g.K * (g.halves ? 2 : 1);
+  const int64_t w_stride =
+      g.w_expert_stride ? g.w_expert_stride : int64_t(g.N) * g.K * (g.halves || g.glu ? 2 : 1);
   fill_tables<T><<<(groups + 127) / 128, 128, 0, stream>>>(t, g.experts, g.N, g.K, g.rows, g.offsets, g.rows_lo,
                                                            g.rows_hi, g.A, g.sfa, g.W, w_stride, g.sfw, g.src, g.out,
-                                                           g.halves);
+                                                           g.halves, g.glu);
   EPMOE_CUDA_CHECK_LAUNCH();
   const auto args = make_args<Gemm, kScaled, kSource, kSwap>(t, groups, g.sms, device, g.alpha);
   auto fail = [&](cutlass::Status s, const char* step) {

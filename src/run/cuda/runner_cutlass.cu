@@ -18,10 +18,18 @@ namespace epmoe::cuda {
 
 namespace {
 
-// GEMM1 `g` (N = 2I, W = W13 of g.experts experts, out = the intermediate [rows][I]) as its gate
-// half into `gate` [rows][I] and its up half with SwiGLU in the epilogue, reading `gate`.
+// GEMM1 `g` (N = 2I, W = W13 of g.experts experts, out = the intermediate [rows][I]) with SwiGLU
+// fused: where I % 128 == 0 as one GEMM whose tiles hold both halves of 128 intermediate columns
+// (grouped_gemm_bf16_glu: the unfused bits), else as its gate half into `gate` [rows][I] and its
+// up half with SwiGLU in the epilogue, reading `gate`.
 void gemm1_swiglu(const cutlass_engine::Grouped& g, bf16_raw* gate, cudaStream_t st) {
   const int I = g.N / 2;
+  if (I % 128 == 0 && !g.alpha) {
+    cutlass_engine::Grouped glu = g;
+    glu.N = I;
+    cutlass_engine::grouped_gemm_bf16_glu(glu, st);
+    return;
+  }
   cutlass_engine::Grouped half = g;
   half.N = I;
   half.w_expert_stride = int64_t(2) * I * g.K;
@@ -190,7 +198,9 @@ void CudaRunner::run_cutlass(const DispatchOutput& in, const ExpertWeights& w, b
                          any_widened ? bucket_workspace({policy::RowBucket{0, policy::RowBucket{}.hi, sw}}, false, E,
                                                         sms_)
                                      : 0,
-                         fuse ? cutlass_engine::swiglu_workspace_bytes(E, sms_) : 0}));
+                         fuse ? std::max(cutlass_engine::swiglu_workspace_bytes(E, sms_),
+                                         cutlass_engine::glu_workspace_bytes(E, sms_))
+                              : 0}));
   const int chunk1 = plan.chunk1, chunk2 = plan.chunk2;
   scratch_.reserve(plan.scratch_bytes());
   reserve_routing(E, max_tiles, max_rows);

@@ -631,6 +631,74 @@ TEST(CutlassEngine, GroupedGemmDirect) {
   }
 }
 
+// GEMM1 with SwiGLU as one grouped GEMM (grouped_gemm_bf16_glu: each tile's weight slices are the
+// gate and up rows of the same 128 intermediate columns) against GEMM1 [rows][2I] followed by the
+// SwiGLU pass: bitwise equal on every row of every group (0, 1, partial and multi-tile experts,
+// several intermediate tiles), and no write past the groups' rows.
+TEST(CutlassEngine, GluEqualsGemmAndPass) {
+  EPMOE_REQUIRE_GPU();
+  EPMOE_REQUIRE_CUTLASS();
+  namespace ce = cuda::cutlass_engine;
+  std::mt19937 rng(29);
+  std::normal_distribution<float> nd(0.f, 1.f);
+  const std::vector<int32_t> rows = {0, 130, 1, 33, 257, 0, 64};
+  const int E = int(rows.size()), I = 384, K = 320;
+  std::vector<int32_t> offs(E);
+  int total = 0;
+  for (int e = 0; e < E; ++e) {
+    offs[e] = total;
+    total += rows[e];
+  }
+  int sms = 0;
+  EPMOE_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  std::vector<bf16_raw> a(size_t(total) * K), w(size_t(E) * 2 * I * K);
+  for (auto& v : a) v = num::f32_to_bf16(nd(rng));
+  for (auto& v : w) v = num::f32_to_bf16(nd(rng) / 8);
+  Dev<bf16_raw> da(a), dw(w);
+  Dev<int32_t> drows(rows), doffs(offs);
+  const size_t ws = std::max(ce::bf16_workspace_bytes(E, sms), ce::glu_workspace_bytes(E, sms));
+  cuda::DeviceBuffer wsb(ws);
+  ce::Grouped g;
+  g.experts = E;
+  g.K = K;
+  g.rows = drows.get();
+  g.offsets = doffs.get();
+  g.A = da.get();
+  g.W = dw.get();
+  g.workspace = wsb.get();
+  g.sms = sms;
+  // GEMM1 + pass.
+  Dev<bf16_raw> h(size_t(total) * 2 * I), ref(size_t(total + 8) * I);
+  ref.poison();
+  g.N = 2 * I;
+  g.out = h.get();
+  ce::grouped_gemm_bf16(g, nullptr);
+  ce::swiglu(h.get(), doffs.get(), drows.get(), E, I, total, false, false, ref.get(), nullptr, nullptr, nullptr);
+  // One GEMM.
+  Dev<bf16_raw> out(size_t(total + 8) * I);
+  out.poison();
+  g.N = I;
+  g.out = out.get();
+  ce::grouped_gemm_bf16_glu(g, nullptr);
+  EPMOE_CUDA_CHECK(cudaDeviceSynchronize());
+  const std::vector<bf16_raw> r = ref.download(), o = out.download();
+  size_t differ = 0, first = 0;
+  for (size_t i = 0; i < size_t(total) * I; ++i)
+    if (r[i] != o[i] && differ++ == 0) first = i;
+  std::printf("[cutlass] glu vs GEMM1 + SwiGLU pass, rows {0,130,1,33,257,0,64} I %d K %d: %zu of %zu differ\n", I,
+              K, differ, size_t(total) * I);
+  EXPECT_EQ(differ, 0u) << "first at row " << first / I << " column " << first % I;
+  for (size_t i = size_t(total) * I; i < o.size(); ++i)
+    if (o[i] != 0xffff) {
+      ADD_FAILURE() << "row " << i / I << " past the groups was written";
+      break;
+    }
+  // Arguments it does not take.
+  ce::Grouped bad = g;
+  bad.N = 200;
+  EXPECT_THROW(ce::grouped_gemm_bf16_glu(bad, nullptr), UsageError);
+}
+
 // The CUTLASS engine inside a CUDA graph (no host synchronization, device-side shapes): replays
 // equal the eager run bitwise, also after the routing changes in place. Widened weights run with a
 // small scratch (several chunks), whose count depends on the configuration only.
