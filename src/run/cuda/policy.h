@@ -229,7 +229,9 @@ std::string path_name(CutlassPath p, WeightFormat wf, int swap_tile_n = 0);
 struct CutlassPlan {
   CutlassPath gemm1 = CutlassPath::bf16, gemm2 = CutlassPath::bf16;
   // GEMM1 as its gate half and its up half with SwiGLU in the epilogue: asked for
-  // (tuning.fused_swiglu) and possible (GEMM1 on the bf16 GEMM, the intermediate stays bf16).
+  // (tuning.fused_swiglu) and possible (GEMM1 on the bf16 GEMM, the intermediate stays bf16), and
+  // unasked where GEMM1 is one unswapped launch of bf16 weights with I % 128 == 0 (the one-GEMM
+  // form, engine_cutlass_glu.cu: the unfused bits, no split given up).
   bool fused_swiglu = false;
   // Widened GEMMs: swap-AB with this token-tile width (swap_tile_n), 0 = unswapped. The others
   // (bf16 and fp8 paths): one launch per row bucket (row_buckets), of which a single bucket of all

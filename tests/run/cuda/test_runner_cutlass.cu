@@ -180,7 +180,10 @@ void run_problem(const Problem& p, uint32_t seed) {
     if (expect_fused) {
       std::string eu;
       const auto yu = run_engine(Engine::cutlass, &eu, 0, nullptr, false, sw);
-      EXPECT_FALSE(fused);
+      // Unasked, SwiGLU is still fused where GEMM1 is one unswapped launch of bf16 weights and
+      // I % 128 == 0 (the one-GEMM form, the unfused bits).
+      const bool auto_glu = p.wf == WeightFormat::bf16 && I % 128 == 0 && eu.rfind("cutlass-bf16/", 0) == 0;
+      EXPECT_EQ(fused, auto_glu) << eu;
       const Diff d = compare_rows(yc, yu, n, H);
       std::printf("[cutlass] %-24s SwiGLU fused vs pass   n=%d  max|a-b|/max|ref| %.3e  1-cos %.3e\n", p.name, n,
                   d.rel(), d.one_minus_cos);
