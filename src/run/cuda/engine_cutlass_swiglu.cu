@@ -7,7 +7,8 @@
 // bf16(silu(gate) * alpha * acc). Against GEMM1 [rows][2I] + a SwiGLU pass, that moves 6I instead
 // of 10I bytes per row through HBM and drops the pass (123 us at M 32768, DeepSeek-V3), but two
 // N = I GEMMs and the source load cost more (4.74 ms against 4.71 unfused, bf16 M 32768;
-// bench/results/history-runner.md), so the runner uses it only when asked (tuning.fused_swiglu).
+// bench/results/history-runner.md), so the runner uses it only when asked (tuning.fused_swiglu)
+// and only where the one-GEMM form (engine_cutlass_glu.cu, I % 128 == 0) does not apply.
 // Numerics: the gate is rounded to bf16 as before; the up half is not rounded before the product
 // (the unfused pass read it as bf16), as in the decode engines' fused epilogues.
 #define EPMOE_CUTLASS_GROUPED_IMPL 1
