@@ -217,6 +217,51 @@ TEST(CudaPolicy, BucketOrderFromTheMean) {
   EXPECT_EQ(pol::bucket_order(pol::parse_row_buckets("0-:0"), 7.0), (std::vector<int>{0}));
 }
 
+// The one-GEMM SwiGLU (engine_cutlass_glu.cu) is chosen without being asked exactly where GEMM1 is
+// one unswapped launch of bf16 weights with I % 128 == 0, so it never takes a split away;
+// fused_swiglu on fuses every unswapped bf16 GEMM1 and gives the split up above 192 rows.
+TEST(CudaPolicy, OneGemmSwigluWhereOneLaunch) {
+  namespace pol = cuda::policy;
+  auto plan = [](int E, int H, int I, WeightFormat wf, bool fused, double rows,
+                 IntermediateQuant iq = IntermediateQuant::none) {
+    DispatchOutput in;
+    in.num_local_experts = E;
+    in.hidden = H;
+    in.top_k = 8;
+    in.format = ActFormat::bf16;
+    ExpertWeights w;
+    w.num_local_experts = E;
+    w.hidden = H;
+    w.intermediate = I;
+    w.w13 = MatrixView{wf, E, 2 * I, H};
+    w.w2 = MatrixView{wf, E, H, I};
+    return pol::cutlass_plan(in, w, iq, fused, CutlassSwap::automatic, rows, size_t(1) << 30);
+  };
+  const auto bf16 = WeightFormat::bf16;
+  // Qwen3-30B (64 local experts, under the split's weight bound): one launch, fused unasked.
+  const auto q30 = plan(64, 2048, 768, bf16, false, 512);
+  ASSERT_EQ(q30.buckets.size(), 1u);
+  EXPECT_EQ(q30.buckets[0].tile_n, 0);
+  EXPECT_TRUE(q30.fused_swiglu);
+  // ... but not on a swapped launch (a small mean), nor with the fp8 intermediate, nor fp8 weights.
+  EXPECT_FALSE(plan(64, 2048, 768, bf16, false, 100).fused_swiglu);
+  EXPECT_FALSE(plan(64, 2048, 768, bf16, false, 512, IntermediateQuant::fp8).fused_swiglu);
+  EXPECT_FALSE(plan(64, 2048, 768, WeightFormat::fp8, false, 512).fused_swiglu);
+  // DeepSeek-V3 (128 experts) at a 256-row mean: split by rows, so not fused unless asked; asked,
+  // one unswapped launch.
+  const auto ds = plan(128, 7168, 2048, bf16, false, 256);
+  EXPECT_GT(ds.buckets.size(), 1u);
+  EXPECT_FALSE(ds.fused_swiglu);
+  const auto ds_on = plan(128, 7168, 2048, bf16, true, 256);
+  EXPECT_EQ(ds_on.buckets.size(), 1u);
+  EXPECT_TRUE(ds_on.fused_swiglu);
+  // Above the split's bound (a 1024-row mean) one launch again: fused unasked.
+  EXPECT_TRUE(plan(128, 7168, 2048, bf16, false, 1024).fused_swiglu);
+  // gpt-oss-120b (I 2880, not a multiple of 128): only when asked (the two-GEMM form).
+  EXPECT_FALSE(plan(64, 2880, 2880, bf16, false, 1024).fused_swiglu);
+  EXPECT_TRUE(plan(64, 2880, 2880, bf16, true, 1024).fused_swiglu);
+}
+
 // tuning.fused_swiglu reaches the runner (the constructor touches no GPU and throws nothing);
 // set_fused_swiglu overrides it.
 TEST(CudaPolicy, FusedSwigluSwitch) {
