@@ -8,7 +8,8 @@
 // whole engine is CUDA-graph capturable.
 //
 // Instantiations, one per .cu so that they build in parallel:
-//   engine_cutlass_bf16.cu: bf16 x bf16 -> bf16, fp32 accumulation (tile 128x256x64, cluster 2x1);
+//   engine_cutlass_bf16.cu: bf16 x bf16 -> bf16, fp32 accumulation (tile 128x256x64, cluster 2x1;
+//                    engine_cutlass_bf16.cuh, shared with the SwiGLU forms _swiglu.cu and _glu.cu);
 //   engine_cutlass_fp8.cu : e4m3 x e4m3 -> bf16 with DeepSeek block scales (A: 1x128 fp32 per row,
 //                    B: 128x128 fp32 tiles), promoted into fp32 every 128 of K (tile 128x128x128,
 //                    cluster 2x1).
@@ -71,11 +72,11 @@ struct Grouped {
   const bf16_raw* src = nullptr;
   void* workspace = nullptr;         // *_workspace_bytes(experts, sms) bytes, 256-byte aligned
   int sms = 0;                       // multiprocessors of the device (persistent grid)
-  // grouped_gemm_bf16 / grouped_gemm_fp8 run their swap-AB instantiation (the same product; the
-  // workspace then needs *_swap_workspace_bytes). Not with src (the SwiGLU GEMM is not swapped).
   // grouped_gemm_bf16_glu sets it for its tables: N is I, the problem 2I wide (W13's gate and up
   // rows), out [rows][I].
   bool glu = false;
+  // grouped_gemm_bf16 / grouped_gemm_fp8 run their swap-AB instantiation (the same product; the
+  // workspace then needs *_swap_workspace_bytes). Not with src (the SwiGLU GEMM is not swapped).
   bool swap_ab = false;
   int swap_tile_n = 64;  // swapped: rows of an expert per tile, 64, 128 or 192
   // Only the experts with rows_lo <= rows[e] <= rows_hi run (the others get no tiles): the runner
@@ -95,7 +96,9 @@ void grouped_gemm_bf16_swiglu(const Grouped& g, cudaStream_t stream);
 // GEMM1 and SwiGLU as one grouped GEMM (engine_cutlass_glu.cu): out [rows][N] = bf16(silu(g) * u),
 // g and u the bf16-rounded products of A with W's gate rows [0, N) and up rows [N, 2N) (W is
 // [E][2N][K]); the same bits as grouped_gemm_bf16 with 2N columns followed by swiglu. Needs
-// N % 128 == 0, bf16 weights and no alpha, halves, swap-AB or source.
+// glu_fits(N) (each tile holds 128 intermediate columns), bf16 weights and no alpha, halves,
+// swap-AB or source.
+constexpr bool glu_fits(int intermediate) { return intermediate % 128 == 0; }
 size_t glu_workspace_bytes(int experts, int sms);
 void grouped_gemm_bf16_glu(const Grouped& g, cudaStream_t stream);
 size_t fp8_workspace_bytes(int experts, int sms);

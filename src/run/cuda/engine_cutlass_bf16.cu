@@ -15,10 +15,7 @@
 #include "run/cuda/silu.cuh"
 
 #if defined(EPMOE_WITH_CUTLASS)
-#include "cutlass/epilogue/collective/collective_builder.hpp"
-#include "cutlass/gemm/collective/collective_builder.hpp"
-#include "cutlass/gemm/group_array_problem_shape.hpp"
-#include "cutlass/gemm/kernel/gemm_universal.hpp"
+#include "run/cuda/engine_cutlass_bf16.cuh"
 #endif
 
 namespace epmoe::cuda::cutlass_engine {
@@ -27,29 +24,14 @@ namespace epmoe::cuda::cutlass_engine {
 namespace {
 
 using namespace cute;
-
-// 128x256 output tile by two consumer warpgroups (64x256 fp32 accumulators each), K step 64;
-// clusters of two m-tiles of one expert receive each weight tile by TMA multicast.
-using TileShape = Shape<_128, _256, _64>;
-using ClusterShape = Shape<_2, _1, _1>;
-using Element = cutlass::bfloat16_t;
-constexpr int kAlign = 8;  // 16 bytes
+using namespace bf16;
 
 using Epilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
     cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
     cutlass::epilogue::collective::EpilogueTileAuto, float, float, void, cutlass::layout::RowMajor*, kAlign, Element,
     cutlass::layout::RowMajor*, kAlign, cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative,
     cutlass::epilogue::fusion::LinearCombination<Element, float, void, float>>::CollectiveOp;
-
-using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
-    cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Element, cutlass::layout::RowMajor*, kAlign, Element,
-    cutlass::layout::ColumnMajor*, kAlign, float, TileShape, ClusterShape,
-    cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(sizeof(typename Epilogue::SharedStorage))>,
-    cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperative>::CollectiveOp;
-
-using Kernel = cutlass::gemm::kernel::GemmUniversal<cutlass::gemm::GroupProblemShape<Shape<int, int, int>>, Mainloop,
-                                                   Epilogue>;
-using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
+using Gemm = GemmOf<bf16::Mainloop<Epilogue>, Epilogue>;
 
 }  // namespace
 

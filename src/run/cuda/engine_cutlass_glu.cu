@@ -29,12 +29,9 @@
 #if defined(EPMOE_WITH_CUTLASS)
 #include <cuda_bf16.h>
 
-#include "cutlass/epilogue/collective/collective_builder.hpp"
 #include "cutlass/epilogue/collective/default_epilogue_array.hpp"
 #include "cutlass/epilogue/collective/detail.hpp"
-#include "cutlass/gemm/collective/collective_builder.hpp"
-#include "cutlass/gemm/group_array_problem_shape.hpp"
-#include "cutlass/gemm/kernel/gemm_universal.hpp"
+#include "run/cuda/engine_cutlass_bf16.cuh"
 #endif
 
 namespace epmoe::cuda::cutlass_engine {
@@ -44,11 +41,9 @@ namespace {
 
 using namespace cute;
 
-using TileShape = Shape<_128, _256, _64>;
-using ClusterShape = Shape<_2, _1, _1>;
-using Element = cutlass::bfloat16_t;
-constexpr int kAlign = 8;
+using namespace bf16;  // the bf16 GEMM's tiles and cluster: its bits
 constexpr int kHalf = 128;  // intermediate columns per tile
+static_assert(size<1>(TileShape{}) == 2 * kHalf && size<0>(ClusterShape{}) == 2 && glu_fits(kHalf));
 
 // The producer: Base's load with slice x of the weight tile taken from gate rows (x = 0) or up
 // rows (x = 1) of the tile's 128 intermediate columns.
@@ -152,23 +147,14 @@ struct GluEpilogueOp : EpiBase {
 };
 using Epilogue = cutlass::epilogue::collective::detail::Sm90TmaWarpSpecializedAdapter<GluEpilogueOp>;
 
-using BaseMainloop = typename cutlass::gemm::collective::CollectiveBuilder<
-    cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Element, cutlass::layout::RowMajor*, kAlign, Element,
-    cutlass::layout::ColumnMajor*, kAlign, float, TileShape, ClusterShape,
-    cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(sizeof(typename Epilogue::SharedStorage))>,
-    cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperative>::CollectiveOp;
-using Mainloop = GluLoads<BaseMainloop>;
-
-using Kernel = cutlass::gemm::kernel::GemmUniversal<cutlass::gemm::GroupProblemShape<Shape<int, int, int>>, Mainloop,
-                                                   Epilogue>;
-using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
+using Gemm = GemmOf<GluLoads<bf16::Mainloop<Epilogue>>, Epilogue>;
 
 }  // namespace
 
 size_t glu_workspace_bytes(int experts, int sms) { return detail::workspace_bytes<Gemm, false>(experts, sms); }
 
 void grouped_gemm_bf16_glu(const Grouped& g, cudaStream_t stream) {
-  if (g.N % kHalf != 0 || g.K % kAlign != 0)
+  if (!glu_fits(g.N) || g.K % kAlign != 0)
     throw UsageError("cutlass bf16 SwiGLU GEMM: intermediate N=" + std::to_string(g.N) +
                      " must be a multiple of 128 and K=" + std::to_string(g.K) + " of 8");
   if (g.alpha || g.halves || g.swap_ab || g.src)

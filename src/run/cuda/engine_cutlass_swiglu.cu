@@ -21,11 +21,8 @@
 #include "run/cuda/silu.cuh"
 
 #if defined(EPMOE_WITH_CUTLASS)
-#include "cutlass/epilogue/collective/collective_builder.hpp"
 #include "cutlass/epilogue/fusion/sm90_callbacks_tma_warpspecialized.hpp"
-#include "cutlass/gemm/collective/collective_builder.hpp"
-#include "cutlass/gemm/group_array_problem_shape.hpp"
-#include "cutlass/gemm/kernel/gemm_universal.hpp"
+#include "run/cuda/engine_cutlass_bf16.cuh"
 #endif
 
 namespace epmoe::cuda::cutlass_engine {
@@ -58,11 +55,8 @@ struct SwigluFn<cutlass::Array<float, N>> {
   }
 };
 
-// Same tiles and cluster as the bf16 GEMM (engine_cutlass_bf16.cu).
-using TileShape = Shape<_128, _256, _64>;
-using ClusterShape = Shape<_2, _1, _1>;
-using Element = cutlass::bfloat16_t;
-constexpr int kAlign = 8;  // 16 bytes
+// Same tiles and cluster as the bf16 GEMM (engine_cutlass_bf16.cuh).
+using namespace bf16;
 
 namespace fusion = cutlass::epilogue::fusion;
 // Children (source, alpha, accumulator), then the node; make_args fills op_1 (alpha).
@@ -76,15 +70,7 @@ using Epilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
     cutlass::epilogue::collective::EpilogueTileAuto, float, float, Element, cutlass::layout::RowMajor*, kAlign, Element,
     cutlass::layout::RowMajor*, kAlign, cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative, Fusion>::CollectiveOp;
 
-using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
-    cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Element, cutlass::layout::RowMajor*, kAlign, Element,
-    cutlass::layout::ColumnMajor*, kAlign, float, TileShape, ClusterShape,
-    cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(sizeof(typename Epilogue::SharedStorage))>,
-    cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperative>::CollectiveOp;
-
-using Kernel = cutlass::gemm::kernel::GemmUniversal<cutlass::gemm::GroupProblemShape<Shape<int, int, int>>, Mainloop,
-                                                   Epilogue>;
-using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
+using Gemm = GemmOf<bf16::Mainloop<Epilogue>, Epilogue>;
 
 }  // namespace
 

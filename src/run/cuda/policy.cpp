@@ -194,9 +194,9 @@ CutlassPlan cutlass_plan(const DispatchOutput& in, const ExpertWeights& w, Inter
   const bool fusable = fused_swiglu && p.gemm1 != CutlassPath::fp8 && !iq8;
   if (fusable && swap == CutlassSwap::automatic && expected_rows > kSwapMaxRows) p.buckets = {RowBucket{}};
   // Without being asked: where GEMM1 is one unswapped bf16 launch anyway, the one-GEMM SwiGLU
-  // (I % 128 == 0) gives the unfused bits without the pass and takes no split away.
+  // (glu_fits: I % 128 == 0) gives the unfused bits without the pass and takes no split away.
   const bool one_unswapped = p.buckets.size() == 1 && p.buckets[0].tile_n == 0;
-  const bool glu = p.gemm1 == CutlassPath::bf16 && !iq8 && I % 128 == 0 && one_unswapped;
+  const bool glu = p.gemm1 == CutlassPath::bf16 && !iq8 && cutlass_engine::glu_fits(I) && one_unswapped;
   p.fused_swiglu = (fusable && p.tile_n(p.gemm1) == 0) || glu;
   p.expert_bytes1 = widen::expert_bytes(w.w13);
   p.expert_bytes2 = widen::expert_bytes(w.w2);

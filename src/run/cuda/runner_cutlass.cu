@@ -24,7 +24,7 @@ namespace {
 // up half with SwiGLU in the epilogue, reading `gate`.
 void gemm1_swiglu(const cutlass_engine::Grouped& g, bf16_raw* gate, cudaStream_t st) {
   const int I = g.N / 2;
-  if (I % 128 == 0 && !g.alpha) {
+  if (cutlass_engine::glu_fits(I) && !g.alpha) {
     cutlass_engine::Grouped glu = g;
     glu.N = I;
     cutlass_engine::grouped_gemm_bf16_glu(glu, st);

@@ -182,7 +182,8 @@ void run_problem(const Problem& p, uint32_t seed) {
       const auto yu = run_engine(Engine::cutlass, &eu, 0, nullptr, false, sw);
       // Unasked, SwiGLU is still fused where GEMM1 is one unswapped launch of bf16 weights and
       // I % 128 == 0 (the one-GEMM form, the unfused bits).
-      const bool auto_glu = p.wf == WeightFormat::bf16 && I % 128 == 0 && eu.rfind("cutlass-bf16/", 0) == 0;
+      const bool auto_glu =
+          p.wf == WeightFormat::bf16 && cuda::cutlass_engine::glu_fits(I) && eu.rfind("cutlass-bf16/", 0) == 0;
       EXPECT_EQ(fused, auto_glu) << eu;
       const Diff d = compare_rows(yc, yu, n, H);
       std::printf("[cutlass] %-24s SwiGLU fused vs pass   n=%d  max|a-b|/max|ref| %.3e  1-cos %.3e\n", p.name, n,
@@ -482,6 +483,26 @@ TEST(CutlassEngine, AutomaticChoice) {
   }
 }
 
+// Groups of `rows` packed one after the other: each group's first row, and the rows in all.
+struct PackedGroups {
+  std::vector<int32_t> offsets;
+  int total = 0;
+};
+PackedGroups pack_groups(const std::vector<int32_t>& rows) {
+  PackedGroups p;
+  for (const int32_t r : rows) {
+    p.offsets.push_back(p.total);
+    p.total += r;
+  }
+  return p;
+}
+
+int sm_count() {
+  int sms = 0;
+  EPMOE_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  return sms;
+}
+
 // The grouped GEMMs alone, unswapped and swap-AB (64-, 128- and 192-wide token tiles, fp8 also 96), against a
 // float64 product of the same operands: groups with 0 rows (first, middle and last), one row,
 // partial m/n tiles (33, 100, 130, 257 rows: partial 128-row tiles unswapped, partial token tiles
@@ -496,14 +517,10 @@ TEST(CutlassEngine, GroupedGemmDirect) {
   std::uniform_real_distribution<float> us(0.5f, 2.f);
   const std::vector<int32_t> rows = {0, 130, 1, 33, 64, 0, 100, 257, 0};
   const int E = int(rows.size()), N = 384, K = 256;
-  std::vector<int32_t> offs(E);
-  int total = 0;
-  for (int e = 0; e < E; ++e) {
-    offs[e] = total;
-    total += rows[e];
-  }
-  int sms = 0;
-  EPMOE_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  const PackedGroups packed = pack_groups(rows);
+  const std::vector<int32_t>& offs = packed.offsets;
+  const int total = packed.total;
+  const int sms = sm_count();
   Dev<int32_t> drows(rows), doffs(offs);
   for (const bool fp8 : {false, true}) {
     SCOPED_TRACE(fp8 ? "fp8" : "bf16");
@@ -646,14 +663,10 @@ TEST(CutlassEngine, GluEqualsGemmAndPass) {
   std::normal_distribution<float> nd(0.f, 1.f);
   const std::vector<int32_t> rows = {0, 130, 1, 33, 257, 0, 64};
   const int E = int(rows.size()), I = 384, K = 320;
-  std::vector<int32_t> offs(E);
-  int total = 0;
-  for (int e = 0; e < E; ++e) {
-    offs[e] = total;
-    total += rows[e];
-  }
-  int sms = 0;
-  EPMOE_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  const PackedGroups packed = pack_groups(rows);
+  const std::vector<int32_t>& offs = packed.offsets;
+  const int total = packed.total;
+  const int sms = sm_count();
   std::vector<bf16_raw> a(size_t(total) * K), w(size_t(E) * 2 * I * K);
   for (auto& v : a) v = num::f32_to_bf16(nd(rng));
   for (auto& v : w) v = num::f32_to_bf16(nd(rng) / 8);
