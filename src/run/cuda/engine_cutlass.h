@@ -31,6 +31,7 @@
 
 #include "epmoe/format.h"
 #include "epmoe/tensor.h"
+#include "run/cuda/engine.h"
 
 namespace epmoe::cuda::cutlass_engine {
 
@@ -139,12 +140,28 @@ void permute_fp8(const uint8_t* payload, const float* scales, const int32_t* ids
                  int64_t slots, int C, int K, int E, int H, const int32_t* offsets, int32_t* fill,
                  int32_t* pair_pos, uint8_t* a8, float* sfa, cudaStream_t stream);
 
+// The experts a SwiGLU pass leaves alone: those whose row count lies in one of the n ranges
+// [lo, hi], whose GEMM1 launch (grouped_gemm_bf16_glu with rows_lo / rows_hi) wrote their
+// intermediate rows already. The pass then walks the experts' 128-row m-tiles (tiles, num_tiles:
+// launch_count's table at bm 128) instead of the rows, to know each row's expert.
+struct SwigluSkip {
+  static constexpr int kMaxRanges = 4;
+  int n = 0;
+  int lo[kMaxRanges] = {}, hi[kMaxRanges] = {};
+  const MTile* tiles = nullptr;
+  const int32_t* num_tiles = nullptr;
+  int64_t max_tiles = 0;  // bound on *num_tiles (the grid's size)
+};
+
 // h [rows][2I] bf16 (gate | up) -> a = bf16(silu(g) * u) [rows][I]; rows = offsets[E-1] + cnt[E-1]
 // (read on the device), max_rows bounds it. Then, when fp8_round_trip, the fp8 block-128 round trip
 // of the runner's intermediate_quant = fp8 (a stays bf16). When a8 is non-null instead, a is
 // quantized to e4m3 [rows][I] with fp32 scales [rows][I/128] (same block rule) for the fp8 GEMM2.
+// With `skip` (n > 0; needs I % 8 == 0 and 16-byte aligned h and a) the rows of the experts it
+// names are neither read nor written; the others get the same bytes as without it.
 void swiglu(const bf16_raw* h, const int32_t* offsets, const int32_t* cnt, int E, int I, int64_t max_rows,
-            bool fp8_round_trip, bool ue8m0, bf16_raw* a, uint8_t* a8, float* sfa8, cudaStream_t stream);
+            bool fp8_round_trip, bool ue8m0, bf16_raw* a, uint8_t* a8, float* sfa8, cudaStream_t stream,
+            const SwigluSkip& skip = {});
 
 }  // namespace epmoe::cuda::cutlass_engine
 

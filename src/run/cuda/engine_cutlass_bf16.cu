@@ -113,18 +113,32 @@ __global__ void swiglu_kernel(const bf16_raw* __restrict__ h, const int32_t* __r
 // grid strides over (row, 256-column group) with a 32-bit index. Same arithmetic as swiglu_kernel
 // (measured at M 32768: the scalar kernel took 191 us for bf16 and 271 us with the fp8 codes, 2.1
 // and 1.2 TB/s, with 2-byte accesses; bench/results/history-runner.md).
+// kSkip: the grid strides over (m-tile, row of the tile, 256-column group) instead, and leaves the
+// rows of the experts `skip` names (SwigluSkip); a row's bytes are computed as without it.
+template <bool kSkip>
 __global__ void swiglu_vec_kernel(const bf16_raw* __restrict__ h, const int32_t* __restrict__ offsets,
                                   const int32_t* __restrict__ cnt, int E, int I, bool round_trip, bool ue8m0,
-                                  bf16_raw* __restrict__ a, uint8_t* __restrict__ a8, float* __restrict__ sfa8) {
-  const uint32_t rows = uint32_t(offsets[E - 1] + cnt[E - 1]);
+                                  bf16_raw* __restrict__ a, uint8_t* __restrict__ a8, float* __restrict__ sfa8,
+                                  const SwigluSkip skip) {
   const int lane = threadIdx.x & 31;
   const uint32_t warps = blockDim.x >> 5;
   const uint32_t ng = uint32_t(I + 255) / 256;
-  const uint32_t total = rows * ng;
+  // kSkip: 128 rows per m-tile (launch_count's table at bm 128).
+  const uint32_t total = kSkip ? uint32_t(*skip.num_tiles) * 128 * ng : uint32_t(offsets[E - 1] + cnt[E - 1]) * ng;
   const int nb = fp8_blocks(I);
   for (uint32_t w = blockIdx.x * warps + (threadIdx.x >> 5); w < total; w += gridDim.x * warps) {
-    const uint32_t r = w / ng;
+    uint32_t r = w / ng;
     const int c0 = int(w - r * ng) * 256 + lane * 8;
+    if constexpr (kSkip) {  // warp-uniform: every lane has the same w
+      const MTile mt = skip.tiles[r / 128];
+      const int in_tile = int(r % 128);
+      if (in_tile >= mt.rows) continue;
+      const int rows_e = cnt[mt.expert];
+      bool fused = false;
+      for (int i = 0; i < skip.n; ++i) fused |= rows_e >= skip.lo[i] && rows_e <= skip.hi[i];
+      if (fused) continue;
+      r = uint32_t(mt.row0 + in_tile);
+    }
     const bool on = c0 < I;  // I % 8 == 0: a lane's 8 columns are all in or all out
     const bf16_raw* g = h + size_t(r) * 2 * I;
     float v[8], amax = 0.f;
@@ -184,18 +198,31 @@ __global__ void swiglu_vec_kernel(const bf16_raw* __restrict__ h, const int32_t*
 }  // namespace
 
 void swiglu(const bf16_raw* h, const int32_t* offsets, const int32_t* cnt, int E, int I, int64_t max_rows,
-            bool fp8_round_trip, bool ue8m0, bf16_raw* a, uint8_t* a8, float* sfa8, cudaStream_t stream) {
+            bool fp8_round_trip, bool ue8m0, bf16_raw* a, uint8_t* a8, float* sfa8, cudaStream_t stream,
+            const SwigluSkip& skip) {
   if (E <= 0 || max_rows <= 0) return;
   // Both fp8 forms take a partial last block (its lanes past I add 0 to the amax, in both kernels).
   if ((a8 || fp8_round_trip) && I % 16 != 0)
     throw UsageError("cutlass swiglu: the fp8 intermediate needs intermediate % 16 == 0, got " + std::to_string(I));
+  const bool skipping = skip.n > 0;
+  if (skipping && (skip.n > SwigluSkip::kMaxRanges || !skip.tiles || !skip.num_tiles || skip.max_tiles <= 0))
+    throw UsageError("cutlass swiglu: skip needs 1.." + std::to_string(SwigluSkip::kMaxRanges) +
+                     " ranges, the m-tile table and its bound, got n=" + std::to_string(skip.n));
+  // The warp index space: rows, or with skip every m-tile's 128 rows.
+  const int64_t slots = skipping ? skip.max_tiles * 128 : max_rows;
   const bool vec = I % 8 == 0 && reinterpret_cast<uintptr_t>(h) % 16 == 0 &&
                    (a8 ? reinterpret_cast<uintptr_t>(a8) % 8 == 0 : reinterpret_cast<uintptr_t>(a) % 16 == 0) &&
-                   max_rows * ((I + 255) / 256) < (int64_t(1) << 31);
+                   slots * ((I + 255) / 256) < (int64_t(1) << 31);
+  if (skipping && !vec)
+    throw UsageError("cutlass swiglu: skip needs intermediate % 8 == 0 and 16-byte aligned rows, got intermediate " +
+                     std::to_string(I));
   if (vec) {
-    const int64_t work = max_rows * ((I + 255) / 256);  // warps
+    const int64_t work = slots * ((I + 255) / 256);  // warps
     const int grid = static_cast<int>(std::min<int64_t>((work + 7) / 8, 132 * 16));
-    swiglu_vec_kernel<<<grid, 256, 0, stream>>>(h, offsets, cnt, E, I, fp8_round_trip, ue8m0, a, a8, sfa8);
+    if (skipping)
+      swiglu_vec_kernel<true><<<grid, 256, 0, stream>>>(h, offsets, cnt, E, I, fp8_round_trip, ue8m0, a, a8, sfa8, skip);
+    else
+      swiglu_vec_kernel<false><<<grid, 256, 0, stream>>>(h, offsets, cnt, E, I, fp8_round_trip, ue8m0, a, a8, sfa8, skip);
   } else {
     const int64_t work = max_rows * fp8_blocks(I);
     const int grid = static_cast<int>(std::min<int64_t>((work + 7) / 8, 132 * 16));

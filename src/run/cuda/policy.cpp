@@ -198,11 +198,21 @@ CutlassPlan cutlass_plan(const DispatchOutput& in, const ExpertWeights& w, Inter
   const bool one_unswapped = p.buckets.size() == 1 && p.buckets[0].tile_n == 0;
   const bool glu = p.gemm1 == CutlassPath::bf16 && !iq8 && cutlass_engine::glu_fits(I) && one_unswapped;
   p.fused_swiglu = (fusable && p.tile_n(p.gemm1) == 0) || glu;
+  p.glu_split = glu_in_split(p, I, iq);
   p.expert_bytes1 = widen::expert_bytes(w.w13);
   p.expert_bytes2 = widen::expert_bytes(w.w2);
   p.chunk1 = std::min(widen::chunk_experts(widen_scratch_bytes, p.expert_bytes1, E), 65535);
   p.chunk2 = std::min(widen::chunk_experts(widen_scratch_bytes, p.expert_bytes2, E), 65535);
   return p;
+}
+
+bool glu_in_split(const CutlassPlan& p, int intermediate, IntermediateQuant iq) {
+  if (p.gemm1 != CutlassPath::bf16 || iq == IntermediateQuant::fp8 || p.fused_swiglu ||
+      !cutlass_engine::glu_fits(intermediate) || p.buckets.size() < 2)
+    return false;
+  int unswapped = 0;
+  for (const RowBucket& b : p.buckets) unswapped += b.tile_n == 0;
+  return unswapped >= 1 && unswapped <= cutlass_engine::SwigluSkip::kMaxRanges;
 }
 
 void check_config(const MoeConfig& cfg, std::vector<ConfigIssue>& issues) {

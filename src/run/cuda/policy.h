@@ -244,6 +244,9 @@ struct CutlassPlan {
   // 128-row weight tile would span the gate's last block and the up's first. It runs as its gate
   // half and its up half (N = I each, their own scale tiles) into the two column halves of [rows][2I].
   bool split_w13 = false;
+  // GEMM1 split by rows with SwiGLU fused where it can be (glu_in_split): its unswapped buckets run
+  // the one-GEMM SwiGLU into the intermediate, the pass then covers only the other buckets' experts.
+  bool glu_split = false;
   // The direct GEMMs' tile for names and RunnerInfo: the one bucket's tile_n, or kByRows.
   int direct_tile_n() const { return buckets.size() == 1 ? buckets[0].tile_n : kByRows; }
   // The tile of a GEMM on path p: swap_tile_n widened, direct_tile_n otherwise.
@@ -258,6 +261,13 @@ struct CutlassPlan {
 };
 CutlassPlan cutlass_plan(const DispatchOutput& in, const ExpertWeights& w, IntermediateQuant iq, bool fused_swiglu,
                          CutlassSwap swap, double expected_rows, size_t widen_scratch_bytes);
+// Whether GEMM1 of plan `p` (its buckets final) fuses SwiGLU inside a split by rows: GEMM1 on the
+// direct bf16 GEMM (bf16 weights, so no alpha), a bf16 intermediate (iq none), glu_fits(I), several
+// buckets of which 1..SwigluSkip::kMaxRanges unswapped, and not fused whole already. The swapped
+// buckets have no SwiGLU form; the unswapped ones run grouped_gemm_bf16_glu on their row range,
+// which gives the unfused bits, so this takes nothing but the pass's work on those rows and
+// GEMM1's [rows][2I] write of them.
+bool glu_in_split(const CutlassPlan& p, int intermediate, IntermediateQuant iq);
 
 // ---- configuration limits --------------------------------------------------------------------------
 // The engines' limits on a configuration (RunnerInfo::check of runner "cuda", called by

@@ -135,6 +135,7 @@ void CudaRunner::run(const DispatchOutput& in, const ExpertWeights& w, bf16_raw*
   if (max_rows > INT32_MAX) throw UsageError("runner cuda: R*C*K=" + std::to_string(max_rows) + " rows exceed 2^31");
   if (!wide && policy::use_cutlass(engine_, w.w13.format, avg, decode_limit)) return run_cutlass(in, w, y, st);
   last_swap_tile_n_ = 0;
+  last_swiglu_fused_ = last_glu_split_ = false;
 
   reserve_routing(E, max_tiles + max_tiles2, max_rows);
   a_.reserve(size_t(max_rows) * H * 2);

@@ -66,6 +66,8 @@ class CudaRunner final : public Runner {
   int last_widen_chunks() const { return last_widen_chunks_; }
   // Whether a CUTLASS run fused SwiGLU into GEMM1 (policy::CutlassPlan::fused_swiglu).
   bool last_swiglu_fused() const { return last_swiglu_fused_; }
+  // GEMM1 split by rows fused SwiGLU in its unswapped launches (policy::glu_in_split).
+  bool last_glu_split() const { return last_glu_split_; }
   // Whether a CUTLASS run's GEMMs ran swap-AB, and their token-tile width: 64, 128 or 192; 0
   // unswapped or after a decode run; policy::kByRows (-1) when each expert took the tile of its
   // rows (policy::row_buckets: swap-AB for some experts, perhaps not for all).
@@ -135,7 +137,7 @@ class CudaRunner final : public Runner {
   DeviceBuffer scratch_, inv_gs_;  // widened weights of one chunk; 1/gs of W13 and W2 (nvfp4) [2][E]
   size_t widen_scratch_ = size_t(1) << 30;
   int last_widen_chunks_ = 0;
-  bool fused_swiglu_ = false, last_swiglu_fused_ = false;
+  bool fused_swiglu_ = false, last_swiglu_fused_ = false, last_glu_split_ = false;
   bool concurrent_buckets_ = true;
   StreamFork fork_;  // side streams of the concurrent launches per row range
   CutlassSwap cutlass_swap_ = CutlassSwap::automatic;

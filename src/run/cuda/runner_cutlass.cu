@@ -48,8 +48,11 @@ void gemm1_swiglu(const cutlass_engine::Grouped& g, bf16_raw* gate, cudaStream_t
 // last wave shares the GPU with the next one's first. Each expert's rows are in exactly one range,
 // so the launches write disjoint rows and the bytes are those of the sequential order. They are
 // issued in policy::bucket_order of `expected_rows` (the likely large range first).
+// With `glu_out` (bf16 GEMM1, policy::glu_in_split) the unswapped buckets run the one-GEMM SwiGLU
+// into glu_out [rows][N/2] instead of writing their rows of g.out.
 void run_buckets(cutlass_engine::Grouped g, const std::vector<policy::RowBucket>& buckets, bool fp8,
-                 cudaStream_t st, StreamFork* fork, size_t ws_stride, double expected_rows) {
+                 cudaStream_t st, StreamFork* fork, size_t ws_stride, double expected_rows,
+                 bf16_raw* glu_out = nullptr) {
   const bool split = fork && buckets.size() > 1;
   if (split) fork->fork(st, int(buckets.size()));
   uint8_t* const ws = static_cast<uint8_t*>(g.workspace);
@@ -66,10 +69,16 @@ void run_buckets(cutlass_engine::Grouped g, const std::vector<policy::RowBucket>
     g.swap_tile_n = b.tile_n ? b.tile_n : 64;
     cudaStream_t s = split ? fork->side(i) : st;
     if (split) g.workspace = ws + i * ws_stride;
-    if (fp8)
+    if (fp8) {
       cutlass_engine::grouped_gemm_fp8(g, s);
-    else
+    } else if (glu_out && !g.swap_ab) {
+      cutlass_engine::Grouped glu = g;
+      glu.N = g.N / 2;
+      glu.out = glu_out;
+      cutlass_engine::grouped_gemm_bf16_glu(glu, s);
+    } else {
       cutlass_engine::grouped_gemm_bf16(g, s);
+    }
   }
   if (split) fork->join(st);
 }
@@ -85,15 +94,17 @@ void run_fp8_halves(cutlass_engine::Grouped g, const std::vector<policy::RowBuck
   run_buckets(g, buckets, true, st, fork, ws_stride, expected_rows);
 }
 
-// The workspace one launch of `buckets` (fp8 or bf16 GEMMs) needs: the largest one's, rounded up
-// to 256 bytes so that concurrent launches' regions (run_buckets) stay aligned.
-size_t bucket_workspace(const std::vector<policy::RowBucket>& buckets, bool fp8, int E, int sms) {
+// The workspace one launch of `buckets` (fp8 or bf16 GEMMs; `glu`: the unswapped bf16 ones on the
+// one-GEMM SwiGLU) needs: the largest one's, rounded up to 256 bytes so that concurrent launches'
+// regions (run_buckets) stay aligned.
+size_t bucket_workspace(const std::vector<policy::RowBucket>& buckets, bool fp8, int E, int sms, bool glu = false) {
   size_t n = 0;
   for (const policy::RowBucket& b : buckets) {
     const size_t s = fp8 ? (b.tile_n ? cutlass_engine::fp8_swap_workspace_bytes(E, sms, b.tile_n)
                                      : cutlass_engine::fp8_workspace_bytes(E, sms))
                          : (b.tile_n ? cutlass_engine::bf16_swap_workspace_bytes(E, sms, b.tile_n)
-                                     : cutlass_engine::bf16_workspace_bytes(E, sms));
+                                     : std::max(cutlass_engine::bf16_workspace_bytes(E, sms),
+                                                glu ? cutlass_engine::glu_workspace_bytes(E, sms) : 0));
     n = std::max(n, s);
   }
   return (n + 255) / 256 * 256;
@@ -149,7 +160,8 @@ int CudaRunner::run_widened(const cutlass_engine::Grouped& g, const MatrixView& 
 // operands and output bytes, the weights in the 128-row tile; or unswapped), which the device
 // counts decide, on side streams unless tuning.concurrent_buckets is off; widened chunks run one
 // swap-AB width (policy::swap_tile_n). A swapped GEMM1 is followed by the SwiGLU pass (the fused
-// epilogue has no swapped form).
+// epilogue has no swapped form); split by rows with bf16 weights (policy::glu_in_split), the
+// unswapped launches run the one-GEMM SwiGLU and the pass covers only the swapped ones' experts.
 // Widened GEMMs run as all GEMM1 chunks, the SwiGLU pass once over all rows, then all GEMM2 chunks:
 // the SwiGLU pass and the intermediate's fp8 quantization stay one launch each, and both GEMMs
 // share one scratch buffer (W13 chunks, then W2 chunks).
@@ -169,11 +181,14 @@ void CudaRunner::run_cutlass(const DispatchOutput& in, const ExpertWeights& w, b
     policy::check_row_buckets(row_buckets_, p1 != CutlassPath::bf16 && p2 != CutlassPath::bf16);
     plan.buckets = row_buckets_;
     plan.fused_swiglu = plan.fused_swiglu && plan.tile_n(p1) == 0;
+    plan.glu_split = policy::glu_in_split(plan, I, iq);
   }
   const bool fp8_1 = p1 == CutlassPath::fp8, fp8_2 = p2 == CutlassPath::fp8;
   const bool nvfp4 = wf == WeightFormat::nvfp4;
   const bool fuse = plan.fused_swiglu;
+  const bool glu_split = plan.glu_split;
   last_swiglu_fused_ = fuse;
+  last_glu_split_ = glu_split;
   // A direct GEMM reports its buckets' tile (or kByRows); a widened pair its single width.
   last_swap_tile_n_ = plan.tile_n(p1 == CutlassPath::widened ? p2 : p1);
   const int bm = 128;  // the offsets kernel also writes an m-tile table; CUTLASS does not read it
@@ -192,7 +207,7 @@ void CudaRunner::run_cutlass(const DispatchOutput& in, const ExpertWeights& w, b
   const int sw = plan.swap_tile_n;
   const int groups8 = plan.split_w13 ? 2 * E : E;
   const size_t ws_stride = std::max(any_fp8 ? bucket_workspace(plan.buckets, true, groups8, sms_) : 0,
-                                    any_bf16 ? bucket_workspace(plan.buckets, false, E, sms_) : 0);
+                                    any_bf16 ? bucket_workspace(plan.buckets, false, E, sms_, glu_split) : 0);
   StreamFork* const fork = concurrent_buckets_ && plan.buckets.size() > 1 ? &fork_ : nullptr;
   cws_.reserve(std::max({ws_stride * (fork ? plan.buckets.size() : 1),
                          any_widened ? bucket_workspace({policy::RowBucket{0, policy::RowBucket{}.hi, sw}}, false, E,
@@ -268,15 +283,29 @@ void CudaRunner::run_cutlass(const DispatchOutput& in, const ExpertWeights& w, b
   } else {
     g1.A = a_.get<bf16_raw>();
     if (p1 == CutlassPath::bf16)
-      run_buckets(g1, plan.buckets, false, st, fork, ws_stride, er);
+      run_buckets(g1, plan.buckets, false, st, fork, ws_stride, er, glu_split ? h_.get<bf16_raw>() : nullptr);
     else
       last_widen_chunks_ += run_widened(g1, w.w13, nvfp4 ? inv_gs_.get<float>() : nullptr, chunk1, st);
   }
 
-  if (!fuse)
+  if (!fuse) {
+    // With glu_split the pass leaves the unswapped buckets' experts, whose rows GEMM1 wrote.
+    cutlass_engine::SwigluSkip skip;
+    if (glu_split) {
+      for (const policy::RowBucket& b : plan.buckets)
+        if (b.tile_n == 0) {
+          skip.lo[skip.n] = b.lo;
+          skip.hi[skip.n] = b.hi;
+          ++skip.n;
+        }
+      skip.tiles = tiles_.get<MTile>();
+      skip.num_tiles = num_tiles_.get<int32_t>();
+      skip.max_tiles = max_tiles;
+    }
     cutlass_engine::swiglu(gu_.get<bf16_raw>(), offsets_.get<int32_t>(), cnt_.get<int32_t>(), E, I, max_rows,
                            iq8 && !fp8_2, in.quant.ue8m0, fp8_2 ? nullptr : h_.get<bf16_raw>(),
-                           fp8_2 ? h8_.get<uint8_t>() : nullptr, fp8_2 ? hs_.get<float>() : nullptr, st);
+                           fp8_2 ? h8_.get<uint8_t>() : nullptr, fp8_2 ? hs_.get<float>() : nullptr, st, skip);
+  }
 
   cutlass_engine::Grouped g2 = g1;
   g2.N = H;

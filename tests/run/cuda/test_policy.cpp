@@ -260,6 +260,23 @@ TEST(CudaPolicy, OneGemmSwigluWhereOneLaunch) {
   // gpt-oss-120b (I 2880, not a multiple of 128): only when asked (the two-GEMM form).
   EXPECT_FALSE(plan(64, 2880, 2880, bf16, false, 1024).fused_swiglu);
   EXPECT_TRUE(plan(64, 2880, 2880, bf16, true, 1024).fused_swiglu);
+
+  // Inside the split: DeepSeek-V3 at a 256-row mean keeps its split and fuses in its unswapped
+  // launches; never where the plan fused whole, is one launch, has no unswapped bucket or more than
+  // the pass's skip holds, nor with fp8 weights, the fp8 intermediate or I % 128 != 0.
+  EXPECT_TRUE(ds.glu_split);
+  EXPECT_FALSE(ds_on.glu_split);
+  EXPECT_FALSE(q30.glu_split);
+  EXPECT_FALSE(plan(128, 7168, 2048, bf16, false, 256, IntermediateQuant::fp8).glu_split);
+  EXPECT_FALSE(plan(128, 7168, 2048, WeightFormat::fp8, false, 256).glu_split);
+  EXPECT_FALSE(plan(128, 2880, 2880, bf16, false, 256).glu_split);
+  auto split = ds;
+  split.buckets = pol::parse_row_buckets("0-64:64,65-:128");
+  EXPECT_FALSE(pol::glu_in_split(split, 2048, IntermediateQuant::none));
+  split.buckets = pol::parse_row_buckets("0-64:64,65-:0");
+  EXPECT_TRUE(pol::glu_in_split(split, 2048, IntermediateQuant::none));
+  split.buckets = pol::parse_row_buckets("0-1:0,2-3:64,4-5:0,6-7:0,8-9:0,10-:0");
+  EXPECT_FALSE(pol::glu_in_split(split, 2048, IntermediateQuant::none));  // five unswapped ranges
 }
 
 // tuning.fused_swiglu reaches the runner (the constructor touches no GPU and throws nothing);

@@ -48,7 +48,7 @@ using Engine = cuda::CudaRunner::Engine;
 // listed: top_k 1 and exactly kListedRows[e] rows on expert e (E = 8), the tokens shuffled;
 // tokens past their sum route nowhere.
 enum class Load { uniform, uneven, one_expert, listed };
-const std::vector<int> kListedRows = {0, 1, 33, 64, 100, 257, 0, 150};
+const std::vector<int> kListedRows = {0, 1, 33, 64, 100, 257, 200, 150};
 
 struct Problem {
   int H, I, E, K, C;
@@ -123,7 +123,7 @@ void run_problem(const Problem& p, uint32_t seed) {
   DevDispatch dd(recv, cfg.quant_params());
   const DispatchOutput& dout = dd.view;
 
-  bool fused = false, swapped = false;  // what the last run_engine call chose
+  bool fused = false, swapped = false, glu_split = false;  // what the last run_engine call chose
   auto run_engine = [&](Engine eng, std::string* engines, size_t scratch = 0, int* chunks = nullptr,
                         bool fuse = true, CutlassSwap swap = CutlassSwap::off) {
     Dev<bf16_raw> y(size_t(C) * H);
@@ -137,6 +137,7 @@ void run_problem(const Problem& p, uint32_t seed) {
     EPMOE_CUDA_CHECK(cudaDeviceSynchronize());
     *engines = runner.last_engines();
     fused = runner.last_swiglu_fused();
+    glu_split = runner.last_glu_split();
     swapped = runner.last_swap_ab();
     if (chunks) *chunks = runner.last_widen_chunks();
     return y.download();
@@ -191,6 +192,12 @@ void run_problem(const Problem& p, uint32_t seed) {
       expect_within_bound(d);
       expect_poison_after(yu, n, H);
     }
+    // Split by rows (byrows: several ranges, some unswapped), bf16 GEMM1 fuses SwiGLU in its
+    // unswapped launches where the intermediate stays bf16 and I % 128 == 0; the output is checked
+    // against the reference and the unswapped run below.
+    const bool expect_glu_split = sw == CutlassSwap::byrows && p.wf == WeightFormat::bf16 &&
+                                  p.iq == IntermediateQuant::none && cuda::cutlass_engine::glu_fits(I);
+    EXPECT_EQ(glu_split, expect_glu_split);
     // One chunk per widened GEMM with the default 1 GiB scratch (these problems are far smaller).
     const bool wide1 = widened_gemm(expect, 1), wide2 = widened_gemm(expect, 2);
     EXPECT_EQ(chunks, int(wide1) + int(wide2));
@@ -303,9 +310,10 @@ TEST(CutlassEngine, MatchesReference) {
   for (const Problem& p : problems) run_problem(p, seed++);
 }
 
-// Swap-AB where it is made for and at its edges: exactly 0, 1, 33, 64, 100, 150 and 257 rows on
-// the experts of one call (Load::listed: empty experts, one row, partial 64-wide token tiles,
-// several token tiles per weight tile, and one expert in each of the split's four row ranges) on
+// Swap-AB where it is made for and at its edges: exactly 0, 1, 33, 64, 100, 150, 200 and 257 rows
+// on the experts of one call (Load::listed: an empty expert, one row, partial 64-wide token tiles,
+// several token tiles per weight tile, and experts in five of the split's row ranges, one of them
+// unswapped, where bf16 GEMM1 fuses SwiGLU inside the split) on
 // every operand path, partial 128-row weight tiles (H 2880; with fp8 also I 576), and DeepSeek-V3 expert shapes at about
 // 64 rows per expert (uniform and skewed), the first tokens against the reference. run_problem
 // runs each problem unswapped, swapped (every token-tile width), split by rows and automatic, and
@@ -314,7 +322,7 @@ TEST(CutlassEngine, SwapAbRowsPerExpert) {
   EPMOE_REQUIRE_GPU();
   EPMOE_REQUIRE_CUTLASS();
   uint32_t seed = std::random_device{}();
-  const int C = 605 + 9;  // the listed rows plus tokens that route nowhere
+  const int C = 805 + 9;  // the listed rows plus tokens that route nowhere
   const std::vector<Problem> problems = {
       {1024, 512, 8, 1, C, A::bf16, W::bf16, kNone, Load::listed, -1, -1, false, kBf16, "listed rows"},
       {1024, 512, 8, 1, C, A::fp8, W::fp8, kFp8, Load::listed, -1, -1, false, kFp8Both, "listed rows"},
@@ -713,6 +721,101 @@ TEST(CutlassEngine, GluEqualsGemmAndPass) {
   ce::Grouped bad = g;
   bad.N = 200;
   EXPECT_THROW(ce::grouped_gemm_bf16_glu(bad, nullptr), UsageError);
+}
+
+// GEMM1 split by rows with SwiGLU fused where the launch is unswapped (policy::glu_in_split): the
+// one-GEMM SwiGLU on two row ranges (rows_lo / rows_hi), the plain GEMM1 on the others and the
+// SwiGLU pass told to leave the fused ranges' experts (SwigluSkip) give, together, every row
+// bitwise as GEMM1 over all experts followed by the whole pass; nothing is written past the rows.
+TEST(CutlassEngine, GluSplitEqualsGemmAndPass) {
+  EPMOE_REQUIRE_GPU();
+  EPMOE_REQUIRE_CUTLASS();
+  namespace ce = cuda::cutlass_engine;
+  std::mt19937 rng(31);
+  std::normal_distribution<float> nd(0.f, 1.f);
+  const std::vector<int32_t> rows = {0, 130, 1, 33, 257, 0, 64, 200, 129};
+  const int E = int(rows.size()), I = 256, K = 192;
+  const PackedGroups packed = pack_groups(rows);
+  const std::vector<int32_t>& offs = packed.offsets;
+  const int total = packed.total;
+  const int sms = sm_count();
+  std::vector<bf16_raw> a(size_t(total) * K), w(size_t(E) * 2 * I * K);
+  for (auto& v : a) v = num::f32_to_bf16(nd(rng));
+  for (auto& v : w) v = num::f32_to_bf16(nd(rng) / 8);
+  // The 128-row m-tiles the runner's count kernel lists (expert, first row, rows).
+  std::vector<cuda::MTile> tiles;
+  for (int e = 0; e < E; ++e)
+    for (int j = 0; j * 128 < rows[e]; ++j) tiles.push_back({e, offs[e] + 128 * j, std::min(128, rows[e] - 128 * j), 0});
+  Dev<bf16_raw> da(a), dw(w);
+  Dev<int32_t> drows(rows), doffs(offs), dnt(std::vector<int32_t>{int32_t(tiles.size())});
+  Dev<cuda::MTile> dtiles(tiles);
+  const size_t ws = std::max(ce::bf16_workspace_bytes(E, sms), ce::glu_workspace_bytes(E, sms));
+  cuda::DeviceBuffer wsb(ws);
+  ce::Grouped g;
+  g.experts = E;
+  g.K = K;
+  g.rows = drows.get();
+  g.offsets = doffs.get();
+  g.A = da.get();
+  g.W = dw.get();
+  g.workspace = wsb.get();
+  g.sms = sms;
+  g.N = 2 * I;
+  // GEMM1 over all experts + the whole pass.
+  Dev<bf16_raw> h(size_t(total) * 2 * I), ref(size_t(total + 8) * I);
+  ref.poison();
+  g.out = h.get();
+  ce::grouped_gemm_bf16(g, nullptr);
+  ce::swiglu(h.get(), doffs.get(), drows.get(), E, I, total, false, false, ref.get(), nullptr, nullptr, nullptr);
+  EPMOE_CUDA_CHECK(cudaDeviceSynchronize());
+  // Fused on [1, 1] and [129, 200] (experts of 1, 130, 200 and 129 rows); GEMM1 + pass elsewhere.
+  ce::SwigluSkip skip;
+  skip.n = 2;
+  skip.lo[0] = 1, skip.hi[0] = 1;
+  skip.lo[1] = 129, skip.hi[1] = 200;
+  skip.tiles = dtiles.get();
+  skip.num_tiles = dnt.get();
+  skip.max_tiles = int64_t(tiles.size()) + 2;
+  Dev<bf16_raw> h2(size_t(total) * 2 * I), out(size_t(total + 8) * I);
+  h2.poison();  // rows of fused experts stay poison here: the pass must not read them into out
+  out.poison();
+  const int64_t edges[][2] = {{0, 0}, {2, 128}, {201, 0x7fffffff}};
+  for (const auto& r : edges) {
+    ce::Grouped part = g;
+    part.rows_lo = int(r[0]);
+    part.rows_hi = int(r[1]);
+    part.out = h2.get();
+    ce::grouped_gemm_bf16(part, nullptr);
+  }
+  for (int i = 0; i < skip.n; ++i) {
+    ce::Grouped glu = g;
+    glu.N = I;
+    glu.rows_lo = skip.lo[i];
+    glu.rows_hi = skip.hi[i];
+    glu.out = out.get();
+    ce::grouped_gemm_bf16_glu(glu, nullptr);
+  }
+  ce::swiglu(h2.get(), doffs.get(), drows.get(), E, I, total, false, false, out.get(), nullptr, nullptr, nullptr,
+             skip);
+  EPMOE_CUDA_CHECK(cudaDeviceSynchronize());
+  const std::vector<bf16_raw> r = ref.download(), o = out.download();
+  size_t differ = 0, first = 0;
+  for (size_t i = 0; i < size_t(total) * I; ++i)
+    if (r[i] != o[i] && differ++ == 0) first = i;
+  std::printf("[cutlass] glu split vs GEMM1 + SwiGLU pass, rows {0,130,1,33,257,0,64,200,129}: %zu of %zu differ\n",
+              differ, size_t(total) * I);
+  EXPECT_EQ(differ, 0u) << "first at row " << first / I << " column " << first % I;
+  for (size_t i = size_t(total) * I; i < o.size(); ++i)
+    if (o[i] != 0xffff) {
+      ADD_FAILURE() << "row " << i / I << " past the groups was written";
+      break;
+    }
+  // A skip without its tile table is refused before any launch.
+  ce::SwigluSkip bad = skip;
+  bad.tiles = nullptr;
+  EXPECT_THROW(ce::swiglu(h2.get(), doffs.get(), drows.get(), E, I, total, false, false, out.get(), nullptr, nullptr,
+                          nullptr, bad),
+               UsageError);
 }
 
 // The CUTLASS engine inside a CUDA graph (no host synchronization, device-side shapes): replays
