@@ -659,6 +659,76 @@ TEST(CutlassEngine, GroupedGemmDirect) {
   }
 }
 
+// The operands both SwiGLU-GEMM tests share: random bf16 rows and W13 of experts with `rows` rows
+// each (I intermediate columns, K), on the device; the Grouped over them (N = 2I, workspace for the
+// plain and the one-GEMM forms); and the reference intermediate of GEMM1 [rows][2I] over all
+// experts followed by the whole SwiGLU pass, with 8 poisoned rows past the groups.
+struct GluCase {
+  GluCase(std::vector<int32_t> rows_, int I_, int K_, uint32_t seed)
+      : rows(std::move(rows_)), E(int(rows.size())), I(I_), K(K_), packed(pack_groups(rows)), total(packed.total) {
+    namespace ce = cuda::cutlass_engine;
+    std::mt19937 rng(seed);
+    std::normal_distribution<float> nd(0.f, 1.f);
+    std::vector<bf16_raw> a(size_t(total) * K), w(size_t(E) * 2 * I * K);
+    for (auto& v : a) v = num::f32_to_bf16(nd(rng));
+    for (auto& v : w) v = num::f32_to_bf16(nd(rng) / 8);
+    da.upload(a);
+    dw.upload(w);
+    drows.upload(rows);
+    doffs.upload(packed.offsets);
+    const int sms = sm_count();
+    wsb.reserve(std::max(ce::bf16_workspace_bytes(E, sms), ce::glu_workspace_bytes(E, sms)));
+    g.experts = E;
+    g.N = 2 * I;
+    g.K = K;
+    g.rows = drows.get();
+    g.offsets = doffs.get();
+    g.A = da.get();
+    g.W = dw.get();
+    g.workspace = wsb.get();
+    g.sms = sms;
+    Dev<bf16_raw> h(size_t(total) * 2 * I);
+    ref = Dev<bf16_raw>(size_t(total + 8) * I);
+    ref.poison();
+    ce::Grouped g1 = g;
+    g1.out = h.get();
+    ce::grouped_gemm_bf16(g1, nullptr);
+    ce::swiglu(h.get(), doffs.get(), drows.get(), E, I, total, false, false, ref.get(), nullptr, nullptr, nullptr);
+    EPMOE_CUDA_CHECK(cudaDeviceSynchronize());
+  }
+  // Every output row bitwise as the reference, nothing written past the groups (`what` names the run).
+  void expect_same(const Dev<bf16_raw>& out, const char* what) const {
+    EPMOE_CUDA_CHECK(cudaDeviceSynchronize());
+    const std::vector<bf16_raw> r = ref.download(), o = out.download();
+    size_t differ = 0, first = 0;
+    for (size_t i = 0; i < size_t(total) * I; ++i)
+      if (r[i] != o[i] && differ++ == 0) first = i;
+    std::printf("[cutlass] %s vs GEMM1 + SwiGLU pass, %d experts, I %d K %d: %zu of %zu differ\n", what, E, I, K,
+                differ, size_t(total) * I);
+    EXPECT_EQ(differ, 0u) << "first at row " << first / I << " column " << first % I;
+    for (size_t i = size_t(total) * I; i < o.size(); ++i)
+      if (o[i] != 0xffff) {
+        ADD_FAILURE() << "row " << i / I << " past the groups was written";
+        break;
+      }
+  }
+  // A poisoned intermediate of the same size as the reference.
+  Dev<bf16_raw> poisoned_out() const {
+    Dev<bf16_raw> out(size_t(total + 8) * I);
+    out.poison();
+    return out;
+  }
+
+  std::vector<int32_t> rows;
+  int E, I, K;
+  PackedGroups packed;
+  int total;
+  Dev<bf16_raw> da, dw, ref;
+  Dev<int32_t> drows, doffs;
+  cuda::DeviceBuffer wsb;
+  cuda::cutlass_engine::Grouped g;
+};
+
 // GEMM1 with SwiGLU as one grouped GEMM (grouped_gemm_bf16_glu: each tile's weight slices are the
 // gate and up rows of the same 128 intermediate columns) against GEMM1 [rows][2I] followed by the
 // SwiGLU pass: bitwise equal on every row of every group (0, 1, partial and multi-tile experts,
@@ -667,56 +737,13 @@ TEST(CutlassEngine, GluEqualsGemmAndPass) {
   EPMOE_REQUIRE_GPU();
   EPMOE_REQUIRE_CUTLASS();
   namespace ce = cuda::cutlass_engine;
-  std::mt19937 rng(29);
-  std::normal_distribution<float> nd(0.f, 1.f);
-  const std::vector<int32_t> rows = {0, 130, 1, 33, 257, 0, 64};
-  const int E = int(rows.size()), I = 384, K = 320;
-  const PackedGroups packed = pack_groups(rows);
-  const std::vector<int32_t>& offs = packed.offsets;
-  const int total = packed.total;
-  const int sms = sm_count();
-  std::vector<bf16_raw> a(size_t(total) * K), w(size_t(E) * 2 * I * K);
-  for (auto& v : a) v = num::f32_to_bf16(nd(rng));
-  for (auto& v : w) v = num::f32_to_bf16(nd(rng) / 8);
-  Dev<bf16_raw> da(a), dw(w);
-  Dev<int32_t> drows(rows), doffs(offs);
-  const size_t ws = std::max(ce::bf16_workspace_bytes(E, sms), ce::glu_workspace_bytes(E, sms));
-  cuda::DeviceBuffer wsb(ws);
-  ce::Grouped g;
-  g.experts = E;
-  g.K = K;
-  g.rows = drows.get();
-  g.offsets = doffs.get();
-  g.A = da.get();
-  g.W = dw.get();
-  g.workspace = wsb.get();
-  g.sms = sms;
-  // GEMM1 + pass.
-  Dev<bf16_raw> h(size_t(total) * 2 * I), ref(size_t(total + 8) * I);
-  ref.poison();
-  g.N = 2 * I;
-  g.out = h.get();
-  ce::grouped_gemm_bf16(g, nullptr);
-  ce::swiglu(h.get(), doffs.get(), drows.get(), E, I, total, false, false, ref.get(), nullptr, nullptr, nullptr);
-  // One GEMM.
-  Dev<bf16_raw> out(size_t(total + 8) * I);
-  out.poison();
-  g.N = I;
+  const GluCase c({0, 130, 1, 33, 257, 0, 64}, 384, 320, 29);
+  Dev<bf16_raw> out = c.poisoned_out();
+  ce::Grouped g = c.g;
+  g.N = c.I;
   g.out = out.get();
   ce::grouped_gemm_bf16_glu(g, nullptr);
-  EPMOE_CUDA_CHECK(cudaDeviceSynchronize());
-  const std::vector<bf16_raw> r = ref.download(), o = out.download();
-  size_t differ = 0, first = 0;
-  for (size_t i = 0; i < size_t(total) * I; ++i)
-    if (r[i] != o[i] && differ++ == 0) first = i;
-  std::printf("[cutlass] glu vs GEMM1 + SwiGLU pass, rows {0,130,1,33,257,0,64} I %d K %d: %zu of %zu differ\n", I,
-              K, differ, size_t(total) * I);
-  EXPECT_EQ(differ, 0u) << "first at row " << first / I << " column " << first % I;
-  for (size_t i = size_t(total) * I; i < o.size(); ++i)
-    if (o[i] != 0xffff) {
-      ADD_FAILURE() << "row " << i / I << " past the groups was written";
-      break;
-    }
+  c.expect_same(out, "glu");
   // Arguments it does not take.
   ce::Grouped bad = g;
   bad.N = 200;
@@ -731,43 +758,15 @@ TEST(CutlassEngine, GluSplitEqualsGemmAndPass) {
   EPMOE_REQUIRE_GPU();
   EPMOE_REQUIRE_CUTLASS();
   namespace ce = cuda::cutlass_engine;
-  std::mt19937 rng(31);
-  std::normal_distribution<float> nd(0.f, 1.f);
-  const std::vector<int32_t> rows = {0, 130, 1, 33, 257, 0, 64, 200, 129};
-  const int E = int(rows.size()), I = 256, K = 192;
-  const PackedGroups packed = pack_groups(rows);
-  const std::vector<int32_t>& offs = packed.offsets;
-  const int total = packed.total;
-  const int sms = sm_count();
-  std::vector<bf16_raw> a(size_t(total) * K), w(size_t(E) * 2 * I * K);
-  for (auto& v : a) v = num::f32_to_bf16(nd(rng));
-  for (auto& v : w) v = num::f32_to_bf16(nd(rng) / 8);
+  const GluCase c({0, 130, 1, 33, 257, 0, 64, 200, 129}, 256, 192, 31);
+  const int I = c.I;
   // The 128-row m-tiles the runner's count kernel lists (expert, first row, rows).
   std::vector<cuda::MTile> tiles;
-  for (int e = 0; e < E; ++e)
-    for (int j = 0; j * 128 < rows[e]; ++j) tiles.push_back({e, offs[e] + 128 * j, std::min(128, rows[e] - 128 * j), 0});
-  Dev<bf16_raw> da(a), dw(w);
-  Dev<int32_t> drows(rows), doffs(offs), dnt(std::vector<int32_t>{int32_t(tiles.size())});
+  for (int e = 0; e < c.E; ++e)
+    for (int j = 0; j * 128 < c.rows[e]; ++j)
+      tiles.push_back({e, c.packed.offsets[e] + 128 * j, std::min(128, c.rows[e] - 128 * j), 0});
+  Dev<int32_t> dnt(std::vector<int32_t>{int32_t(tiles.size())});
   Dev<cuda::MTile> dtiles(tiles);
-  const size_t ws = std::max(ce::bf16_workspace_bytes(E, sms), ce::glu_workspace_bytes(E, sms));
-  cuda::DeviceBuffer wsb(ws);
-  ce::Grouped g;
-  g.experts = E;
-  g.K = K;
-  g.rows = drows.get();
-  g.offsets = doffs.get();
-  g.A = da.get();
-  g.W = dw.get();
-  g.workspace = wsb.get();
-  g.sms = sms;
-  g.N = 2 * I;
-  // GEMM1 over all experts + the whole pass.
-  Dev<bf16_raw> h(size_t(total) * 2 * I), ref(size_t(total + 8) * I);
-  ref.poison();
-  g.out = h.get();
-  ce::grouped_gemm_bf16(g, nullptr);
-  ce::swiglu(h.get(), doffs.get(), drows.get(), E, I, total, false, false, ref.get(), nullptr, nullptr, nullptr);
-  EPMOE_CUDA_CHECK(cudaDeviceSynchronize());
   // Fused on [1, 1] and [129, 200] (experts of 1, 130, 200 and 129 rows); GEMM1 + pass elsewhere.
   ce::SwigluSkip skip;
   skip.n = 2;
@@ -776,45 +775,32 @@ TEST(CutlassEngine, GluSplitEqualsGemmAndPass) {
   skip.tiles = dtiles.get();
   skip.num_tiles = dnt.get();
   skip.max_tiles = int64_t(tiles.size()) + 2;
-  Dev<bf16_raw> h2(size_t(total) * 2 * I), out(size_t(total + 8) * I);
+  Dev<bf16_raw> h2(size_t(c.total) * 2 * I), out = c.poisoned_out();
   h2.poison();  // rows of fused experts stay poison here: the pass must not read them into out
-  out.poison();
   const int64_t edges[][2] = {{0, 0}, {2, 128}, {201, 0x7fffffff}};
   for (const auto& r : edges) {
-    ce::Grouped part = g;
+    ce::Grouped part = c.g;
     part.rows_lo = int(r[0]);
     part.rows_hi = int(r[1]);
     part.out = h2.get();
     ce::grouped_gemm_bf16(part, nullptr);
   }
   for (int i = 0; i < skip.n; ++i) {
-    ce::Grouped glu = g;
+    ce::Grouped glu = c.g;
     glu.N = I;
     glu.rows_lo = skip.lo[i];
     glu.rows_hi = skip.hi[i];
     glu.out = out.get();
     ce::grouped_gemm_bf16_glu(glu, nullptr);
   }
-  ce::swiglu(h2.get(), doffs.get(), drows.get(), E, I, total, false, false, out.get(), nullptr, nullptr, nullptr,
-             skip);
-  EPMOE_CUDA_CHECK(cudaDeviceSynchronize());
-  const std::vector<bf16_raw> r = ref.download(), o = out.download();
-  size_t differ = 0, first = 0;
-  for (size_t i = 0; i < size_t(total) * I; ++i)
-    if (r[i] != o[i] && differ++ == 0) first = i;
-  std::printf("[cutlass] glu split vs GEMM1 + SwiGLU pass, rows {0,130,1,33,257,0,64,200,129}: %zu of %zu differ\n",
-              differ, size_t(total) * I);
-  EXPECT_EQ(differ, 0u) << "first at row " << first / I << " column " << first % I;
-  for (size_t i = size_t(total) * I; i < o.size(); ++i)
-    if (o[i] != 0xffff) {
-      ADD_FAILURE() << "row " << i / I << " past the groups was written";
-      break;
-    }
+  ce::swiglu(h2.get(), c.doffs.get(), c.drows.get(), c.E, I, c.total, false, false, out.get(), nullptr, nullptr,
+             nullptr, skip);
+  c.expect_same(out, "glu split");
   // A skip without its tile table is refused before any launch.
   ce::SwigluSkip bad = skip;
   bad.tiles = nullptr;
-  EXPECT_THROW(ce::swiglu(h2.get(), doffs.get(), drows.get(), E, I, total, false, false, out.get(), nullptr, nullptr,
-                          nullptr, bad),
+  EXPECT_THROW(ce::swiglu(h2.get(), c.doffs.get(), c.drows.get(), c.E, I, c.total, false, false, out.get(), nullptr,
+                          nullptr, nullptr, bad),
                UsageError);
 }
 
