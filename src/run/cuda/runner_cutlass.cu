@@ -191,7 +191,9 @@ void CudaRunner::run_cutlass(const DispatchOutput& in, const ExpertWeights& w, b
   last_glu_split_ = glu_split;
   // A direct GEMM reports its buckets' tile (or kByRows); a widened pair its single width.
   last_swap_tile_n_ = plan.tile_n(p1 == CutlassPath::widened ? p2 : p1);
-  const int bm = 128;  // the offsets kernel also writes an m-tile table; CUTLASS does not read it
+  // The offsets kernel also writes an m-tile table: CUTLASS does not read it, the SwiGLU pass does
+  // where it skips the experts of fused ranges (glu_split).
+  const int bm = 128;
   const int64_t max_tiles = (max_rows + bm - 1) / bm + E;
   last_bm_ = bm;
   engines_ = policy::path_name(p1, wf, plan.tile_n(p1)) + "/" + policy::path_name(p2, wf, plan.tile_n(p2));
