@@ -113,8 +113,12 @@ __global__ void swiglu_kernel(const bf16_raw* __restrict__ h, const int32_t* __r
 // grid strides over (row, 256-column group) with a 32-bit index. Same arithmetic as swiglu_kernel
 // (measured at M 32768: the scalar kernel took 191 us for bf16 and 271 us with the fp8 codes, 2.1
 // and 1.2 TB/s, with 2-byte accesses; bench/results/history-runner.md).
-// kSkip: the grid strides over (m-tile, row of the tile, 256-column group) instead, and leaves the
-// rows of the experts `skip` names (SwigluSkip); a row's bytes are computed as without it.
+// kSkip: the work items are (m-tile, row of the tile, 256-column group), each warp taking one
+// contiguous run of them, and the rows of the experts `skip` names (SwigluSkip) are left; a row's
+// bytes are computed as without it. The run keeps a warp on one or two tiles, so it looks each
+// tile up once and steps over a skipped tile (or a tile's rows past its count) in one iteration:
+// with a grid stride, every item paid the two dependent lookups, 37 us for a pass that skipped
+// everything (DeepSeek-V3 bf16 M 32768 uniform, ncu; bench/results/2026-12-03-session27-h200.md).
 template <bool kSkip>
 __global__ void swiglu_vec_kernel(const bf16_raw* __restrict__ h, const int32_t* __restrict__ offsets,
                                   const int32_t* __restrict__ cnt, int E, int I, bool round_trip, bool ue8m0,
@@ -126,17 +130,28 @@ __global__ void swiglu_vec_kernel(const bf16_raw* __restrict__ h, const int32_t*
   // kSkip: 128 rows per m-tile (launch_count's table at bm 128).
   const uint32_t total = kSkip ? uint32_t(*skip.num_tiles) * 128 * ng : uint32_t(offsets[E - 1] + cnt[E - 1]) * ng;
   const int nb = fp8_blocks(I);
-  for (uint32_t w = blockIdx.x * warps + (threadIdx.x >> 5); w < total; w += gridDim.x * warps) {
+  const uint32_t nw = gridDim.x * warps, gw = blockIdx.x * warps + (threadIdx.x >> 5);
+  const uint32_t per = (total + nw - 1) / nw;  // kSkip: the warp's run of items
+  const uint32_t w_end = kSkip ? min(total, (gw + 1) * per) : total, step = kSkip ? 1u : nw;
+  uint32_t tile = 0xffffffffu;  // kSkip: the tile looked up last, and what it says
+  MTile mt{};
+  bool fused = false;
+  for (uint32_t w = kSkip ? gw * per : gw; w < w_end; w += step) {
     uint32_t r = w / ng;
     const int c0 = int(w - r * ng) * 256 + lane * 8;
     if constexpr (kSkip) {  // warp-uniform: every lane has the same w
-      const MTile mt = skip.tiles[r / 128];
+      if (r / 128 != tile) {
+        tile = r / 128;
+        mt = skip.tiles[tile];
+        const int rows_e = cnt[mt.expert];
+        fused = false;
+        for (int i = 0; i < skip.n; ++i) fused |= rows_e >= skip.lo[i] && rows_e <= skip.hi[i];
+      }
       const int in_tile = int(r % 128);
-      if (in_tile >= mt.rows) continue;
-      const int rows_e = cnt[mt.expert];
-      bool fused = false;
-      for (int i = 0; i < skip.n; ++i) fused |= rows_e >= skip.lo[i] && rows_e <= skip.hi[i];
-      if (fused) continue;
+      if (fused || in_tile >= mt.rows) {  // nothing left in this tile: on to the next one's first item
+        w = (tile + 1) * 128 * ng - 1;
+        continue;
+      }
       r = uint32_t(mt.row0 + in_tile);
     }
     const bool on = c0 < I;  // I % 8 == 0: a lane's 8 columns are all in or all out
