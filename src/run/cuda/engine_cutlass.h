@@ -150,7 +150,6 @@ struct SwigluSkip {
   int lo[kMaxRanges] = {}, hi[kMaxRanges] = {};
   const MTile* tiles = nullptr;
   const int32_t* num_tiles = nullptr;
-  int64_t max_tiles = 0;  // bound on *num_tiles (the grid's size)
 };
 
 // h [rows][2I] bf16 (gate | up) -> a = bf16(silu(g) * u) [rows][I]; rows = offsets[E-1] + cnt[E-1]

@@ -220,11 +220,12 @@ void swiglu(const bf16_raw* h, const int32_t* offsets, const int32_t* cnt, int E
   if ((a8 || fp8_round_trip) && I % 16 != 0)
     throw UsageError("cutlass swiglu: the fp8 intermediate needs intermediate % 16 == 0, got " + std::to_string(I));
   const bool skipping = skip.n > 0;
-  if (skipping && (skip.n > SwigluSkip::kMaxRanges || !skip.tiles || !skip.num_tiles || skip.max_tiles <= 0))
+  if (skipping && (skip.n > SwigluSkip::kMaxRanges || !skip.tiles || !skip.num_tiles))
     throw UsageError("cutlass swiglu: skip needs 1.." + std::to_string(SwigluSkip::kMaxRanges) +
-                     " ranges, the m-tile table and its bound, got n=" + std::to_string(skip.n));
-  // The warp index space: rows, or with skip every m-tile's 128 rows.
-  const int64_t slots = skipping ? skip.max_tiles * 128 : max_rows;
+                     " ranges and the m-tile table, got n=" + std::to_string(skip.n));
+  // The warp index space: rows, or with skip every m-tile's 128 rows (at most one partial tile per
+  // expert beyond max_rows / 128).
+  const int64_t slots = skipping ? ((max_rows + 127) / 128 + E) * 128 : max_rows;
   const bool vec = I % 8 == 0 && reinterpret_cast<uintptr_t>(h) % 16 == 0 &&
                    (a8 ? reinterpret_cast<uintptr_t>(a8) % 8 == 0 : reinterpret_cast<uintptr_t>(a) % 16 == 0) &&
                    slots * ((I + 255) / 256) < (int64_t(1) << 31);

@@ -302,7 +302,6 @@ void CudaRunner::run_cutlass(const DispatchOutput& in, const ExpertWeights& w, b
         }
       skip.tiles = tiles_.get<MTile>();
       skip.num_tiles = num_tiles_.get<int32_t>();
-      skip.max_tiles = max_tiles;
     }
     cutlass_engine::swiglu(gu_.get<bf16_raw>(), offsets_.get<int32_t>(), cnt_.get<int32_t>(), E, I, max_rows,
                            iq8 && !fp8_2, in.quant.ue8m0, fp8_2 ? nullptr : h_.get<bf16_raw>(),
