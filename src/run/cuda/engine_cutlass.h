@@ -84,11 +84,6 @@ struct Grouped {
   // splits one GEMM into launches by rows per expert, each with the tile that fits those rows
   // (policy::RowBucket). Decided on the device, from the device counts.
   int rows_lo = 0, rows_hi = 0x7fffffff;
-  // grouped_gemm_bf16_glu only: A's rows gathered instead of packed. Expert row offsets[e] + i is
-  // row gather[offsets[e] + i] of A [any][lda] (lda % 8 == 0, A 16-byte aligned: the dispatched
-  // slots as received), so no permute copies them; GEMM1's producer warp loads them itself.
-  const int32_t* gather = nullptr;
-  int64_t lda = 0, a_rows = 0;  // A's row stride and rows (gathered only)
 };
 
 size_t bf16_workspace_bytes(int experts, int sms);
@@ -202,9 +197,6 @@ struct Tables {
   using EC = cute::conditional_t<kSource, typename Kernel::ElementC, bf16_raw>;
   using StrideC = cute::conditional_t<kSource, typename Kernel::InternalStrideC, int64_t>;
   static constexpr bool scaled = kScaled, source = kSource, swap = kSwap;
-  // The mainloop gathers A's rows itself (engine_cutlass_glu.cu): one more table, the first source
-  // row index of each group; the source rows' tensor map is built with the Params (InitCache key).
-  static constexpr bool gather = requires { Kernel::CollectiveMainloop::kGathers; };
   using ERows = cute::conditional_t<kSwap, EB, EA>;  // element of our rows operand
   using EW = cute::conditional_t<kSwap, EA, EB>;     // element of the weights
   static_assert(!(kSource && kSwap), "the SwiGLU epilogue's source is laid out for the unswapped product");
@@ -220,14 +212,12 @@ struct Tables {
   const float** sfb;
   const EC** c;
   StrideC* sc;
-  const int32_t** gsrc;
 
   static size_t round(size_t n) { return (n + 255) / 256 * 256; }
   static size_t bytes(int E) {
     return round(sizeof(Shape3) * E) + 3 * round(sizeof(void*) * E) + round(sizeof(StrideA) * E) +
            round(sizeof(StrideB) * E) + round(sizeof(StrideD) * E) + (kScaled ? 2 * round(sizeof(void*) * E) : 0) +
-           (kSource ? round(sizeof(void*) * E) + round(sizeof(StrideC) * E) : 0) +
-           (gather ? round(sizeof(void*) * E) : 0);
+           (kSource ? round(sizeof(void*) * E) + round(sizeof(StrideC) * E) : 0);
   }
   static Tables carve(void* ws, int E) {
     uint8_t* p = static_cast<uint8_t*>(ws);
@@ -252,7 +242,6 @@ struct Tables {
       t.c = reinterpret_cast<const EC**>(take(sizeof(void*) * E));
       t.sc = reinterpret_cast<StrideC*>(take(sizeof(StrideC) * E));
     }
-    if constexpr (gather) t.gsrc = reinterpret_cast<const int32_t**>(take(sizeof(void*) * E));
     return t;
   }
 };
@@ -266,19 +255,18 @@ template <class T>
 __global__ void fill_tables(T t, int E, int N, int K, const int32_t* __restrict__ rows,
                             const int32_t* __restrict__ offsets, int rows_lo, int rows_hi, const void* A,
                             const float* sfa, const void* W, int64_t w_stride, const float* sfw, const bf16_raw* src,
-                            bf16_raw* out, bool halves, bool glu, const int32_t* gather, int64_t lda) {
+                            bf16_raw* out, bool halves, bool glu) {
   const int grp = blockIdx.x * blockDim.x + threadIdx.x;
   if (grp >= (halves ? 2 * E : E)) return;
   const int e = halves ? grp >> 1 : grp, h = halves ? grp & 1 : 0;
   const int64_t out_ld = halves ? 2 * int64_t(N) : N;  // glu: [rows][N] out of a 2N-wide problem
   const int m = rows[e] >= rows_lo && rows[e] <= rows_hi ? rows[e] : 0;
   const int64_t off = offsets[e];
-  // Gathered, A is the source rows as a whole (its tensor map is never used for loads).
-  const auto* rows_ptr = static_cast<const typename T::ERows*>(A) + (gather ? 0 : off * K);
+  const auto* rows_ptr = static_cast<const typename T::ERows*>(A) + off * K;
   const auto* w_ptr = static_cast<const typename T::EW*>(W) + int64_t(e) * w_stride + int64_t(h) * N * K;
   t.d[grp] = reinterpret_cast<typename T::ED*>(out) + off * out_ld + int64_t(h) * N;
   // Both operands K-major (row stride K) as stored, in either role.
-  t.sa[grp] = cute::make_stride(gather ? lda : int64_t(K), cute::Int<1>{}, cute::Int<0>{});
+  t.sa[grp] = cute::make_stride(int64_t(K), cute::Int<1>{}, cute::Int<0>{});
   t.sb[grp] = cute::make_stride(int64_t(K), cute::Int<1>{}, cute::Int<0>{});
   if constexpr (T::swap) {
     t.shapes[grp] = typename T::Shape3{N, m, K};
@@ -298,7 +286,6 @@ __global__ void fill_tables(T t, int E, int N, int K, const int32_t* __restrict_
     t.sfa[grp] = T::swap ? w_sf : rows_sf;
     t.sfb[grp] = T::swap ? rows_sf : w_sf;
   }
-  if constexpr (T::gather) t.gsrc[grp] = gather ? gather + off : nullptr;
   if constexpr (T::source) {
     t.c[grp] = reinterpret_cast<const typename T::EC*>(src) + off * N;
     t.sc[grp] = cute::make_stride(int64_t(N), cute::Int<1>{}, cute::Int<0>{});
@@ -307,7 +294,7 @@ __global__ void fill_tables(T t, int E, int N, int K, const int32_t* __restrict_
 
 template <class Gemm, bool kScaled, bool kSource = false, bool kSwap = false>
 typename Gemm::Arguments make_args(const Tables<Gemm, kScaled, kSource, kSwap>& t, int E, int sms, int device,
-                                   const float* alpha, const Grouped* g = nullptr) {
+                                   const float* alpha) {
   typename Gemm::Arguments args{};
   args.mode = cutlass::gemm::GemmUniversalMode::kGrouped;
   args.problem_shape = {E, t.shapes, nullptr};  // device shapes only: the host never learns them
@@ -322,15 +309,6 @@ typename Gemm::Arguments make_args(const Tables<Gemm, kScaled, kSource, kSwap>& 
     args.mainloop = {t.a, t.sa, t.b, t.sb, t.sfa, nullptr, t.sfb, nullptr};
   else
     args.mainloop = {t.a, t.sa, t.b, t.sb};
-  if constexpr (Tables<Gemm, kScaled, kSource, kSwap>::gather) {
-    args.mainloop.gather_src = t.gsrc;
-    if (g && g->gather) {
-      args.mainloop.gather_a = g->A;
-      args.mainloop.gather_rows = g->a_rows;
-      args.mainloop.gather_lda = g->lda;
-      args.mainloop.gather_k = g->K;
-    }
-  }
   args.epilogue.ptr_D = t.d;
   args.epilogue.dD = t.sd;
   if constexpr (kSource) {
@@ -368,8 +346,7 @@ size_t workspace_bytes(int E, int sms) {
 }
 
 // Initialized GEMMs by everything make_args reads besides the template: the workspace the tables
-// are carved from, the experts, SMs, device and alpha, and gathered rows (their tensor map is in the
-// Params: a call on other source rows initializes again). For the same key the arguments are the same
+// are carved from, the experts, SMs, device and alpha. For the same key the arguments are the same
 // bytes, so can_implement, the host-side Params (TMA descriptors encoded by the driver) and the
 // shared-memory attribute are done once per key instead of on every call. This saves host work;
 // the GPU time of eager calls did not move measurably (Qwen3-30B, session 14: eager stays 2-13%
@@ -382,9 +359,6 @@ class InitCache {
     const void* workspace;
     int experts, sms, device;
     const float* alpha;
-    const void* gather_a;  // gathered rows: their tensor map is part of the Params
-    int64_t a_rows, lda;
-    int K;
     bool operator==(const Key&) const = default;
   };
   std::shared_ptr<Gemm> find(const Key& k) {
@@ -423,24 +397,20 @@ void run(const Grouped& g, const char* what, cudaStream_t stream) {
     throw UsageError(std::string("cutlass ") + what + ": halves take no alpha and no source");
   const T t = T::carve(g.workspace, groups);
   if (kSource && !g.src) throw UsageError(std::string("cutlass ") + what + ": the source (gate) is null");
-  if (g.gather && !T::gather)
-    throw UsageError(std::string("cutlass ") + what + ": gathered rows (Grouped::gather) are read only by the "
-                     "bf16 SwiGLU GEMM (grouped_gemm_bf16_glu); permute the rows instead");
   const int64_t w_stride =
       g.w_expert_stride ? g.w_expert_stride : int64_t(g.N) * g.K * (g.halves || g.glu ? 2 : 1);
   fill_tables<T><<<(groups + 127) / 128, 128, 0, stream>>>(t, g.experts, g.N, g.K, g.rows, g.offsets, g.rows_lo,
                                                            g.rows_hi, g.A, g.sfa, g.W, w_stride, g.sfw, g.src, g.out,
-                                                           g.halves, g.glu, g.gather, g.lda);
+                                                           g.halves, g.glu);
   EPMOE_CUDA_CHECK_LAUNCH();
-  const auto args = make_args<Gemm, kScaled, kSource, kSwap>(t, groups, g.sms, device, g.alpha, &g);
+  const auto args = make_args<Gemm, kScaled, kSource, kSwap>(t, groups, g.sms, device, g.alpha);
   auto fail = [&](cutlass::Status s, const char* step) {
     throw BackendError(std::string("cutlass ") + what + " grouped GEMM: " + step + " failed: " +
                        cutlassGetStatusString(s) + " (N=" + std::to_string(g.N) + ", K=" + std::to_string(g.K) + ")");
   };
   uint8_t* cutlass_ws = static_cast<uint8_t*>(g.workspace) + T::bytes(groups);
   static InitCache<Gemm> cache;
-  const typename InitCache<Gemm>::Key key{g.workspace, groups,  g.sms, device, g.alpha, g.gather ? g.A : nullptr,
-                                          g.gather ? g.a_rows : 0, g.gather ? g.lda : 0, g.gather ? g.K : 0};
+  const typename InitCache<Gemm>::Key key{g.workspace, groups, g.sms, device, g.alpha};
   std::shared_ptr<Gemm> gemm = cache.find(key);
   cutlass::Status s;
   if (gemm) {

@@ -29,7 +29,6 @@
 #if defined(EPMOE_WITH_CUTLASS)
 #include <cuda_bf16.h>
 
-#include "cutlass/cuda_host_adapter.hpp"
 #include "cutlass/epilogue/collective/default_epilogue_array.hpp"
 #include "cutlass/epilogue/collective/detail.hpp"
 #include "run/cuda/engine_cutlass_bf16.cuh"
@@ -46,80 +45,19 @@ using namespace bf16;  // the bf16 GEMM's tiles and cluster: its bits
 constexpr int kHalf = 128;  // intermediate columns per tile
 static_assert(size<1>(TileShape{}) == 2 * kHalf && size<0>(ClusterShape{}) == 2 && glu_fits(kHalf));
 
-// The current group as the producer's load needs it to gather A (Grouped::gather): carried as a
-// third element of CUTLASS's load inputs, set where the kernel moves to another group.
-struct GatherGroup {
-  int32_t batch, rows;
-};
-
 // The producer: Base's load with slice x of the weight tile taken from gate rows (x = 0) or up
-// rows (x = 1) of the tile's 128 intermediate columns. Where the group's rows are gathered
-// (Grouped::gather), A is loaded one row at a time: a 2D tensor map over the source rows with a
-// box of one row by 64 columns and the 128-byte swizzle, each of the 32 producer lanes loading 4
-// of the 128 rows per stage onto the stage's full barrier (rows past the expert's count load row
-// -1, which TMA fills with zeros and counts, as it fills rows past the problem in the tiled load).
-// The swizzle is a function of the shared address, so a row written at its own offset lands where
-// the 128-row box puts it; the barrier expects the same bytes. (cp.async gathers on the 32 lanes
-// gave the same bits at 2.6x the GEMM's time, bench/results/history-runner.md, session 28.)
+// rows (x = 1) of the tile's 128 intermediate columns.
 template <class Base>
 struct GluLoads : Base {
   using Base::Base;
-  static constexpr bool kGathers = true;  // detail::Tables fills gather_src
-
-  struct Arguments : Base::Arguments {
-    const int32_t* const* gather_src = nullptr;  // [groups]: first source row index, or null (TMA)
-    const void* gather_a = nullptr;              // the source rows [gather_rows][gather_lda] bf16
-    int64_t gather_rows = 0, gather_lda = 0;
-    int gather_k = 0;
-  };
-  struct Params : Base::Params {
-    const int32_t* const* gather_src = nullptr;
-    cute::TmaDescriptor gather_map{};
-  };
-  template <class ProblemShape>
-  static Params to_underlying_arguments(ProblemShape shapes, Arguments const& args, void* workspace) {
-    Params p{Base::to_underlying_arguments(shapes, args, workspace)};
-    p.gather_src = args.gather_src;
-    p.gather_map = {};
-    if (args.gather_a) {
-      const cuuint64_t dims[2] = {cuuint64_t(args.gather_k), cuuint64_t(args.gather_rows)};
-      const cuuint64_t strides[1] = {cuuint64_t(args.gather_lda) * sizeof(Element)};
-      const cuuint32_t box[2] = {64, 1}, unit[2] = {1, 1};
-      const CUresult r = CUTLASS_CUDA_DRIVER_WRAPPER_CALL(cuTensorMapEncodeTiled)(
-          &p.gather_map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<void*>(args.gather_a), dims, strides, box,
-          unit, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-          CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-      if (r != CUDA_SUCCESS)
-        throw BackendError("cutlass bf16 SwiGLU GEMM: the gathered rows' tensor map was refused (CUresult " +
-                           std::to_string(int(r)) + ", rows " + std::to_string(args.gather_rows) + ", lda " +
-                           std::to_string(args.gather_lda) + ")");
-    }
-    return p;
-  }
-
-  template <class ProblemShape_MNKL>
-  CUTLASS_DEVICE auto load_init(ProblemShape_MNKL const& shape, Params const& params) const {
-    auto base = Base::load_init(shape, params);
-    return cute::make_tuple(get<0>(base), get<1>(base), GatherGroup{0, 0});
-  }
-  template <class InputTensors, class ProblemShape_MNKL>
-  CUTLASS_DEVICE InputTensors tensors_perform_update(InputTensors const& in, Params const& params,
-                                                     ProblemShape_MNKL shape, int32_t next_batch) {
-    InputTensors out = Base::tensors_perform_update(in, params, shape, next_batch);
-    get<2>(out) = GatherGroup{next_batch, int32_t(get<0>(shape))};
-    return out;
-  }
 
   template <class LoadInputs, class TensorMapA, class TensorMapB, class KTileIterator, class BlockCoord>
-  CUTLASS_DEVICE void load(Params const& params, typename Base::MainloopPipeline pipeline,
+  CUTLASS_DEVICE void load(typename Base::Params const& params, typename Base::MainloopPipeline pipeline,
                            typename Base::PipelineState write, LoadInputs const& load_inputs,
                            cute::tuple<TensorMapA, TensorMapB> const& tensormaps, BlockCoord const& blk_coord,
                            KTileIterator k_tile_iter, int k_tile_count, int /*thread_idx*/,
                            uint32_t block_rank_in_cluster, typename Base::TensorStorage& shared) {
-    const GatherGroup grp = get<2>(load_inputs);
-    const int32_t* gsrc = params.gather_src ? params.gather_src[grp.batch] : nullptr;
-    const bool leader = elect_one_sync();
-    if (!gsrc && !leader) return;
+    if (!elect_one_sync()) return;
     using CS = typename Base::DispatchPolicy::ClusterShape;
     static_assert(size<0>(CS{}) == 2 && size<1>(CS{}) == 1, "the weight tile's two slices come from a 2x1 cluster");
     Tensor sA = make_tensor(make_smem_ptr(shared.smem_A.data()), typename Base::SmemLayoutA{});
@@ -144,47 +82,15 @@ struct GluLoads : Base {
       for (int j = 0; j < size<1>(cluster); ++j) mask_a |= uint16_t(1) << cluster(block_x, j, Int<0>{});
     if constexpr (is_same_v<typename Base::GmemTiledCopyB, SM90_TMA_LOAD_MULTICAST>)
       for (int i = 0; i < size<0>(cluster); ++i) mask_b |= uint16_t(1) << cluster(i, block_y, Int<0>{});
-    if (!gsrc) {
-      CUTLASS_PRAGMA_NO_UNROLL
-      for (; k_tile_count > 0; --k_tile_count) {
-        pipeline.producer_acquire(write);
-        auto* barrier = pipeline.producer_get_barrier(write);
-        const int stage = write.index();
-        copy(params.tma_load_a.with(get<0>(tensormaps), *barrier, mask_a), tAgA(_, _, _, *k_tile_iter),
-             tAsA(_, _, _, stage));
-        copy(params.tma_load_b.with(get<1>(tensormaps), *barrier, mask_b), tBgB(_, _, _, *k_tile_iter),
-             tBsB(_, _, _, stage));
-        ++k_tile_iter;
-        ++write;
-      }
-      return;
-    }
-    constexpr int kRows = size<0>(typename Base::TileShape{}), kCols = size<2>(typename Base::TileShape{});
-    static_assert(kRows == 128 && kCols == 64, "a lane's 4 rows assume 128 x 64 bf16 A tiles");
-    static_assert(is_same_v<typename Base::SmemLayoutAtomA, decltype(GMMA::Layout_K_SW128_Atom<Element>{})>,
-                  "A's stages are 128-byte-swizzled K-major rows of 128 bytes");
-    constexpr int kStageElems = kRows * kCols;
-    static_assert(cosize(typename Base::SmemLayoutA{}) == kStageElems * Base::DispatchPolicy::Stages);
-    const int lane = int(threadIdx.x % 32);
-    int32_t src[kRows / 32];  // the source row of tile rows lane + 32j, -1 past the expert's rows
-    CUTLASS_PRAGMA_UNROLL
-    for (int j = 0; j < kRows / 32; ++j) {
-      const int r = int(m) * kRows + lane + 32 * j;
-      src[j] = r < grp.rows ? __ldg(gsrc + r) : -1;
-    }
-    Element* const a_rows = shared.smem_A.data() + lane * kCols;
     CUTLASS_PRAGMA_NO_UNROLL
     for (; k_tile_count > 0; --k_tile_count) {
-      pipeline.producer_acquire(write);  // lane 0 (the pipeline's leader) expects A's and B's bytes
-      uint64_t* full = pipeline.producer_get_barrier(write);
+      pipeline.producer_acquire(write);
+      auto* barrier = pipeline.producer_get_barrier(write);
       const int stage = write.index();
-      const int kt = int(*k_tile_iter);
-      if (leader)
-        copy(params.tma_load_b.with(get<1>(tensormaps), *full, mask_b), tBgB(_, _, _, kt), tBsB(_, _, _, stage));
-      CUTLASS_PRAGMA_UNROLL
-      for (int j = 0; j < kRows / 32; ++j)
-        SM90_TMA_LOAD_2D::copy(&params.gather_map, full, 0, a_rows + stage * kStageElems + 32 * j * kCols,
-                               kt * kCols, src[j]);
+      copy(params.tma_load_a.with(get<0>(tensormaps), *barrier, mask_a), tAgA(_, _, _, *k_tile_iter),
+           tAsA(_, _, _, stage));
+      copy(params.tma_load_b.with(get<1>(tensormaps), *barrier, mask_b), tBgB(_, _, _, *k_tile_iter),
+           tBsB(_, _, _, stage));
       ++k_tile_iter;
       ++write;
     }
@@ -242,7 +148,6 @@ struct GluEpilogueOp : EpiBase {
 using Epilogue = cutlass::epilogue::collective::detail::Sm90TmaWarpSpecializedAdapter<GluEpilogueOp>;
 
 using Gemm = GemmOf<GluLoads<bf16::Mainloop<Epilogue>>, Epilogue>;
-static_assert(detail::Tables<Gemm, false>::gather, "the tables carry gather_src for this mainloop");
 
 }  // namespace
 
@@ -254,11 +159,6 @@ void grouped_gemm_bf16_glu(const Grouped& g, cudaStream_t stream) {
                      " must be a multiple of 128 and K=" + std::to_string(g.K) + " of 8");
   if (g.alpha || g.halves || g.swap_ab || g.src)
     throw UsageError("cutlass bf16 SwiGLU GEMM: takes no alpha, halves, swap-AB or source");
-  if (g.gather && (g.lda < g.K || g.lda % kAlign != 0 || reinterpret_cast<uintptr_t>(g.A) % 16 != 0 ||
-                   g.a_rows <= 0 || g.a_rows > 0x7fffffff))
-    throw UsageError("cutlass bf16 SwiGLU GEMM: gathered rows need lda (" + std::to_string(g.lda) + ") >= K (" +
-                     std::to_string(g.K) + ") and a multiple of 8, A 16-byte aligned, and 1 to 2^31-1 rows of A (" +
-                     std::to_string(g.a_rows) + ")");
   Grouped glu = g;
   glu.glu = true;
   detail::run<Gemm, false>(glu, "bf16 SwiGLU", stream);

@@ -6,11 +6,9 @@
 #include <cuda_bf16.h>
 
 #include <algorithm>
-#include <string>
 
 #include "core/cuda/check.h"
 #include "core/cuda/pdl.cuh"
-#include "epmoe/error.h"
 #include "epmoe/format.h"
 #include "epmoe/numeric.h"
 #include "quant/cuda/quant_device.cuh"
@@ -73,25 +71,6 @@ __device__ __forceinline__ uint4 dequant8(const uint32_t* q, const uint8_t* sc, 
   return make_uint4(w[0], w[1], w[2], w[3]);
 }
 
-// The permute where GEMM1 gathers every row (GatherRows covering every count): no row is copied,
-// so one thread per (slot, k) pair claims its row and records the slot, instead of a CTA per slot.
-__global__ void record_rows_kernel(const int32_t* __restrict__ ids, const int32_t* __restrict__ counts, int64_t pairs,
-                                   int C, int K, int E, const int32_t* __restrict__ offsets,
-                                   int32_t* __restrict__ fill, int32_t* __restrict__ pair_pos, int32_t* __restrict__ src) {
-  dev::pdl_enter();
-  const int64_t p = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
-  if (p >= pairs) return;
-  const int64_t i = p / K;
-  if (!slot_valid(i, C, counts)) return;
-  const int e = ids[p];
-  int32_t q = -1;
-  if (e >= 0 && e < E) {
-    q = offsets[e] + atomicAdd(&fill[e], 1);
-    src[q] = int32_t(i);
-  }
-  pair_pos[p] = q;
-}
-
 // Vector permute (H % 8 == 0, 16-byte aligned payload and A): a thread step is 8 elements, read as
 // 16 (bf16), 8 (fp8) or 4 (nvfp4) bytes and stored as one 16-byte bf16 chunk per claimed row. The
 // values are load_act's, rounded in the same pairs. A thread loads kPermuteChunks chunks before it
@@ -117,25 +96,12 @@ template <ActFormat F>
 __global__ void permute_vec_kernel(QuantParams p, const uint8_t* __restrict__ payload, const uint8_t* __restrict__ scales,
                                    const int32_t* __restrict__ ids, const int32_t* __restrict__ counts, int C, int K,
                                    int E, int H, const int32_t* __restrict__ offsets, int32_t* __restrict__ fill,
-                                   int32_t* __restrict__ pair_pos, bf16_raw* __restrict__ A, GatherRows gather) {
+                                   int32_t* __restrict__ pair_pos, bf16_raw* __restrict__ A) {
   dev::pdl_enter();
   __shared__ int32_t pos[32];
   const int64_t i = blockIdx.x;
   if (!slot_valid(i, C, counts)) return;
   claim_rows(i, K, E, ids, offsets, fill, pair_pos, pos);
-  if (gather.src) {
-    // Record the slot of each claimed row; a row whose GEMM1 launch gathers is not copied.
-    if (threadIdx.x < K && pos[threadIdx.x] >= 0) {
-      gather.src[pos[threadIdx.x]] = int32_t(i);
-      const int n = gather.cnt[ids[i * K + threadIdx.x]];
-      for (int r = 0; r < gather.n; ++r)
-        if (n >= gather.lo[r] && n <= gather.hi[r]) pos[threadIdx.x] = -1;
-    }
-    __syncthreads();
-    bool any = false;
-    for (int k = 0; k < K; ++k) any |= pos[k] >= 0;
-    if (!any) return;
-  }
   const uint8_t* row = payload + i * int64_t(payload_bytes(F, H));
   const uint8_t* sc = scales ? scales + i * int64_t(scale_bytes(F, H)) : nullptr;
   const int nch = H / 8;
@@ -513,28 +479,15 @@ int row_step_threads(int H, int per_thread, int max_threads) {
 
 }  // namespace
 
-bool permute_can_gather(const DispatchOutput& in) {
-  return in.format == ActFormat::bf16 && in.hidden % 8 == 0 && aligned16(in.payload);
-}
-
 bool launch_permute_bf16(const DispatchOutput& in, const int32_t* offsets, int32_t* fill, int32_t* pair_pos,
-                         bf16_raw* A, cudaStream_t st, bool pdl, bool kperm, const GatherRows& gather) {
+                         bf16_raw* A, cudaStream_t st, bool pdl, bool kperm) {
   const int64_t S = in.slots();
   const int C = in.capacity, K = in.top_k, E = in.num_local_experts, H = in.hidden;
   const bool vec = H % 8 == 0 && aligned16(in.payload) && aligned16(A);
-  if (gather.src && (kperm || !vec || !permute_can_gather(in) || !gather.cnt || gather.n < 0 || gather.n > 4))
-    throw UsageError("permute: recording rows for a gather needs bf16 slots with 16-byte rows, no kperm, the "
-                     "counts and at most 4 ranges (n=" + std::to_string(gather.n) + ")");
   kperm = kperm && vec && H % 64 == 0 && H <= kPermuteKpermMaxH;
   if (S <= 0) return kperm;  // no rows: either order holds
   const unsigned grid = unsigned(S);
-  bool record_only = false;
-  for (int r = 0; r < gather.n; ++r) record_only |= gather.lo[r] <= 0 && gather.hi[r] == 0x7fffffff;
-  if (gather.src && record_only) {
-    const int64_t pairs = S * K;
-    launch_kernel(record_rows_kernel, unsigned((pairs + 255) / 256), 256, 0, st, pdl, in.local_ids, in.counts, pairs,
-                  C, K, E, offsets, fill, pair_pos, gather.src);
-  } else if (kperm) {
+  if (kperm) {
     auto* kernel = in.format == ActFormat::bf16  ? permute_kperm_kernel<ActFormat::bf16>
                    : in.format == ActFormat::fp8 ? permute_kperm_kernel<ActFormat::fp8>
                                                  : permute_kperm_kernel<ActFormat::nvfp4>;
@@ -546,7 +499,7 @@ bool launch_permute_bf16(const DispatchOutput& in, const int32_t* offsets, int32
                                                  : permute_vec_kernel<ActFormat::nvfp4>;
     const int threads = row_step_threads(H, kPermuteChunks, 256);
     launch_kernel(kernel, grid, threads, 0, st, pdl, in.quant, in.payload, in.scales, in.local_ids, in.counts, C, K, E,
-                  H, offsets, fill, pair_pos, A, gather);
+                  H, offsets, fill, pair_pos, A);
   } else {
     launch_kernel(permute_kernel, grid, 256, 0, st, pdl, in.format, in.quant, in.payload, in.scales, in.local_ids,
                   in.counts, C, K, E, H, offsets, fill, pair_pos, A);

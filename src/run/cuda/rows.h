@@ -45,21 +45,8 @@ void launch_intermediate_fp8(bf16_raw* h, const int32_t* offsets, const int32_t*
 // 0, 16-byte aligned payload and A, H <= kPermuteKpermMaxH); otherwise the rows are natural and the
 // caller runs kperm_nvfp4_tokens.
 constexpr int kPermuteKpermMaxH = 24576;  // the row staged in 48 KB of shared memory
-// Rows GEMM1 reads from the slots itself (cutlass_engine::Grouped::gather): with `src`, the permute
-// records every claimed row's slot in src[row], and copies into A only the rows of experts whose
-// count cnt[e] lies outside all n ranges [lo, hi] (those GEMM1 launches read the packed rows).
-// Needs the vector form with bf16 slots and no kperm (launch_permute_bf16 throws UsageError else).
-struct GatherRows {
-  int32_t* src = nullptr;
-  const int32_t* cnt = nullptr;
-  int n = 0;
-  int lo[4] = {}, hi[4] = {};
-};
 bool launch_permute_bf16(const DispatchOutput& in, const int32_t* offsets, int32_t* fill, int32_t* pair_pos,
-                         bf16_raw* A, cudaStream_t st, bool pdl = false, bool kperm = false,
-                         const GatherRows& gather = {});
-// Whether launch_permute_bf16 can record rows for a gather from `in` (bf16 slots, 16-byte rows).
-bool permute_can_gather(const DispatchOutput& in);
+                         bf16_raw* A, cudaStream_t st, bool pdl = false, bool kperm = false);
 
 // y[slot] = bf16(sum over k ascending of w_k * o[pair_pos[slot][k]]) in fp32 without fma.
 void launch_reduce(const DispatchOutput& in, const int32_t* pair_pos, const bf16_raw* o, bf16_raw* y, cudaStream_t st,

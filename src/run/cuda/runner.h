@@ -68,9 +68,6 @@ class CudaRunner final : public Runner {
   bool last_swiglu_fused() const { return last_swiglu_fused_; }
   // GEMM1 split by rows fused SwiGLU in its unswapped launches (policy::glu_in_split).
   bool last_glu_split() const { return last_glu_split_; }
-  // The one-GEMM SwiGLU launches of GEMM1 read their rows from the received slots (gathered, no
-  // permute copy of those rows).
-  bool last_gathered() const { return last_gathered_; }
   // Whether a CUTLASS run's GEMMs ran swap-AB, and their token-tile width: 64, 128 or 192; 0
   // unswapped or after a decode run; policy::kByRows (-1) when each expert took the tile of its
   // rows (policy::row_buckets: swap-AB for some experts, perhaps not for all).
@@ -105,10 +102,6 @@ class CudaRunner final : public Runner {
   // the same bits).
   void set_concurrent_buckets(bool on) { concurrent_buckets_ = on; }
   bool concurrent_buckets() const { return concurrent_buckets_; }
-  // GEMM1's one-GEMM SwiGLU launches gather their rows from the bf16 slots (off by default: slower) instead of
-  // reading rows the permute copied (the same bits).
-  void set_gather_rows(bool on) { gather_rows_ = on; }
-  bool gather_rows() const { return gather_rows_; }
   // Replaces the split table of the direct CUTLASS GEMMs (policy::parse_row_buckets; empty = the
   // policy's), whatever cutlass_swap says: for trying other ranges and tiles (bench runner
   // --row-buckets). A tile the GEMM has no instantiation for throws UsageError at run().
@@ -145,8 +138,6 @@ class CudaRunner final : public Runner {
   size_t widen_scratch_ = size_t(1) << 30;
   int last_widen_chunks_ = 0;
   bool fused_swiglu_ = false, last_swiglu_fused_ = false, last_glu_split_ = false;
-  bool gather_rows_ = false, last_gathered_ = false;
-  DeviceBuffer gsrc_;  // gathered GEMM1: the slot of each expert row
   bool concurrent_buckets_ = true;
   StreamFork fork_;  // side streams of the concurrent launches per row range
   CutlassSwap cutlass_swap_ = CutlassSwap::automatic;

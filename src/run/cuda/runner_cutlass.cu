@@ -49,11 +49,10 @@ void gemm1_swiglu(const cutlass_engine::Grouped& g, bf16_raw* gate, cudaStream_t
 // so the launches write disjoint rows and the bytes are those of the sequential order. They are
 // issued in policy::bucket_order of `expected_rows` (the likely large range first).
 // With `glu_out` (bf16 GEMM1, policy::glu_in_split) the unswapped buckets run the one-GEMM SwiGLU
-// into glu_out [rows][N/2] instead of writing their rows of g.out; with `glu_rows`, reading A, gather
-// and lda from it (Grouped::gather) instead of g's packed rows.
+// into glu_out [rows][N/2] instead of writing their rows of g.out.
 void run_buckets(cutlass_engine::Grouped g, const std::vector<policy::RowBucket>& buckets, bool fp8,
                  cudaStream_t st, StreamFork* fork, size_t ws_stride, double expected_rows,
-                 bf16_raw* glu_out = nullptr, const cutlass_engine::Grouped* glu_rows = nullptr) {
+                 bf16_raw* glu_out = nullptr) {
   const bool split = fork && buckets.size() > 1;
   if (split) fork->fork(st, int(buckets.size()));
   uint8_t* const ws = static_cast<uint8_t*>(g.workspace);
@@ -76,12 +75,6 @@ void run_buckets(cutlass_engine::Grouped g, const std::vector<policy::RowBucket>
       cutlass_engine::Grouped glu = g;
       glu.N = g.N / 2;
       glu.out = glu_out;
-      if (glu_rows) {
-        glu.A = glu_rows->A;
-        glu.gather = glu_rows->gather;
-        glu.lda = glu_rows->lda;
-        glu.a_rows = glu_rows->a_rows;
-      }
       cutlass_engine::grouped_gemm_bf16_glu(glu, s);
     } else {
       cutlass_engine::grouped_gemm_bf16(g, s);
@@ -196,26 +189,6 @@ void CudaRunner::run_cutlass(const DispatchOutput& in, const ExpertWeights& w, b
   const bool glu_split = plan.glu_split;
   last_swiglu_fused_ = fuse;
   last_glu_split_ = glu_split;
-  // GEMM1's one-GEMM SwiGLU launches (all of GEMM1 where fused into one launch, the unswapped
-  // buckets with glu_split) read the rows from the slots themselves where the slots are bf16: the
-  // permute then only records each row's slot, and copies the rows of the other launches' experts.
-  const bool glu_single = fuse && p1 == CutlassPath::bf16 && cutlass_engine::glu_fits(I);
-  const bool gather = gather_rows_ && (glu_single || glu_split) && permute_can_gather(in);
-  last_gathered_ = gather;
-  // The rows per expert of the one-GEMM SwiGLU launches: the permute's gathered ranges, the ranges
-  // the SwiGLU pass leaves out.
-  int glu_n = 0, glu_lo[4] = {}, glu_hi[4] = {};
-  if (glu_single) {
-    glu_n = 1;
-    glu_hi[0] = policy::RowBucket{}.hi;
-  } else if (glu_split) {
-    for (const policy::RowBucket& b : plan.buckets)
-      if (b.tile_n == 0) {  // at most SwigluSkip::kMaxRanges (policy::glu_in_split)
-        glu_lo[glu_n] = b.lo;
-        glu_hi[glu_n] = b.hi;
-        ++glu_n;
-      }
-  }
   // A direct GEMM reports its buckets' tile (or kByRows); a widened pair its single width.
   last_swap_tile_n_ = plan.tile_n(p1 == CutlassPath::widened ? p2 : p1);
   // The offsets kernel also writes an m-tile table: CUTLASS does not read it, the SwiGLU pass does
@@ -275,25 +248,8 @@ void CudaRunner::run_cutlass(const DispatchOutput& in, const ExpertWeights& w, b
                                 E, H, offsets_.get<int32_t>(), fill_.get<int32_t>(), pair_pos_.get<int32_t>(),
                                 a8_.get<uint8_t>(), as_.get<float>(), st);
   } else {
-    GatherRows gr;
-    if (gather) {
-      gsrc_.reserve(size_t(max_rows) * sizeof(int32_t));
-      gr.src = gsrc_.get<int32_t>();
-      gr.cnt = cnt_.get<int32_t>();
-      gr.n = glu_n;
-      std::copy(glu_lo, glu_lo + 4, gr.lo);
-      std::copy(glu_hi, glu_hi + 4, gr.hi);
-    }
     launch_permute_bf16(in, offsets_.get<int32_t>(), fill_.get<int32_t>(), pair_pos_.get<int32_t>(),
-                        a_.get<bf16_raw>(), st, pdl_, false, gr);
-  }
-  // The one-GEMM SwiGLU launches' rows: gathered from the slots, or the permute's.
-  cutlass_engine::Grouped glu_rows;
-  glu_rows.A = gather ? in.payload : static_cast<const void*>(a_.get<bf16_raw>());
-  if (gather) {
-    glu_rows.gather = gsrc_.get<int32_t>();
-    glu_rows.lda = H;
-    glu_rows.a_rows = S;
+                        a_.get<bf16_raw>(), st, pdl_);
   }
 
   last_widen_chunks_ = 0;
@@ -321,24 +277,15 @@ void CudaRunner::run_cutlass(const DispatchOutput& in, const ExpertWeights& w, b
     // gu_ holds the gate half [rows][I]; the up half's epilogue writes the intermediate into h_.
     g1.A = a_.get<bf16_raw>();
     g1.out = h_.get<bf16_raw>();
-    if (p1 == CutlassPath::bf16) {
-      cutlass_engine::Grouped f = g1;
-      if (glu_single) {
-        f.A = glu_rows.A;
-        f.gather = glu_rows.gather;
-        f.lda = glu_rows.lda;
-        f.a_rows = glu_rows.a_rows;
-      }
-      gemm1_swiglu(f, gu_.get<bf16_raw>(), st);
-    }
+    if (p1 == CutlassPath::bf16)
+      gemm1_swiglu(g1, gu_.get<bf16_raw>(), st);
     else
       last_widen_chunks_ +=
           run_widened(g1, w.w13, nvfp4 ? inv_gs_.get<float>() : nullptr, chunk1, st, gu_.get<bf16_raw>());
   } else {
     g1.A = a_.get<bf16_raw>();
     if (p1 == CutlassPath::bf16)
-      run_buckets(g1, plan.buckets, false, st, fork, ws_stride, er, glu_split ? h_.get<bf16_raw>() : nullptr,
-                  &glu_rows);
+      run_buckets(g1, plan.buckets, false, st, fork, ws_stride, er, glu_split ? h_.get<bf16_raw>() : nullptr);
     else
       last_widen_chunks_ += run_widened(g1, w.w13, nvfp4 ? inv_gs_.get<float>() : nullptr, chunk1, st);
   }
@@ -347,9 +294,12 @@ void CudaRunner::run_cutlass(const DispatchOutput& in, const ExpertWeights& w, b
     // With glu_split the pass leaves the unswapped buckets' experts, whose rows GEMM1 wrote.
     cutlass_engine::SwigluSkip skip;
     if (glu_split) {
-      skip.n = glu_n;
-      std::copy(glu_lo, glu_lo + 4, skip.lo);
-      std::copy(glu_hi, glu_hi + 4, skip.hi);
+      for (const policy::RowBucket& b : plan.buckets)
+        if (b.tile_n == 0) {
+          skip.lo[skip.n] = b.lo;
+          skip.hi[skip.n] = b.hi;
+          ++skip.n;
+        }
       skip.tiles = tiles_.get<MTile>();
       skip.num_tiles = num_tiles_.get<int32_t>();
     }
@@ -359,8 +309,6 @@ void CudaRunner::run_cutlass(const DispatchOutput& in, const ExpertWeights& w, b
   }
 
   cutlass_engine::Grouped g2 = g1;
-  g2.gather = nullptr;
-  g2.lda = g2.a_rows = 0;
   g2.N = H;
   g2.K = I;
   g2.W = w.w2.data;

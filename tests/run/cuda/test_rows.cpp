@@ -13,7 +13,6 @@
 #include <random>
 #include <vector>
 
-#include "epmoe/error.h"
 #include "run/cuda/engine.h"
 #include "run/cuda/engine_cutlass.h"
 #include "run/cuda/rows.h"
@@ -168,77 +167,6 @@ TEST(RowPasses, PermuteAndWeightedSumVectorEqualScalarBitwise) {
           ++same;
         }
       EXPECT_EQ(same, rows);
-    }
-
-    // Rows recorded for GEMM1's gather (GatherRows): every claimed row's slot, and a copy only of
-    // the rows of experts whose count is outside the gathered ranges (here [0, median]).
-    if (act == ActFormat::bf16) {
-      SCOPED_TRACE("gather");
-      std::vector<int32_t> cnt(p.E);
-      for (int e = 0; e < p.E; ++e) cnt[e] = int32_t((e + 1 < p.E ? offsets[e + 1] : rows) - offsets[e]);
-      std::vector<int32_t> sorted = cnt;
-      std::nth_element(sorted.begin(), sorted.begin() + p.E / 2, sorted.end());
-      const int median = sorted[p.E / 2];
-      const Dev<int32_t> d_cnt(cnt);
-      // [0, median]: the CTA-per-slot form copying the other rows; every count: the record-only form.
-      for (const int hi : {median, 0x7fffffff}) {
-      SCOPED_TRACE(hi);
-      Dev<int32_t> fill_g(std::vector<int32_t>(p.E, 0)), pp_g(S * K), src(static_cast<size_t>(rows));
-      Dev<bf16_raw> a_g(size_t(rows) * p.H);
-      a_g.poison();
-      src.poison();
-      cuda::GatherRows gr;
-      gr.src = src.get();
-      gr.cnt = d_cnt.get();
-      gr.n = 1;
-      gr.lo[0] = 0;
-      gr.hi[0] = hi;
-      EXPECT_FALSE(cuda::launch_permute_bf16(dd.view, d_off.get(), fill_g.get(), pp_g.get(), a_g.get(), nullptr,
-                                             false, false, gr));
-      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-      const std::vector<int32_t> hpg = pp_g.download(), hsrc = src.download();
-      const std::vector<bf16_raw> hag = a_g.download();
-      int64_t recorded = 0, copied = 0;
-      for (int64_t j = 0; j < recv.counts[0]; ++j)
-        for (size_t k = 0; k < K; ++k) {
-          const int32_t rv = hpv[j * K + k], rg = hpg[j * K + k];
-          ASSERT_EQ(rv < 0, rg < 0) << "slot " << j << " k " << k;
-          if (rg < 0) continue;
-          ASSERT_EQ(hsrc[rg], j) << "recorded slot of row " << rg;
-          ++recorded;
-          const int e = recv.local_ids[size_t(j) * K + k];
-          const bool gathered = cnt[e] <= hi;
-          const bf16_raw* row = &hag[size_t(rg) * p.H];
-          if (gathered) {
-            for (int c = 0; c < p.H; ++c) ASSERT_EQ(row[c], 0xffff) << "gathered row " << rg << " was copied";
-          } else {
-            ASSERT_EQ(0, std::memcmp(&hav[size_t(rv) * p.H], row, size_t(p.H) * 2)) << "copied row of slot " << j;
-            ++copied;
-          }
-        }
-      EXPECT_EQ(recorded, rows);
-      if (hi == median) {
-        EXPECT_GT(copied, 0);
-        EXPECT_LT(copied, rows);
-      } else {
-        EXPECT_EQ(copied, 0);
-      }
-      }
-      // Not with the K order, nor more than 4 ranges (refused before any launch).
-      Dev<int32_t> fill_g(std::vector<int32_t>(p.E, 0)), pp_g(S * K), src(static_cast<size_t>(rows));
-      Dev<bf16_raw> a_g(size_t(rows) * p.H);
-      cuda::GatherRows gr;
-      gr.src = src.get();
-      gr.cnt = d_cnt.get();
-      gr.n = 1;
-      gr.hi[0] = median;
-      EXPECT_THROW(cuda::launch_permute_bf16(dd.view, d_off.get(), fill_g.get(), pp_g.get(), a_g.get(), nullptr,
-                                             false, true, gr),
-                   UsageError);
-      gr.n = 5;
-      EXPECT_THROW(cuda::launch_permute_bf16(dd.view, d_off.get(), fill_g.get(), pp_g.get(), a_g.get(), nullptr,
-                                             false, false, gr),
-                   UsageError);
     }
 
     // Weighted sum over random expert outputs (specials included), both forms, same pair_pos.

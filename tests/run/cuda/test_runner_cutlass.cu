@@ -20,7 +20,6 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
-#include <numeric>
 #include <random>
 #include <string>
 #include <tuple>
@@ -124,23 +123,21 @@ void run_problem(const Problem& p, uint32_t seed) {
   DevDispatch dd(recv, cfg.quant_params());
   const DispatchOutput& dout = dd.view;
 
-  bool fused = false, swapped = false, glu_split = false, gathered = false;  // what the last run chose
+  bool fused = false, swapped = false, glu_split = false;  // what the last run_engine call chose
   auto run_engine = [&](Engine eng, std::string* engines, size_t scratch = 0, int* chunks = nullptr,
-                        bool fuse = true, CutlassSwap swap = CutlassSwap::off, bool gather = true) {
+                        bool fuse = true, CutlassSwap swap = CutlassSwap::off) {
     Dev<bf16_raw> y(size_t(C) * H);
     y.poison();
     cuda::CudaRunner runner(cfg, 0);
     runner.set_engine(eng);
     runner.set_fused_swiglu(fuse);
     runner.set_cutlass_swap(swap);
-    runner.set_gather_rows(gather);
     if (scratch) runner.set_widen_scratch_bytes(scratch);
     runner.run(dout, dw, y.get(), nullptr);
     EPMOE_CUDA_CHECK(cudaDeviceSynchronize());
     *engines = runner.last_engines();
     fused = runner.last_swiglu_fused();
     glu_split = runner.last_glu_split();
-    gathered = runner.last_gathered();
     swapped = runner.last_swap_ab();
     if (chunks) *chunks = runner.last_widen_chunks();
     return y.download();
@@ -201,18 +198,6 @@ void run_problem(const Problem& p, uint32_t seed) {
     const bool expect_glu_split = sw == CutlassSwap::byrows && p.wf == WeightFormat::bf16 &&
                                   p.iq == IntermediateQuant::none && cuda::cutlass_engine::glu_fits(I);
     EXPECT_EQ(glu_split, expect_glu_split);
-    // The one-GEMM SwiGLU launches read bf16 slots' rows themselves (Grouped::gather): the same
-    // bits as from the permute's copies.
-    const bool glu_launch = p.wf == WeightFormat::bf16 && cuda::cutlass_engine::glu_fits(I) && (fused || glu_split);
-    const bool expect_gather = glu_launch && p.act == ActFormat::bf16 && H % 8 == 0;
-    EXPECT_EQ(gathered, expect_gather);
-    if (expect_gather) {
-      std::string ep;
-      const auto yp = run_engine(Engine::cutlass, &ep, 0, nullptr, true, sw, false);
-      EXPECT_FALSE(gathered);
-      EXPECT_EQ(ep, engines);
-      EXPECT_EQ(first_diff(yc, yp), -1) << "gathered rows differ from the permute's";
-    }
     // One chunk per widened GEMM with the default 1 GiB scratch (these problems are far smaller).
     const bool wide1 = widened_gemm(expect, 1), wide2 = widened_gemm(expect, 2);
     EXPECT_EQ(chunks, int(wide1) + int(wide2));
@@ -816,64 +801,6 @@ TEST(CutlassEngine, GluSplitEqualsGemmAndPass) {
   EXPECT_THROW(ce::swiglu(h2.get(), c.doffs.get(), c.drows.get(), c.E, I, c.total, false, false, out.get(), nullptr,
                           nullptr, nullptr, bad),
                UsageError);
-}
-
-// The one-GEMM SwiGLU reading its rows from scattered source rows (Grouped::gather, as the runner
-// reads the received slots): bitwise the packed run, whole and split by rows. The source rows are
-// wider than K (stride K + 24, NaN past K, NaN in every row not gathered), K is not a multiple of
-// the 64-wide k-tile (the tail is zero-filled, not read), and an expert of 257 rows leaves its
-// cluster partner an m-tile past the rows.
-TEST(CutlassEngine, GluGatherEqualsPacked) {
-  EPMOE_REQUIRE_GPU();
-  EPMOE_REQUIRE_CUTLASS();
-  namespace ce = cuda::cutlass_engine;
-  const GluCase c({0, 130, 1, 33, 257, 0, 64, 129}, 256, 264, 37);
-  const int64_t lda = c.K + 24;
-  const int S = 3 * c.total + 5;
-  std::vector<int32_t> slot(S);
-  std::iota(slot.begin(), slot.end(), 0);
-  std::mt19937 rng(5);
-  std::shuffle(slot.begin(), slot.end(), rng);
-  slot.resize(c.total);  // packed row p is source row slot[p]
-  const std::vector<bf16_raw> a = c.da.download();
-  std::vector<bf16_raw> x(size_t(S) * lda, 0x7fc0);  // NaN
-  for (int p = 0; p < c.total; ++p)
-    std::copy(a.begin() + size_t(p) * c.K, a.begin() + size_t(p + 1) * c.K, x.begin() + size_t(slot[p]) * lda);
-  const Dev<bf16_raw> dx(x);
-  const Dev<int32_t> dsrc(slot);
-  ce::Grouped g = c.g;
-  g.N = c.I;
-  g.A = dx.get();
-  g.gather = dsrc.get();
-  g.lda = lda;
-  g.a_rows = S;
-  Dev<bf16_raw> out = c.poisoned_out();
-  g.out = out.get();
-  ce::grouped_gemm_bf16_glu(g, nullptr);
-  c.expect_same(out, "glu gathered");
-  Dev<bf16_raw> parts = c.poisoned_out();
-  for (const auto& r : {std::pair{0, 1}, std::pair{2, 200}, std::pair{201, 0x7fffffff}}) {
-    ce::Grouped part = g;
-    part.rows_lo = r.first;
-    part.rows_hi = r.second;
-    part.out = parts.get();
-    ce::grouped_gemm_bf16_glu(part, nullptr);
-  }
-  c.expect_same(parts, "glu gathered by rows");
-  // Refused: a stride under K or not 16 bytes, and a GEMM that does not gather.
-  for (const int64_t bad_lda : {int64_t(c.K) - 8, lda + 4}) {
-    ce::Grouped bad = g;
-    bad.lda = bad_lda;
-    EXPECT_THROW(ce::grouped_gemm_bf16_glu(bad, nullptr), UsageError) << "lda " << bad_lda;
-  }
-  ce::Grouped no_rows = g;
-  no_rows.a_rows = 0;
-  EXPECT_THROW(ce::grouped_gemm_bf16_glu(no_rows, nullptr), UsageError);
-  ce::Grouped plain = c.g;
-  plain.gather = dsrc.get();
-  plain.lda = lda;
-  plain.out = out.get();
-  EXPECT_THROW(ce::grouped_gemm_bf16(plain, nullptr), UsageError);
 }
 
 // The CUTLASS engine inside a CUDA graph (no host synchronization, device-side shapes): replays
