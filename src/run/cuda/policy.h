@@ -102,7 +102,9 @@ struct RowBucket {
 //   each launch, even with no expert in its range, costs its table fill (~2 us) and a grid, which
 //   Qwen3-30B's 0.3 ms GEMM pairs cannot win back (under the router, 64 local experts, H200, one
 //   call: split 0.333 / 0.377 / 0.567 / 0.885 ms at M 4096 / 8192 / 16384 / 32768, one launch of
-//   single_tile_n's tile 0.255 / 0.325 / 0.498 / 0.804; bench/results/2026-12-01-session13-h200.md);
+//   single_tile_n's tile 0.255 / 0.325 / 0.498 / 0.804; bench/results/2026-12-01-session13-h200.md;
+//   still 4-22% slower with concurrent launches and the GLU in the split, bf16 and fp8, router and
+//   uniform, session 28);
 // - few experts (`experts` under kSplitMinExperts): a range then holds one or two experts, and
 //   every launch adds its own last partial wave of tiles to the sum (Mixtral-8x7B, 4 experts,
 //   router M 2048, one call: bf16 1.422 split vs 1.296, fp8 1.157 vs 1.065).
