@@ -185,6 +185,82 @@ TEST(RowPasses, PermuteAndWeightedSumVectorEqualScalarBitwise) {
   }
 }
 
+// The slots the scatter GEMM2 writes home (launch_mark_single_rows): exactly those with one local
+// row whose expert's row count lies in the ranges get row_pair = their pair, every other row -1;
+// the weighted sum given row_pair (vector and scalar form) leaves exactly those slots' rows
+// untouched and writes every other slot as without it.
+TEST(RowPasses, WeightedSumLeavesSlotsWrittenHome) {
+  EPMOE_REQUIRE_GPU();
+  const Problem p{1152, 256, 8, 3, 200, ActFormat::bf16};
+  const MoeConfig cfg = make_cfg(p);
+  std::mt19937 rng(23);
+  const int64_t T = 181;
+  const std::vector<bf16_raw> x = random_bf16(rng, size_t(T) * p.H);
+  std::vector<int32_t> ids;
+  std::vector<float> tw;
+  random_routing(rng, T, p.E, p.K, ids, tw);
+  for (int64_t t = 0; t < T; ++t)  // about half the tokens keep one expert only
+    if (t % 2 == 0) ids[t * p.K + 1] = ids[t * p.K + 2] = -1;
+  const detail::HostRecvBuffers recv = local_receive(cfg, x, T, ids, tw);
+  DevDispatch dd(recv, cfg.quant_params());
+  std::vector<int32_t> offsets;
+  int64_t rows = 0;
+  expert_offsets(recv, p.E, offsets, rows);
+  std::vector<int32_t> cnt(p.E);
+  for (int e = 0; e < p.E; ++e) cnt[e] = int32_t((e + 1 < p.E ? offsets[e + 1] : rows) - offsets[e]);
+  std::vector<int32_t> sorted = cnt;
+  std::sort(sorted.begin(), sorted.end());
+  // Two ranges that hold some experts and not others: the smallest count, and the upper half.
+  cuda::RowRanges ranges;
+  ranges.n = 2;
+  ranges.lo[0] = ranges.hi[0] = sorted[0];
+  ranges.lo[1] = sorted[p.E / 2];
+  ranges.hi[1] = 0x7fffffff;
+  const Dev<int32_t> d_off(offsets), d_cnt(cnt);
+  const size_t S = size_t(p.C), K = size_t(p.K);
+  Dev<int32_t> fill(std::vector<int32_t>(p.E, 0)), pp(S * K), row_pair(static_cast<size_t>(rows));
+  Dev<bf16_raw> a(size_t(rows) * p.H);
+  row_pair.poison();
+  cuda::launch_permute_bf16(dd.view, d_off.get(), fill.get(), pp.get(), a.get(), nullptr);
+  cuda::launch_mark_single_rows(dd.view, pp.get(), d_cnt.get(), ranges, row_pair.get(), nullptr);
+  const std::vector<bf16_raw> o = random_bf16(rng, size_t(rows) * p.H);
+  const Dev<bf16_raw> d_o(o);
+  Dev<bf16_raw> y_all(S * p.H), y_v(S * p.H);
+  Shifted<bf16_raw> y_s(std::vector<bf16_raw>(S * p.H, 0xffff), 2);
+  y_all.poison();
+  y_v.poison();
+  cuda::launch_reduce(dd.view, pp.get(), d_o.get(), y_all.get(), nullptr);
+  cuda::launch_reduce(dd.view, pp.get(), d_o.get(), y_v.get(), nullptr, false, row_pair.get());
+  cuda::launch_reduce(dd.view, pp.get(), d_o.get(), y_s.get(), nullptr, false, row_pair.get());
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  const std::vector<int32_t> hpp = pp.download(), hrp = row_pair.download();
+  const std::vector<bf16_raw> ha = y_all.download(), hv = y_v.download(), hs = y_s.download(S * p.H);
+  int home = 0, summed = 0;
+  for (int64_t j = 0; j < recv.counts[0]; ++j) {
+    int n = 0, kk = -1;
+    for (size_t k = 0; k < K; ++k)
+      if (hpp[j * K + k] >= 0) ++n, kk = int(k);
+    if (n == 0) continue;
+    const int c = n == 1 ? cnt[recv.local_ids[j * K + kk]] : -1;
+    const bool expect_home = n == 1 && ((c >= ranges.lo[0] && c <= ranges.hi[0]) || c >= ranges.lo[1]);
+    for (size_t k = 0; k < K; ++k) {
+      const int32_t q = hpp[j * K + k];
+      if (q >= 0) ASSERT_EQ(hrp[q], expect_home ? int32_t(j * K + k) : -1) << "slot " << j << " k " << k;
+    }
+    for (const auto* y : {&hv, &hs}) {
+      const bf16_raw* row = y->data() + j * p.H;
+      if (expect_home) {
+        ASSERT_TRUE(std::all_of(row, row + p.H, [](bf16_raw v) { return v == 0xffff; })) << "slot " << j << " written";
+      } else {
+        ASSERT_EQ(0, std::memcmp(row, ha.data() + j * p.H, size_t(p.H) * 2)) << "slot " << j;
+      }
+    }
+    (expect_home ? home : summed) += 1;
+  }
+  EXPECT_GT(home, 10);
+  EXPECT_GT(summed, 10);
+}
+
 TEST(RowPasses, SwigluVectorEqualsScalarBitwise) {
   EPMOE_REQUIRE_GPU();
   const int I = 1152;  // 4.5 groups of 256 columns: the last group is half empty
