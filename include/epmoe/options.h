@@ -66,9 +66,6 @@ struct Tuning {
                                 //   (an expert of 129-160 rows decodes its weights once; same bits)
   bool fused_swiglu = false;    // [local] EPMOE_CUTLASS_SWIGLU=0|1: CUTLASS GEMM1 as gate half +
                                 //   up half with SwiGLU in its epilogue (same bits)
-  bool combine_in_gemm2 = true; // [local] EPMOE_COMBINE_IN_GEMM2=0|1: where GEMM2 is CUTLASS bf16,
-                                //   its epilogue writes a slot with one local row to the output
-                                //   itself, the weighted sum skipping it (same bits)
   bool concurrent_buckets = true;  // [local] EPMOE_CUTLASS_CONCURRENT=0|1: the CUTLASS GEMMs' launches
                                 //   per range of rows per expert (cutlass_swap auto/byrows) on side
                                 //   streams, overlapping (same bits)

@@ -74,9 +74,6 @@ def test_nested_structs_are_references():
     assert c.tuning.concurrent_buckets is True
     c.tuning.concurrent_buckets = False
     assert c.tuning.concurrent_buckets is False and "concurrent_buckets" in c.describe()
-    assert c.tuning.combine_in_gemm2 is True
-    c.tuning.combine_in_gemm2 = False
-    assert c.tuning.combine_in_gemm2 is False and "combine_in_gemm2" in c.describe()
     with pytest.raises(epmoe.UsageError, match="Tuning.cutlass_swap"):
         epmoe.Tuning(cutlass_swap="maybe")
 

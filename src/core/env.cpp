@@ -136,10 +136,6 @@ EnvTuning read_env_tuning() {
     if (auto v = env::flag("EPMOE_CUTLASS_SWIGLU", "1: SwiGLU in the epilogue of CUTLASS GEMM1's up half"))
       t.fused_swiglu = *v;
   });
-  take("EPMOE_COMBINE_IN_GEMM2", [&] {
-    if (auto v = env::flag("EPMOE_COMBINE_IN_GEMM2", "1: runner cuda's CUTLASS bf16 GEMM2 writes single-row slots to the output"))
-      t.combine_in_gemm2 = *v;
-  });
   take("EPMOE_CUTLASS_CONCURRENT", [&] {
     if (auto v = env::flag("EPMOE_CUTLASS_CONCURRENT", "1: runner cuda's CUTLASS launches per row range overlap on side streams"))
       t.concurrent_buckets = *v;

@@ -125,7 +125,6 @@ std::string describe(const Tuning& t) {
   row("pdl", b(t.pdl), b(d.pdl), false, "EPMOE_PDL");
   row("nvfp4_wide_rows", i(t.nvfp4_wide_rows), i(d.nvfp4_wide_rows), false, "EPMOE_NVFP4_WIDE_ROWS");
   row("fused_swiglu", b(t.fused_swiglu), b(d.fused_swiglu), false, "EPMOE_CUTLASS_SWIGLU");
-  row("combine_in_gemm2", b(t.combine_in_gemm2), b(d.combine_in_gemm2), false, "EPMOE_COMBINE_IN_GEMM2");
   row("concurrent_buckets", b(t.concurrent_buckets), b(d.concurrent_buckets), false, "EPMOE_CUTLASS_CONCURRENT");
   row("widen_scratch_mb", i(t.widen_scratch_mb), i(d.widen_scratch_mb), false, "EPMOE_WIDEN_SCRATCH_MB");
   row("nvfp4_prepare", b(t.nvfp4_prepare), b(d.nvfp4_prepare), false, "EPMOE_NVFP4_PREPARE");

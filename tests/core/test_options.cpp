@@ -108,7 +108,6 @@ TEST(Tuning, AgreeFieldsAreFingerprintedLocalOnesAreNot) {
   d.tuning.nvfp4_wide_rows = 160;
   d.tuning.fused_swiglu = !c.tuning.fused_swiglu;
   d.tuning.concurrent_buckets = !c.tuning.concurrent_buckets;
-  d.tuning.combine_in_gemm2 = !c.tuning.combine_in_gemm2;
   d.tuning.nvfp4_prepare = !c.tuning.nvfp4_prepare;
   d.tuning.widen_scratch_mb = 7;
   d.tuning.cutlass_swap = CutlassSwap::on;
@@ -133,7 +132,7 @@ TEST(Tuning, DescribeListsEveryFieldWithItsAgreement) {
   Tuning t;
   t.engine = RunnerEngine::cutlass;
   const std::string s = describe(t);
-  for (const char* f : {"engine", "wgmma_defer", "pdl", "nvfp4_wide_rows", "fused_swiglu", "combine_in_gemm2", "concurrent_buckets", "widen_scratch_mb", "nvfp4_prepare", "cutlass_swap",
+  for (const char* f : {"engine", "wgmma_defer", "pdl", "nvfp4_wide_rows", "fused_swiglu", "concurrent_buckets", "widen_scratch_mb", "nvfp4_prepare", "cutlass_swap",
                         "decode_max_rows", "nvfp4_wide_max_rows", "comm_sms", "push_warps", "combine", "ce_rows", "fault_check"})
     EXPECT_NE(s.find(f), std::string::npos) << f;
   EXPECT_NE(s.find("cutlass"), std::string::npos);

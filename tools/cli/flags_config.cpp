@@ -52,7 +52,6 @@ const FlagSpec kTuningFlags[] = {
     {"pdl", "0|1", "runner cuda: programmatic dependent launch of the row passes and decode GEMMs (env EPMOE_PDL)"},
     {"nvfp4-wide-rows", "0|128|160", "runner cuda: token-tile height of the wide nvfp4 engine, 0 = per expert (env EPMOE_NVFP4_WIDE_ROWS)"},
     {"fused-swiglu", "0|1", "runner cuda: CUTLASS GEMM1 with SwiGLU in its epilogue (env EPMOE_CUTLASS_SWIGLU)"},
-    {"combine-in-gemm2", "0|1", "runner cuda: CUTLASS bf16 GEMM2 writes slots of one local row to the output (env EPMOE_COMBINE_IN_GEMM2)"},
     {"concurrent-buckets", "0|1", "runner cuda: CUTLASS launches per row range overlap on side streams (env EPMOE_CUTLASS_CONCURRENT)"},
     {"widen-scratch-mb", "N", "runner cuda: MiB for widening fp8/nvfp4 weights for CUTLASS bf16 (env EPMOE_WIDEN_SCRATCH_MB)"},
     {"nvfp4-prepare", "0|1", "runner cuda: copy nvfp4 weights into the decode engine's order (env EPMOE_NVFP4_PREPARE)"},
@@ -108,7 +107,6 @@ void apply_tuning_flags(const Flags& f, Tuning& t) {
   t.pdl = switch01(f, "pdl", t.pdl);
   t.nvfp4_wide_rows = int_flag(f, "nvfp4-wide-rows", t.nvfp4_wide_rows);
   t.fused_swiglu = switch01(f, "fused-swiglu", t.fused_swiglu);
-  t.combine_in_gemm2 = switch01(f, "combine-in-gemm2", t.combine_in_gemm2);
   t.concurrent_buckets = switch01(f, "concurrent-buckets", t.concurrent_buckets);
   t.widen_scratch_mb = int_flag(f, "widen-scratch-mb", t.widen_scratch_mb);
   t.nvfp4_prepare = switch01(f, "nvfp4-prepare", t.nvfp4_prepare);

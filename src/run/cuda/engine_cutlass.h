@@ -45,19 +45,6 @@ constexpr bool swap_tile_exists(int tile_n, bool fp8) {
   return tile_n == 64 || tile_n == 128 || tile_n == 192 || (fp8 && tile_n == 96);
 }
 
-// GEMM2's rows written home by its epilogue (grouped_gemm_bf16 with Grouped::scatter): a row r
-// with row_pair[r] = p >= 0 is the only local row of slot p / top_k, so the weighted sum over that
-// slot has one term, and the epilogue writes it itself: y[p / top_k] = bf16(0 + weights[p] *
-// bf16(acc)), the bits of the sum's one-term form (launch_reduce), instead of out[r] = bf16(acc).
-// Rows with row_pair -1 are written to out as without it. row_pair is indexed by packed row (the
-// same numbering as out; launch_mark_single_rows writes it).
-struct RowScatter {
-  const int32_t* row_pair = nullptr;  // [rows] on the device; null: no scatter
-  const float* weights = nullptr;     // [slots][top_k] routing weights
-  bf16_raw* y = nullptr;              // [slots][N] the runner's output
-  int top_k = 1;
-};
-
 // out_e[rows_e][N] = A_e[rows_e][K] * W_e[N][K]^T for every local expert e, rows of all experts
 // packed by expert in A and out (expert e's rows start at offsets[e]).
 struct Grouped {
@@ -97,9 +84,6 @@ struct Grouped {
   // splits one GEMM into launches by rows per expert, each with the tile that fits those rows
   // (policy::RowBucket). Decided on the device, from the device counts.
   int rows_lo = 0, rows_hi = 0x7fffffff;
-  // grouped_gemm_bf16, unswapped, no alpha: where scatter.row_pair is set, the epilogue writes a
-  // row whose slot has no other local row straight into that slot's output (RowScatter).
-  RowScatter scatter;
 };
 
 size_t bf16_workspace_bytes(int experts, int sms);
@@ -116,15 +100,6 @@ void grouped_gemm_bf16_swiglu(const Grouped& g, cudaStream_t stream);
 // glu_fits(N) (each tile holds 128 intermediate columns), bf16 weights and no alpha, halves,
 // swap-AB or source.
 constexpr bool glu_fits(int intermediate) { return intermediate % 128 == 0; }
-// grouped_gemm_bf16 with g.scatter set (engine_cutlass_scatter.cu): the same tiles and products,
-// the register-direct epilogue that writes single-row slots home. Not swapped, no alpha or halves.
-// grouped_gemm_fp8 with g.scatter set: likewise on the fp8 GEMM (engine_cutlass_scatter_fp8.cu).
-// check_scatter: the argument checks both share (UsageError naming the field).
-size_t scatter_workspace_bytes(int experts, int sms);
-void grouped_gemm_bf16_scatter(const Grouped& g, cudaStream_t stream);
-size_t fp8_scatter_workspace_bytes(int experts, int sms);
-void grouped_gemm_fp8_scatter(const Grouped& g, cudaStream_t stream);
-void check_scatter(const Grouped& g, const char* what);
 size_t glu_workspace_bytes(int experts, int sms);
 void grouped_gemm_bf16_glu(const Grouped& g, cudaStream_t stream);
 size_t fp8_workspace_bytes(int experts, int sms);
@@ -205,18 +180,10 @@ void swiglu(const bf16_raw* h, const int32_t* offsets, const int32_t* cnt, int E
 
 namespace epmoe::cuda::cutlass_engine::detail {
 
-// What the scatter epilogue reads besides CUTLASS's tables (grouped_gemm_bf16_scatter): written
-// into the workspace by fill_tables on every call, so that the cached Params (InitCache, keyed by
-// the workspace) stay valid when y or the weights move.
-struct ScatterTable {
-  RowScatter s;
-  const int32_t* offsets;  // [E]: expert e's rows start at row_pair + offsets[e]
-};
-
 // Per-group tables CUTLASS reads on the device, carved out of the caller's workspace.
 // kSwap: CUTLASS's A is the weights and its B the rows (swap-AB, Grouped::swap_ab); a, b, sfa, sfb
-// and the strides are CUTLASS's operands, whichever of ours they hold. kScatter: one ScatterTable.
-template <class Gemm, bool kScaled, bool kSource = false, bool kSwap = false, bool kScatter = false>
+// and the strides are CUTLASS's operands, whichever of ours they hold.
+template <class Gemm, bool kScaled, bool kSource = false, bool kSwap = false>
 struct Tables {
   using Kernel = typename Gemm::GemmKernel;
   using Shape3 = typename Kernel::ProblemShape::UnderlyingProblemShape;
@@ -229,7 +196,7 @@ struct Tables {
   // The epilogue's source C (grouped_gemm_bf16_swiglu); placeholders otherwise.
   using EC = cute::conditional_t<kSource, typename Kernel::ElementC, bf16_raw>;
   using StrideC = cute::conditional_t<kSource, typename Kernel::InternalStrideC, int64_t>;
-  static constexpr bool scaled = kScaled, source = kSource, swap = kSwap, scatter = kScatter;
+  static constexpr bool scaled = kScaled, source = kSource, swap = kSwap;
   using ERows = cute::conditional_t<kSwap, EB, EA>;  // element of our rows operand
   using EW = cute::conditional_t<kSwap, EA, EB>;     // element of the weights
   static_assert(!(kSource && kSwap), "the SwiGLU epilogue's source is laid out for the unswapped product");
@@ -245,14 +212,12 @@ struct Tables {
   const float** sfb;
   const EC** c;
   StrideC* sc;
-  ScatterTable* st;
 
   static size_t round(size_t n) { return (n + 255) / 256 * 256; }
   static size_t bytes(int E) {
     return round(sizeof(Shape3) * E) + 3 * round(sizeof(void*) * E) + round(sizeof(StrideA) * E) +
            round(sizeof(StrideB) * E) + round(sizeof(StrideD) * E) + (kScaled ? 2 * round(sizeof(void*) * E) : 0) +
-           (kSource ? round(sizeof(void*) * E) + round(sizeof(StrideC) * E) : 0) +
-           (kScatter ? round(sizeof(ScatterTable)) : 0);
+           (kSource ? round(sizeof(void*) * E) + round(sizeof(StrideC) * E) : 0);
   }
   static Tables carve(void* ws, int E) {
     uint8_t* p = static_cast<uint8_t*>(ws);
@@ -277,7 +242,6 @@ struct Tables {
       t.c = reinterpret_cast<const EC**>(take(sizeof(void*) * E));
       t.sc = reinterpret_cast<StrideC*>(take(sizeof(StrideC) * E));
     }
-    if constexpr (kScatter) t.st = reinterpret_cast<ScatterTable*>(take(sizeof(ScatterTable)));
     return t;
   }
 };
@@ -291,10 +255,8 @@ template <class T>
 __global__ void fill_tables(T t, int E, int N, int K, const int32_t* __restrict__ rows,
                             const int32_t* __restrict__ offsets, int rows_lo, int rows_hi, const void* A,
                             const float* sfa, const void* W, int64_t w_stride, const float* sfw, const bf16_raw* src,
-                            bf16_raw* out, bool halves, bool glu, RowScatter scatter) {
+                            bf16_raw* out, bool halves, bool glu) {
   const int grp = blockIdx.x * blockDim.x + threadIdx.x;
-  if constexpr (T::scatter)
-    if (grp == 0) *t.st = ScatterTable{scatter, offsets};
   if (grp >= (halves ? 2 * E : E)) return;
   const int e = halves ? grp >> 1 : grp, h = halves ? grp & 1 : 0;
   const int64_t out_ld = halves ? 2 * int64_t(N) : N;  // glu: [rows][N] out of a 2N-wide problem
@@ -330,9 +292,9 @@ __global__ void fill_tables(T t, int E, int N, int K, const int32_t* __restrict_
   }
 }
 
-template <class Gemm, bool kScaled, bool kSource = false, bool kSwap = false, bool kScatter = false>
-typename Gemm::Arguments make_args(const Tables<Gemm, kScaled, kSource, kSwap, kScatter>& t, int E, int sms,
-                                   int device, const float* alpha) {
+template <class Gemm, bool kScaled, bool kSource = false, bool kSwap = false>
+typename Gemm::Arguments make_args(const Tables<Gemm, kScaled, kSource, kSwap>& t, int E, int sms, int device,
+                                   const float* alpha) {
   typename Gemm::Arguments args{};
   args.mode = cutlass::gemm::GemmUniversalMode::kGrouped;
   args.problem_shape = {E, t.shapes, nullptr};  // device shapes only: the host never learns them
@@ -349,7 +311,6 @@ typename Gemm::Arguments make_args(const Tables<Gemm, kScaled, kSource, kSwap, k
     args.mainloop = {t.a, t.sa, t.b, t.sb};
   args.epilogue.ptr_D = t.d;
   args.epilogue.dD = t.sd;
-  if constexpr (kScatter) args.epilogue.scatter = t.st;
   if constexpr (kSource) {
     // Tree (source, alpha, accumulator; node), engine_cutlass_swiglu.cu: the ptr-array scalar broadcast
     // reads alpha[group * stride_L] for each tile's group, or 1 without alpha.
@@ -376,11 +337,11 @@ typename Gemm::Arguments make_args(const Tables<Gemm, kScaled, kSource, kSwap, k
   return args;
 }
 
-template <class Gemm, bool kScaled, bool kSource = false, bool kSwap = false, bool kScatter = false>
+template <class Gemm, bool kScaled, bool kSource = false, bool kSwap = false>
 size_t workspace_bytes(int E, int sms) {
-  using T = Tables<Gemm, kScaled, kSource, kSwap, kScatter>;
+  using T = Tables<Gemm, kScaled, kSource, kSwap>;
   const T t{};
-  const auto args = make_args<Gemm, kScaled, kSource, kSwap, kScatter>(t, E, sms, 0, nullptr);
+  const auto args = make_args<Gemm, kScaled, kSource, kSwap>(t, E, sms, 0, nullptr);
   return T::bytes(E) + T::round(Gemm::get_workspace_size(args)) + 256;
 }
 
@@ -423,9 +384,9 @@ class InitCache {
   int next_ = 0;
 };
 
-template <class Gemm, bool kScaled, bool kSource = false, bool kSwap = false, bool kScatter = false>
+template <class Gemm, bool kScaled, bool kSource = false, bool kSwap = false>
 void run(const Grouped& g, const char* what, cudaStream_t stream) {
-  using T = Tables<Gemm, kScaled, kSource, kSwap, kScatter>;
+  using T = Tables<Gemm, kScaled, kSource, kSwap>;
   if (g.experts <= 0) return;
   if (!g.workspace || g.sms <= 0)
     throw UsageError(std::string("cutlass ") + what + ": workspace and sms must be set");
@@ -440,9 +401,9 @@ void run(const Grouped& g, const char* what, cudaStream_t stream) {
       g.w_expert_stride ? g.w_expert_stride : int64_t(g.N) * g.K * (g.halves || g.glu ? 2 : 1);
   fill_tables<T><<<(groups + 127) / 128, 128, 0, stream>>>(t, g.experts, g.N, g.K, g.rows, g.offsets, g.rows_lo,
                                                            g.rows_hi, g.A, g.sfa, g.W, w_stride, g.sfw, g.src, g.out,
-                                                           g.halves, g.glu, g.scatter);
+                                                           g.halves, g.glu);
   EPMOE_CUDA_CHECK_LAUNCH();
-  const auto args = make_args<Gemm, kScaled, kSource, kSwap, kScatter>(t, groups, g.sms, device, g.alpha);
+  const auto args = make_args<Gemm, kScaled, kSource, kSwap>(t, groups, g.sms, device, g.alpha);
   auto fail = [&](cutlass::Status s, const char* step) {
     throw BackendError(std::string("cutlass ") + what + " grouped GEMM: " + step + " failed: " +
                        cutlassGetStatusString(s) + " (N=" + std::to_string(g.N) + ", K=" + std::to_string(g.K) + ")");

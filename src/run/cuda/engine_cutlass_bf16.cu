@@ -40,10 +40,7 @@ bool available() { return true; }
 size_t bf16_workspace_bytes(int experts, int sms) { return detail::workspace_bytes<Gemm, false>(experts, sms); }
 
 void grouped_gemm_bf16(const Grouped& g, cudaStream_t stream) {
-  if (g.scatter.row_pair && g.swap_ab)
-    throw UsageError("cutlass bf16 grouped GEMM: scatter has no swap-AB form; clear one of them");
   if (g.swap_ab) return grouped_gemm_bf16_swap(g, stream);
-  if (g.scatter.row_pair) return grouped_gemm_bf16_scatter(g, stream);
   if (g.K % kAlign != 0 || g.N % kAlign != 0)
     throw UsageError("cutlass bf16 grouped GEMM: N=" + std::to_string(g.N) + " and K=" + std::to_string(g.K) +
                      " must be multiples of 8 (16-byte TMA rows)");

@@ -188,51 +188,16 @@ __device__ __forceinline__ void slot_routing(int64_t i, int K, const int32_t* pa
   __syncthreads();
 }
 
-// Whether the scatter GEMM2 wrote the slot of pos[0, K) home (launch_mark_single_rows): it has
-// one local row, marked. The same answer in every thread of the CTA.
-__device__ __forceinline__ bool written_home(int K, const int32_t* pos, const int32_t* __restrict__ row_pair) {
-  if (!row_pair) return false;
-  int n = 0, q = -1;
-  for (int k = 0; k < K; ++k)
-    if (pos[k] >= 0) ++n, q = pos[k];
-  return n == 1 && row_pair[q] >= 0;
-}
-
-// One thread per slot (launch_mark_single_rows).
-__global__ void mark_single_rows_kernel(const int32_t* __restrict__ pair_pos, const int32_t* __restrict__ ids,
-                                        const int32_t* __restrict__ counts, const int32_t* __restrict__ cnt, int64_t S,
-                                        int C, int K, RowRanges ranges, int32_t* __restrict__ row_pair) {
-  dev::pdl_enter();
-  const int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
-  if (i >= S || !slot_valid(i, C, counts)) return;
-  int n = 0, kk = -1;
-  for (int k = 0; k < K; ++k)
-    if (pair_pos[i * K + k] >= 0) ++n, kk = k;
-  if (n == 0) return;
-  if (n == 1) {
-    const int c = cnt[ids[i * K + kk]];
-    bool in = false;
-    for (int j = 0; j < ranges.n; ++j) in = in || (c >= ranges.lo[j] && c <= ranges.hi[j]);
-    row_pair[pair_pos[i * K + kk]] = in ? int32_t(i * K + kk) : -1;
-    return;
-  }
-  for (int k = 0; k < K; ++k) {
-    const int32_t q = pair_pos[i * K + k];
-    if (q >= 0) row_pair[q] = -1;
-  }
-}
-
 // Scalar weighted sum (any H): one CTA per slot, two elements per thread step.
 __global__ void reduce_kernel(const bf16_raw* __restrict__ o, const int32_t* __restrict__ pair_pos,
                               const float* __restrict__ w, const int32_t* __restrict__ counts, int C, int K, int H,
-                              const int32_t* __restrict__ row_pair, bf16_raw* __restrict__ y) {
+                              bf16_raw* __restrict__ y) {
   dev::pdl_enter();
   const int64_t i = blockIdx.x;
   if (!slot_valid(i, C, counts)) return;
   __shared__ int32_t pos[32];
   __shared__ float wk[32];
   slot_routing(i, K, pair_pos, w, pos, wk);
-  if (written_home(K, pos, row_pair)) return;
   for (int h = threadIdx.x * 2; h < H; h += blockDim.x * 2) {
     float a0 = 0.f, a1 = 0.f;
     for (int k = 0; k < K; ++k) {
@@ -253,14 +218,13 @@ __global__ void reduce_kernel(const bf16_raw* __restrict__ o, const int32_t* __r
 constexpr int kChunks = 4, kBatch = 2;
 __global__ void reduce_vec_kernel(const bf16_raw* __restrict__ o, const int32_t* __restrict__ pair_pos,
                                   const float* __restrict__ w, const int32_t* __restrict__ counts, int C, int K, int H,
-                                  const int32_t* __restrict__ row_pair, bf16_raw* __restrict__ y) {
+                                  bf16_raw* __restrict__ y) {
   dev::pdl_enter();
   const int64_t i = blockIdx.x;
   if (!slot_valid(i, C, counts)) return;
   __shared__ int32_t pos[32];
   __shared__ float wk[32];
   slot_routing(i, K, pair_pos, w, pos, wk);
-  if (written_home(K, pos, row_pair)) return;
   const int nch = H / 8;
   for (int c0 = threadIdx.x; c0 < nch; c0 += kChunks * blockDim.x) {
     float acc[kChunks][8];
@@ -543,16 +507,8 @@ bool launch_permute_bf16(const DispatchOutput& in, const int32_t* offsets, int32
   return kperm;
 }
 
-void launch_mark_single_rows(const DispatchOutput& in, const int32_t* pair_pos, const int32_t* cnt,
-                             const RowRanges& ranges, int32_t* row_pair, cudaStream_t st, bool pdl) {
-  const int64_t S = in.slots();
-  if (S <= 0) return;
-  launch_kernel(mark_single_rows_kernel, unsigned((S + 255) / 256), 256, 0, st, pdl, pair_pos, in.local_ids, in.counts,
-                cnt, S, in.capacity, in.top_k, ranges, row_pair);
-}
-
 void launch_reduce(const DispatchOutput& in, const int32_t* pair_pos, const bf16_raw* o, bf16_raw* y, cudaStream_t st,
-                   bool pdl, const int32_t* row_pair) {
+                   bool pdl) {
   const int64_t S = in.slots();
   if (S <= 0) return;
   const int C = in.capacity, K = in.top_k, H = in.hidden;
@@ -560,11 +516,9 @@ void launch_reduce(const DispatchOutput& in, const int32_t* pair_pos, const bf16
     // As few threads as cover the row in one step of kChunks chunks (>= one warp, <= 128): at
     // H = 2048 a 128-thread CTA left half its chunk slots empty and half the loads per SM in flight.
     const int threads = row_step_threads(H, kChunks, 128);
-    launch_kernel(reduce_vec_kernel, unsigned(S), threads, 0, st, pdl, o, pair_pos, in.weights, in.counts, C, K, H,
-                  row_pair, y);
+    launch_kernel(reduce_vec_kernel, unsigned(S), threads, 0, st, pdl, o, pair_pos, in.weights, in.counts, C, K, H, y);
   } else {
-    launch_kernel(reduce_kernel, unsigned(S), 256, 0, st, pdl, o, pair_pos, in.weights, in.counts, C, K, H, row_pair,
-                  y);
+    launch_kernel(reduce_kernel, unsigned(S), 256, 0, st, pdl, o, pair_pos, in.weights, in.counts, C, K, H, y);
   }
 }
 

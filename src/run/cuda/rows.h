@@ -48,24 +48,8 @@ constexpr int kPermuteKpermMaxH = 24576;  // the row staged in 48 KB of shared m
 bool launch_permute_bf16(const DispatchOutput& in, const int32_t* offsets, int32_t* fill, int32_t* pair_pos,
                          bf16_raw* A, cudaStream_t st, bool pdl = false, bool kperm = false);
 
-// Ranges [lo, hi] of rows per expert (at most kMax): the experts of some GEMM launches.
-struct RowRanges {
-  static constexpr int kMax = 4;
-  int n = 0;
-  int lo[kMax] = {}, hi[kMax] = {};
-};
-
-// For every row r of a valid slot i: row_pair[r] = i * K + k where (i, k) is the slot's only local
-// pair and its expert's row count cnt[e] lies in one of `ranges`, else -1. The scatter GEMM2
-// (cutlass_engine::RowScatter) writes those slots home, and launch_reduce given the same row_pair
-// leaves them. One thread per slot.
-void launch_mark_single_rows(const DispatchOutput& in, const int32_t* pair_pos, const int32_t* cnt,
-                             const RowRanges& ranges, int32_t* row_pair, cudaStream_t st, bool pdl = false);
-
-// y[slot] = bf16(sum over k ascending of w_k * o[pair_pos[slot][k]]) in fp32 without fma. With
-// row_pair (launch_mark_single_rows), a slot whose one local row r has row_pair[r] >= 0 is left
-// alone: its y row was written by GEMM2.
+// y[slot] = bf16(sum over k ascending of w_k * o[pair_pos[slot][k]]) in fp32 without fma.
 void launch_reduce(const DispatchOutput& in, const int32_t* pair_pos, const bf16_raw* o, bf16_raw* y, cudaStream_t st,
-                   bool pdl = false, const int32_t* row_pair = nullptr);
+                   bool pdl = false);
 
 }  // namespace epmoe::cuda

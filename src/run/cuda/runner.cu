@@ -41,7 +41,6 @@ CudaRunner::CudaRunner(const MoeConfig& cfg, int device_index)
       widen_scratch_(size_t(cfg.tuning.widen_scratch_mb) << 20),
       fused_swiglu_(cfg.tuning.fused_swiglu),
       concurrent_buckets_(cfg.tuning.concurrent_buckets),
-      combine_in_gemm2_(cfg.tuning.combine_in_gemm2),
       cutlass_swap_(cfg.tuning.cutlass_swap) {}
 
 size_t CudaRunner::prepare(ExpertWeights& w, Stream stream) {
@@ -136,7 +135,7 @@ void CudaRunner::run(const DispatchOutput& in, const ExpertWeights& w, bf16_raw*
   if (max_rows > INT32_MAX) throw UsageError("runner cuda: R*C*K=" + std::to_string(max_rows) + " rows exceed 2^31");
   if (!wide && policy::use_cutlass(engine_, w.w13.format, avg, decode_limit)) return run_cutlass(in, w, y, st);
   last_swap_tile_n_ = 0;
-  last_swiglu_fused_ = last_glu_split_ = last_combine_in_gemm2_ = false;
+  last_swiglu_fused_ = last_glu_split_ = false;
 
   reserve_routing(E, max_tiles + max_tiles2, max_rows);
   a_.reserve(size_t(max_rows) * H * 2);

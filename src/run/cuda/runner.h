@@ -102,11 +102,6 @@ class CudaRunner final : public Runner {
   // the same bits).
   void set_concurrent_buckets(bool on) { concurrent_buckets_ = on; }
   bool concurrent_buckets() const { return concurrent_buckets_; }
-  // The CUTLASS bf16 GEMM2 writes slots of one local row to y itself (tuning.combine_in_gemm2;
-  // the same bits); last_combine_in_gemm2: whether the last run did.
-  void set_combine_in_gemm2(bool on) { combine_in_gemm2_ = on; }
-  bool combine_in_gemm2() const { return combine_in_gemm2_; }
-  bool last_combine_in_gemm2() const { return last_combine_in_gemm2_; }
   // Replaces the split table of the direct CUTLASS GEMMs (policy::parse_row_buckets; empty = the
   // policy's), whatever cutlass_swap says: for trying other ranges and tiles (bench runner
   // --row-buckets). A tile the GEMM has no instantiation for throws UsageError at run().
@@ -144,8 +139,6 @@ class CudaRunner final : public Runner {
   int last_widen_chunks_ = 0;
   bool fused_swiglu_ = false, last_swiglu_fused_ = false, last_glu_split_ = false;
   bool concurrent_buckets_ = true;
-  bool combine_in_gemm2_ = true, last_combine_in_gemm2_ = false;
-  DeviceBuffer row_pair_;  // combine_in_gemm2: per packed row, its pair where GEMM2 writes it home
   StreamFork fork_;  // side streams of the concurrent launches per row range
   CutlassSwap cutlass_swap_ = CutlassSwap::automatic;
   std::vector<policy::RowBucket> row_buckets_;

@@ -41,25 +41,6 @@ void gemm1_swiglu(const cutlass_engine::Grouped& g, bf16_raw* gate, cudaStream_t
   cutlass_engine::grouped_gemm_bf16_swiglu(half, st);
 }
 
-// The unswapped buckets' ranges (at most RowRanges::kMax, the first ones): the experts whose GEMM2
-// launches write their single-row slots home.
-RowRanges unswapped_ranges(const std::vector<policy::RowBucket>& buckets) {
-  RowRanges r;
-  for (const policy::RowBucket& b : buckets)
-    if (b.tile_n == 0 && r.n < RowRanges::kMax) {
-      r.lo[r.n] = b.lo;
-      r.hi[r.n] = b.hi;
-      ++r.n;
-    }
-  return r;
-}
-
-bool in_ranges(const RowRanges& r, const policy::RowBucket& b) {
-  for (int j = 0; j < r.n; ++j)
-    if (r.lo[j] == b.lo && r.hi[j] == b.hi) return true;
-  return false;
-}
-
 // GEMM `g` as one launch per row bucket (policy::RowBucket): the bucket's row range and tile.
 // With `fork`, each launch goes on its own side stream with its own `ws_stride` bytes of g.workspace
 // (its tables), so that they overlap: the launches whose range no expert falls in (the device counts
@@ -69,12 +50,9 @@ bool in_ranges(const RowRanges& r, const policy::RowBucket& b) {
 // issued in policy::bucket_order of `expected_rows` (the likely large range first).
 // With `glu_out` (bf16 GEMM1, policy::glu_in_split) the unswapped buckets run the one-GEMM SwiGLU
 // into glu_out [rows][N/2] instead of writing their rows of g.out.
-// With `home` (GEMM2, combine_in_gemm2) the unswapped buckets of `home_ranges` run the
-// scatter GEMM, which writes the rows launch_mark_single_rows marked to their slots' output rows.
 void run_buckets(cutlass_engine::Grouped g, const std::vector<policy::RowBucket>& buckets, bool fp8,
                  cudaStream_t st, StreamFork* fork, size_t ws_stride, double expected_rows,
-                 bf16_raw* glu_out = nullptr, const cutlass_engine::RowScatter* home = nullptr,
-                 const RowRanges* home_ranges = nullptr) {
+                 bf16_raw* glu_out = nullptr) {
   const bool split = fork && buckets.size() > 1;
   if (split) fork->fork(st, int(buckets.size()));
   uint8_t* const ws = static_cast<uint8_t*>(g.workspace);
@@ -89,7 +67,6 @@ void run_buckets(cutlass_engine::Grouped g, const std::vector<policy::RowBucket>
     g.rows_hi = b.hi;
     g.swap_ab = b.tile_n != 0;
     g.swap_tile_n = b.tile_n ? b.tile_n : 64;
-    g.scatter = home && !g.swap_ab && in_ranges(*home_ranges, b) ? *home : cutlass_engine::RowScatter{};
     cudaStream_t s = split ? fork->side(i) : st;
     if (split) g.workspace = ws + i * ws_stride;
     if (fp8) {
@@ -118,19 +95,16 @@ void run_fp8_halves(cutlass_engine::Grouped g, const std::vector<policy::RowBuck
 }
 
 // The workspace one launch of `buckets` (fp8 or bf16 GEMMs; `glu`: the unswapped bf16 ones on the
-// one-GEMM SwiGLU; `scatter`: the unswapped ones may be GEMM2's scatter form) needs: the largest
-// one's, rounded up to 256 bytes so that concurrent launches' regions (run_buckets) stay aligned.
-size_t bucket_workspace(const std::vector<policy::RowBucket>& buckets, bool fp8, int E, int sms, bool glu = false,
-                        bool scatter = false) {
+// one-GEMM SwiGLU) needs: the largest one's, rounded up to 256 bytes so that concurrent launches'
+// regions (run_buckets) stay aligned.
+size_t bucket_workspace(const std::vector<policy::RowBucket>& buckets, bool fp8, int E, int sms, bool glu = false) {
   size_t n = 0;
   for (const policy::RowBucket& b : buckets) {
     const size_t s = fp8 ? (b.tile_n ? cutlass_engine::fp8_swap_workspace_bytes(E, sms, b.tile_n)
-                                     : std::max(cutlass_engine::fp8_workspace_bytes(E, sms),
-                                                scatter ? cutlass_engine::fp8_scatter_workspace_bytes(E, sms) : 0))
+                                     : cutlass_engine::fp8_workspace_bytes(E, sms))
                          : (b.tile_n ? cutlass_engine::bf16_swap_workspace_bytes(E, sms, b.tile_n)
-                                     : std::max({cutlass_engine::bf16_workspace_bytes(E, sms),
-                                                glu ? cutlass_engine::glu_workspace_bytes(E, sms) : 0,
-                                                scatter ? cutlass_engine::scatter_workspace_bytes(E, sms) : 0}));
+                                     : std::max(cutlass_engine::bf16_workspace_bytes(E, sms),
+                                                glu ? cutlass_engine::glu_workspace_bytes(E, sms) : 0));
     n = std::max(n, s);
   }
   return (n + 255) / 256 * 256;
@@ -213,14 +187,8 @@ void CudaRunner::run_cutlass(const DispatchOutput& in, const ExpertWeights& w, b
   const bool nvfp4 = wf == WeightFormat::nvfp4;
   const bool fuse = plan.fused_swiglu;
   const bool glu_split = plan.glu_split;
-  // GEMM2 writes single-row slots home where it is the bf16 or fp8 GEMM (widened weights carry
-  // alpha, which the scatter epilogue has no form for) on at least one unswapped launch.
-  const RowRanges home_ranges = unswapped_ranges(plan.buckets);
-  const bool home = combine_in_gemm2_ && (p2 == CutlassPath::bf16 || p2 == CutlassPath::fp8) && home_ranges.n > 0 &&
-                    reinterpret_cast<uintptr_t>(y) % 4 == 0;  // the epilogue's bf16 pairs
   last_swiglu_fused_ = fuse;
   last_glu_split_ = glu_split;
-  last_combine_in_gemm2_ = home;
   // A direct GEMM reports its buckets' tile (or kByRows); a widened pair its single width.
   last_swap_tile_n_ = plan.tile_n(p1 == CutlassPath::widened ? p2 : p1);
   // The offsets kernel also writes an m-tile table: CUTLASS does not read it, the SwiGLU pass does
@@ -240,8 +208,8 @@ void CudaRunner::run_cutlass(const DispatchOutput& in, const ExpertWeights& w, b
   const bool any_widened = p1 == CutlassPath::widened || p2 == CutlassPath::widened;
   const int sw = plan.swap_tile_n;
   const int groups8 = plan.split_w13 ? 2 * E : E;
-  const size_t ws_stride = std::max(any_fp8 ? bucket_workspace(plan.buckets, true, groups8, sms_, false, home) : 0,
-                                    any_bf16 ? bucket_workspace(plan.buckets, false, E, sms_, glu_split, home) : 0);
+  const size_t ws_stride = std::max(any_fp8 ? bucket_workspace(plan.buckets, true, groups8, sms_) : 0,
+                                    any_bf16 ? bucket_workspace(plan.buckets, false, E, sms_, glu_split) : 0);
   StreamFork* const fork = concurrent_buckets_ && plan.buckets.size() > 1 ? &fork_ : nullptr;
   cws_.reserve(std::max({ws_stride * (fork ? plan.buckets.size() : 1),
                          any_widened ? bucket_workspace({policy::RowBucket{0, policy::RowBucket{}.hi, sw}}, false, E,
@@ -253,7 +221,6 @@ void CudaRunner::run_cutlass(const DispatchOutput& in, const ExpertWeights& w, b
   const int chunk1 = plan.chunk1, chunk2 = plan.chunk2;
   scratch_.reserve(plan.scratch_bytes());
   reserve_routing(E, max_tiles, max_rows);
-  if (home) row_pair_.reserve(size_t(max_rows) * 4);
   gu_.reserve(size_t(max_rows) * 2 * I * 2);
   o_.reserve(size_t(max_rows) * H * 2);
   if (fp8_1) {
@@ -284,10 +251,6 @@ void CudaRunner::run_cutlass(const DispatchOutput& in, const ExpertWeights& w, b
     launch_permute_bf16(in, offsets_.get<int32_t>(), fill_.get<int32_t>(), pair_pos_.get<int32_t>(),
                         a_.get<bf16_raw>(), st, pdl_);
   }
-
-  if (home)
-    launch_mark_single_rows(in, pair_pos_.get<int32_t>(), cnt_.get<int32_t>(), home_ranges, row_pair_.get<int32_t>(),
-                            st, pdl_);
 
   last_widen_chunks_ = 0;
   cutlass_engine::Grouped g1;
@@ -345,7 +308,6 @@ void CudaRunner::run_cutlass(const DispatchOutput& in, const ExpertWeights& w, b
                            fp8_2 ? h8_.get<uint8_t>() : nullptr, fp8_2 ? hs_.get<float>() : nullptr, st, skip);
   }
 
-  const cutlass_engine::RowScatter scatter{row_pair_.get<int32_t>(), in.weights, y, K};
   cutlass_engine::Grouped g2 = g1;
   g2.N = H;
   g2.K = I;
@@ -355,19 +317,18 @@ void CudaRunner::run_cutlass(const DispatchOutput& in, const ExpertWeights& w, b
     g2.A = h8_.get<uint8_t>();
     g2.sfa = hs_.get<float>();
     g2.sfw = static_cast<const float*>(w.w2.scales);
-    run_buckets(g2, plan.buckets, true, st, fork, ws_stride, er, nullptr, home ? &scatter : nullptr, &home_ranges);
+    run_buckets(g2, plan.buckets, true, st, fork, ws_stride, er);
   } else {
     g2.A = h_.get<bf16_raw>();
     g2.sfa = nullptr;
     g2.sfw = nullptr;
     if (p2 == CutlassPath::bf16)
-      run_buckets(g2, plan.buckets, false, st, fork, ws_stride, er, nullptr, home ? &scatter : nullptr, &home_ranges);
+      run_buckets(g2, plan.buckets, false, st, fork, ws_stride, er);
     else
       last_widen_chunks_ += run_widened(g2, w.w2, nvfp4 ? inv_gs_.get<float>() + E : nullptr, chunk2, st);
   }
 
-  launch_reduce(in, pair_pos_.get<int32_t>(), o_.get<bf16_raw>(), y, st, pdl_,
-                home ? row_pair_.get<int32_t>() : nullptr);
+  launch_reduce(in, pair_pos_.get<int32_t>(), o_.get<bf16_raw>(), y, st, pdl_);
 }
 
 }  // namespace epmoe::cuda
