@@ -11,11 +11,13 @@
 #include <cstring>
 #include <limits>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "run/cuda/engine.h"
 #include "run/cuda/engine_cutlass.h"
 #include "run/cuda/rows.h"
+#include "run/cuda/tile_tables.h"
 #include "run/cuda/runner_test_util.h"
 
 namespace epmoe::test {
@@ -182,6 +184,76 @@ TEST(RowPasses, PermuteAndWeightedSumVectorEqualScalarBitwise) {
     const std::vector<bf16_raw> hyv = y_v.download(), hys = y_s.download(S * p.H);
     const size_t valid = size_t(recv.counts[0]) * p.H;
     EXPECT_EQ(0, std::memcmp(hyv.data(), hys.data(), valid * 2)) << "weighted sums differ";
+  }
+}
+
+// The routing tables (launch_count) against the host's count: per-expert rows, offsets, zeroed
+// fill counters and the m-tile table(s), on the one-CTA path (at most kFusedCountPairs pairs) and
+// the grid-wide count + one-CTA scan, with one tile height and with the wide nvfp4 engine's two;
+// ids outside [0, E) and slots past their region's count count nowhere. E up to 2500 (several
+// experts per scan thread).
+TEST(RowPasses, CountTablesMatchHost) {
+  EPMOE_REQUIRE_GPU();
+  std::mt19937 rng(41);
+  struct Case { int R, C, K, E, bm, bm2; };
+  const Case cases[] = {{1, 1000, 8, 64, 128, 0},  {3, 700, 3, 40, 128, 160}, {2, 9000, 4, 256, 128, 0},
+                        {4, 5000, 8, 2500, 128, 160}, {1, 3, 2, 7, 128, 0},   {2, 2048, 1, 16, 32, 0},
+                        {1, 1000, 8, 2500, 128, 160}};
+  for (const Case& c : cases) {
+    SCOPED_TRACE("R " + std::to_string(c.R) + " C " + std::to_string(c.C) + " K " + std::to_string(c.K) + " E " +
+                 std::to_string(c.E) + " bm2 " + std::to_string(c.bm2));
+    const int64_t S = int64_t(c.R) * c.C;
+    std::vector<int32_t> ids(size_t(S) * c.K), counts(c.R);
+    std::uniform_int_distribution<int> pick(-2, c.E + 1);  // a few ids outside [0, E)
+    std::uniform_real_distribution<float> u(0.f, 1.f);
+    for (auto& e : ids) e = u(rng) < 0.3f ? int(u(rng) * float(std::min(c.E, 5))) : pick(rng);  // some hot experts
+    for (int r = 0; r < c.R; ++r) counts[r] = r == 0 ? c.C : int(u(rng) * float(c.C));
+    // Host: rows per expert, offsets, the tables.
+    std::vector<int32_t> cnt(c.E, 0);
+    for (int64_t i = 0; i < S; ++i)
+      if (i % c.C < counts[i / c.C])
+        for (int k = 0; k < c.K; ++k) {
+          const int e = ids[size_t(i) * c.K + k];
+          if (e >= 0 && e < c.E) ++cnt[e];
+        }
+    std::vector<int32_t> offs(c.E);
+    std::vector<cuda::MTile> t1, t2;
+    int32_t r = 0;
+    for (int e = 0; e < c.E; ++e) {
+      offs[e] = r;
+      const bool second = cuda::tile_tables::in_second(cnt[e], c.bm, c.bm2);
+      const int bm = second ? c.bm2 : c.bm, n = cuda::tile_tables::tiles_of(cnt[e], bm);
+      for (int j = 0; j < n; ++j)
+        (second ? t2 : t1).push_back({e, r + j * bm, std::min(bm, cnt[e] - j * bm), cuda::tile_tables::walk_tag(j, n)});
+      r += cnt[e];
+    }
+    const int64_t max_tiles = (S * c.K + c.bm - 1) / c.bm + c.E;
+    const Dev<int32_t> d_ids(ids), d_counts(counts);
+    Dev<int32_t> d_cnt(c.E), d_off(c.E), d_fill(c.E), d_nt(2);
+    Dev<cuda::MTile> d_t1(max_tiles), d_t2(max_tiles);
+    for (auto* d : {&d_cnt, &d_off, &d_fill, &d_nt}) d->poison();
+    DispatchOutput dout;
+    dout.num_ranks = c.R;
+    dout.capacity = c.C;
+    dout.top_k = c.K;
+    dout.num_local_experts = c.E;
+    dout.device = DeviceKind::cuda;
+    dout.local_ids = d_ids.get();
+    dout.counts = d_counts.get();
+    cuda::launch_count(dout, c.bm, d_cnt.get(), d_off.get(), d_fill.get(), d_t1.get(), d_nt.get(), nullptr, false,
+                       c.bm2, c.bm2 ? d_t2.get() : nullptr);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    EXPECT_EQ(d_cnt.download(), cnt);
+    EXPECT_EQ(d_off.download(), offs);
+    EXPECT_EQ(d_fill.download(), std::vector<int32_t>(c.E, 0));
+    const std::vector<int32_t> nt = d_nt.download();
+    ASSERT_EQ(nt[0], int32_t(t1.size()));
+    if (c.bm2) ASSERT_EQ(nt[1], int32_t(t2.size()));
+    const std::vector<cuda::MTile> g1 = d_t1.download(), g2 = d_t2.download();
+    for (size_t i = 0; i < t1.size(); ++i)
+      ASSERT_EQ(0, std::memcmp(&g1[i], &t1[i], sizeof(cuda::MTile))) << "tile " << i;
+    for (size_t i = 0; i < t2.size(); ++i)
+      ASSERT_EQ(0, std::memcmp(&g2[i], &t2[i], sizeof(cuda::MTile))) << "second-table tile " << i;
   }
 }
 
