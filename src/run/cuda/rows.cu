@@ -308,8 +308,9 @@ struct TileTables {
 };
 // Exclusive prefix over the CTA's threads of three values at once (rows, tiles, second-table
 // tiles): a shuffle scan within each warp, then the warp totals scanned by warp 0 through shared
-// memory; three barriers. (A Hillis-Steele scan over 1024 threads took 20; with the counting, the
-// one-CTA kernel spent ~8 us per call at any pair count, Qwen3-30B M 8192, ncu, session 29.)
+// memory; three barriers. (A Hillis-Steele scan over 1024 threads took 20, and the one-CTA kernel
+// 5.5 us at 128 pairs and 8.4 at 8192; with this scan 3.9 and 6.4: Qwen3-30B fp8, ncu,
+// bench/results/history-runner.md.)
 __device__ __forceinline__ int3 block_exclusive_scan3(int3 v) {
   __shared__ int3 s_warp[kScanThreads / 32];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
