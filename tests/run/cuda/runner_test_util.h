@@ -1,4 +1,5 @@
-// Set-up shared by the tests of runner "cuda" (test_runner.cpp, test_runner_cutlass.cu): device
+// Set-up shared by the tests of runner "cuda" (test_runner.cpp, test_runner_cutlass.cu,
+// test_cutlass_grouped.cu, test_rows.cpp): device
 // copies of host weights and of a host DispatchOutput, the configuration of a one-rank problem,
 // random weights, a received batch built by the real dispatch plan, and the bound of DESIGN.md §6
 // that both files state (max|a-b|/max|ref| <= 3e-2, 1-cos <= 1e-3).
@@ -18,7 +19,14 @@
 #include "epmoe/quant.h"
 #include "epmoe/runner.h"
 #include "common/gpu_test_util.h"
+#include "run/cuda/engine_cutlass.h"
 #include "run/cuda/policy.h"
+
+// Skips a GPU test where the library was built without the CUTLASS headers.
+#define EPMOE_REQUIRE_CUTLASS()                                                     \
+  do {                                                                              \
+    if (!cuda::cutlass_engine::available()) GTEST_SKIP() << "built without CUTLASS"; \
+  } while (0)
 
 namespace epmoe::test {
 

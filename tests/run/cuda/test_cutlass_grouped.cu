@@ -1,0 +1,337 @@
+// The CUTLASS engine's grouped GEMMs alone (engine_cutlass_*.cu), without the runner around them
+// (test_runner_cutlass.cu): the plain GEMMs unswapped and swap-AB against a float64 product, a
+// launch restricted to a row range bitwise as the whole launch, and GEMM1 with SwiGLU as one GEMM
+// (engine_cutlass_glu.cu), whole and inside a split by rows, bitwise as GEMM1 followed by the
+// SwiGLU pass.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "epmoe/error.h"
+#include "common/gpu_test_util.h"
+#include "run/cuda/engine_cutlass.h"
+#include "run/cuda/runner_test_util.h"
+
+namespace epmoe::test {
+namespace {
+
+// Groups of `rows` packed one after the other: each group's first row, and the rows in all.
+struct PackedGroups {
+  std::vector<int32_t> offsets;
+  int total = 0;
+};
+PackedGroups pack_groups(const std::vector<int32_t>& rows) {
+  PackedGroups p;
+  for (const int32_t r : rows) {
+    p.offsets.push_back(p.total);
+    p.total += r;
+  }
+  return p;
+}
+
+int sm_count() {
+  int sms = 0;
+  EPMOE_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  return sms;
+}
+
+// The grouped GEMMs alone, unswapped and swap-AB (64-, 128- and 192-wide token tiles, fp8 also 96), against a
+// float64 product of the same operands: groups with 0 rows (first, middle and last), one row,
+// partial m/n tiles (33, 100, 130, 257 rows: partial 128-row tiles unswapped, partial token tiles
+// swapped); out rows outside the groups must stay untouched. A launch restricted to a row range
+// (Grouped::rows_lo / rows_hi, the runner's split by rows) writes exactly the experts in the range,
+// bitwise as the unrestricted launch with the same tile.
+TEST(CutlassEngine, GroupedGemmDirect) {
+  EPMOE_REQUIRE_GPU();
+  EPMOE_REQUIRE_CUTLASS();
+  std::mt19937 rng(11);
+  std::normal_distribution<float> nd(0.f, 1.f);
+  std::uniform_real_distribution<float> us(0.5f, 2.f);
+  const std::vector<int32_t> rows = {0, 130, 1, 33, 64, 0, 100, 257, 0};
+  const int E = int(rows.size()), N = 384, K = 256;
+  const PackedGroups packed = pack_groups(rows);
+  const std::vector<int32_t>& offs = packed.offsets;
+  const int total = packed.total;
+  const int sms = sm_count();
+  Dev<int32_t> drows(rows), doffs(offs);
+  for (const bool fp8 : {false, true}) {
+    SCOPED_TRACE(fp8 ? "fp8" : "bf16");
+    // Operands as exact values: bf16, or e4m3 codes with fp32 scales (a: per row and 128 of K,
+    // w: per 128x128 tile).
+    std::vector<float> a(size_t(total) * K), w(size_t(E) * N * K), sa(size_t(total) * (K / 128)),
+        sw(size_t(E) * (N / 128) * (K / 128));
+    std::vector<bf16_raw> a16(a.size()), w16(w.size());
+    std::vector<uint8_t> a8(a.size()), w8(w.size());
+    for (auto& v : sa) v = us(rng) / 64;
+    for (auto& v : sw) v = us(rng) / 256;
+    for (size_t i = 0; i < a.size(); ++i) {
+      if (fp8) {
+        a8[i] = num::f32_to_e4m3(nd(rng) * 100.f);
+        a[i] = num::e4m3_to_f32(a8[i]) * sa[(i / K) * (K / 128) + (i % K) / 128];
+      } else {
+        a16[i] = num::f32_to_bf16(nd(rng));
+        a[i] = num::bf16_to_f32(a16[i]);
+      }
+    }
+    for (size_t i = 0; i < w.size(); ++i) {
+      if (fp8) {
+        w8[i] = num::f32_to_e4m3(nd(rng) * 100.f);
+        const size_t e = i / (size_t(N) * K), n = (i / K) % N, k = i % K;
+        w[i] = num::e4m3_to_f32(w8[i]) * sw[(e * (N / 128) + n / 128) * (K / 128) + k / 128];
+      } else {
+        w16[i] = num::f32_to_bf16(nd(rng) / 16);
+        w[i] = num::bf16_to_f32(w16[i]);
+      }
+    }
+    Dev<bf16_raw> da16(a16), dw16(w16);
+    Dev<uint8_t> da8(a8), dw8(w8);
+    Dev<float> dsa(sa), dsw(sw);
+    Dev<bf16_raw> out(size_t(total + 8) * N);
+    out.poison();
+    // One grouped GEMM with token tile `tile_n` (0 = unswapped) over the experts with lo <= rows <=
+    // hi, into the poisoned `out`; returns `out`.
+    auto launch = [&](int tile_n, int lo, int hi) {
+      namespace ce = cuda::cutlass_engine;
+      const bool swap = tile_n != 0;
+      out.poison();
+      ce::Grouped g;
+      g.experts = E;
+      g.N = N;
+      g.K = K;
+      g.rows = drows.get();
+      g.offsets = doffs.get();
+      g.A = fp8 ? static_cast<const void*>(da8.get()) : da16.get();
+      g.sfa = fp8 ? dsa.get() : nullptr;
+      g.W = fp8 ? static_cast<const void*>(dw8.get()) : dw16.get();
+      g.sfw = fp8 ? dsw.get() : nullptr;
+      g.out = out.get();
+      g.sms = sms;
+      g.swap_ab = swap;
+      g.swap_tile_n = swap ? tile_n : 64;
+      g.rows_lo = lo;
+      g.rows_hi = hi;
+      const size_t ws = fp8 ? (swap ? ce::fp8_swap_workspace_bytes(E, sms, tile_n) : ce::fp8_workspace_bytes(E, sms))
+                            : (swap ? ce::bf16_swap_workspace_bytes(E, sms, tile_n) : ce::bf16_workspace_bytes(E, sms));
+      cuda::DeviceBuffer wsb(ws);
+      g.workspace = wsb.get();
+      if (fp8)
+        ce::grouped_gemm_fp8(g, nullptr);
+      else
+        ce::grouped_gemm_bf16(g, nullptr);
+      EPMOE_CUDA_CHECK(cudaDeviceSynchronize());
+      return out.download();
+    };
+    std::vector<bf16_raw> outs[4];  // by tile_n / 64 (96: fp8 only, checked against the product, not kept)
+    for (const int tile_n : {0, 64, 96, 128, 192}) {
+      if (tile_n == 96 && !fp8) {
+        EXPECT_THROW(launch(96, 0, 0x7fffffff), UsageError) << "bf16 has no 96-wide swap-AB tile";
+        continue;
+      }
+      SCOPED_TRACE("swap_tile_n " + std::to_string(tile_n));
+      const auto o = launch(tile_n, 0, 0x7fffffff);
+      if (tile_n != 96) outs[tile_n / 64] = o;
+      double worst = 0, scale = 0;
+      for (int e = 0; e < E; ++e)
+        for (int r = 0; r < rows[e]; ++r)
+          for (int n = 0; n < N; ++n) {
+            double ref = 0;
+            const float* ar = &a[size_t(offs[e] + r) * K];
+            const float* wr = &w[(size_t(e) * N + n) * K];
+            for (int k = 0; k < K; ++k) ref += double(ar[k]) * wr[k];
+            const double got = num::bf16_to_f32(o[size_t(offs[e] + r) * N + n]);
+            worst = std::max(worst, std::fabs(got - ref));
+            scale = std::max(scale, std::fabs(ref));
+          }
+      std::printf("[cutlass] grouped %s swap_tile_n %3d rows {0,130,1,33,64,0,100,257,0} N %d K %d: "
+                  "max|a-b|/max|ref| %.3e\n",
+                  fp8 ? "fp8" : "bf16", tile_n, N, K, worst / scale);
+      // bf16 output rounding (2^-9 relative) dominates; fp32 accumulation order adds far less.
+      EXPECT_LE(worst / scale, 4e-3);
+      for (size_t i = size_t(total) * N; i < o.size(); ++i)
+        if (o[i] != 0xffff) {
+          ADD_FAILURE() << "row " << i / N << " past the groups was written";
+          break;
+        }
+    }
+    // Swapped vs unswapped: both within the bound above of the exact product; how many outputs are
+    // bitwise the same says whether the tensor cores summed in the same order (informational).
+    for (const int t : {1, 2, 3}) {
+      size_t same = 0;
+      for (size_t i = 0; i < size_t(total) * N; ++i) same += outs[0][i] == outs[t][i];
+      std::printf("[cutlass] grouped %s swap-AB %d vs unswapped: %zu of %zu outputs identical\n", fp8 ? "fp8" : "bf16",
+                  64 * t, same, size_t(total) * N);
+    }
+    // Row ranges: [33, 100] on the 128-wide tiles and [101, max] unswapped write exactly their experts
+    // (33, 64, 100 rows; then 130, 257), each bitwise as that tile's launch over all experts.
+    struct Range {
+      int lo, hi, tile_n;
+    };
+    for (const Range rg : {Range{33, 100, 128}, Range{101, 0x7fffffff, 0}, Range{0, 1, 192}}) {
+      SCOPED_TRACE("rows " + std::to_string(rg.lo) + ".." + std::to_string(rg.hi) + " tile " + std::to_string(rg.tile_n));
+      const auto o = launch(rg.tile_n, rg.lo, rg.hi);
+      const auto& full = outs[rg.tile_n / 64];
+      int wrong = 0, ran = 0;
+      for (int e = 0; e < E; ++e) {
+        const bool in = rows[e] >= rg.lo && rows[e] <= rg.hi;
+        ran += in && rows[e] > 0;
+        for (size_t i = size_t(offs[e]) * N; i < size_t(offs[e] + rows[e]) * N; ++i)
+          wrong += in ? o[i] != full[i] : o[i] != 0xffff;
+      }
+      EXPECT_GT(ran, 0);
+      EXPECT_EQ(wrong, 0) << "outputs differing from the full launch inside the range or written outside it";
+    }
+  }
+}
+
+// The operands both SwiGLU-GEMM tests share: random bf16 rows and W13 of experts with `rows` rows
+// each (I intermediate columns, K), on the device; the Grouped over them (N = 2I, workspace for the
+// plain and the one-GEMM forms); and the reference intermediate of GEMM1 [rows][2I] over all
+// experts followed by the whole SwiGLU pass, with 8 poisoned rows past the groups.
+struct GluCase {
+  GluCase(std::vector<int32_t> rows_, int I_, int K_, uint32_t seed)
+      : rows(std::move(rows_)), E(int(rows.size())), I(I_), K(K_), packed(pack_groups(rows)), total(packed.total) {
+    namespace ce = cuda::cutlass_engine;
+    std::mt19937 rng(seed);
+    std::normal_distribution<float> nd(0.f, 1.f);
+    std::vector<bf16_raw> a(size_t(total) * K), w(size_t(E) * 2 * I * K);
+    for (auto& v : a) v = num::f32_to_bf16(nd(rng));
+    for (auto& v : w) v = num::f32_to_bf16(nd(rng) / 8);
+    da.upload(a);
+    dw.upload(w);
+    drows.upload(rows);
+    doffs.upload(packed.offsets);
+    const int sms = sm_count();
+    wsb.reserve(std::max(ce::bf16_workspace_bytes(E, sms), ce::glu_workspace_bytes(E, sms)));
+    g.experts = E;
+    g.N = 2 * I;
+    g.K = K;
+    g.rows = drows.get();
+    g.offsets = doffs.get();
+    g.A = da.get();
+    g.W = dw.get();
+    g.workspace = wsb.get();
+    g.sms = sms;
+    Dev<bf16_raw> h(size_t(total) * 2 * I);
+    ref = Dev<bf16_raw>(size_t(total + 8) * I);
+    ref.poison();
+    ce::Grouped g1 = g;
+    g1.out = h.get();
+    ce::grouped_gemm_bf16(g1, nullptr);
+    ce::swiglu(h.get(), doffs.get(), drows.get(), E, I, total, false, false, ref.get(), nullptr, nullptr, nullptr);
+    EPMOE_CUDA_CHECK(cudaDeviceSynchronize());
+  }
+  // Every output row bitwise as the reference, nothing written past the groups (`what` names the run).
+  void expect_same(const Dev<bf16_raw>& out, const char* what) const {
+    EPMOE_CUDA_CHECK(cudaDeviceSynchronize());
+    const std::vector<bf16_raw> r = ref.download(), o = out.download();
+    size_t differ = 0, first = 0;
+    for (size_t i = 0; i < size_t(total) * I; ++i)
+      if (r[i] != o[i] && differ++ == 0) first = i;
+    std::printf("[cutlass] %s vs GEMM1 + SwiGLU pass, %d experts, I %d K %d: %zu of %zu differ\n", what, E, I, K,
+                differ, size_t(total) * I);
+    EXPECT_EQ(differ, 0u) << "first at row " << first / I << " column " << first % I;
+    for (size_t i = size_t(total) * I; i < o.size(); ++i)
+      if (o[i] != 0xffff) {
+        ADD_FAILURE() << "row " << i / I << " past the groups was written";
+        break;
+      }
+  }
+  // A poisoned intermediate of the same size as the reference.
+  Dev<bf16_raw> poisoned_out() const {
+    Dev<bf16_raw> out(size_t(total + 8) * I);
+    out.poison();
+    return out;
+  }
+
+  std::vector<int32_t> rows;
+  int E, I, K;
+  PackedGroups packed;
+  int total;
+  Dev<bf16_raw> da, dw, ref;
+  Dev<int32_t> drows, doffs;
+  cuda::DeviceBuffer wsb;
+  cuda::cutlass_engine::Grouped g;
+};
+
+// GEMM1 with SwiGLU as one grouped GEMM (grouped_gemm_bf16_glu: each tile's weight slices are the
+// gate and up rows of the same 128 intermediate columns) against GEMM1 [rows][2I] followed by the
+// SwiGLU pass: bitwise equal on every row of every group (0, 1, partial and multi-tile experts,
+// several intermediate tiles), and no write past the groups' rows.
+TEST(CutlassEngine, GluEqualsGemmAndPass) {
+  EPMOE_REQUIRE_GPU();
+  EPMOE_REQUIRE_CUTLASS();
+  namespace ce = cuda::cutlass_engine;
+  const GluCase c({0, 130, 1, 33, 257, 0, 64}, 384, 320, 29);
+  Dev<bf16_raw> out = c.poisoned_out();
+  ce::Grouped g = c.g;
+  g.N = c.I;
+  g.out = out.get();
+  ce::grouped_gemm_bf16_glu(g, nullptr);
+  c.expect_same(out, "glu");
+  // Arguments it does not take.
+  ce::Grouped bad = g;
+  bad.N = 200;
+  EXPECT_THROW(ce::grouped_gemm_bf16_glu(bad, nullptr), UsageError);
+}
+
+// GEMM1 split by rows with SwiGLU fused where the launch is unswapped (policy::glu_in_split): the
+// one-GEMM SwiGLU on two row ranges (rows_lo / rows_hi), the plain GEMM1 on the others and the
+// SwiGLU pass told to leave the fused ranges' experts (SwigluSkip) give, together, every row
+// bitwise as GEMM1 over all experts followed by the whole pass; nothing is written past the rows.
+TEST(CutlassEngine, GluSplitEqualsGemmAndPass) {
+  EPMOE_REQUIRE_GPU();
+  EPMOE_REQUIRE_CUTLASS();
+  namespace ce = cuda::cutlass_engine;
+  const GluCase c({0, 130, 1, 33, 257, 0, 64, 200, 129}, 256, 192, 31);
+  const int I = c.I;
+  // The 128-row m-tiles the runner's count kernel lists (expert, first row, rows).
+  std::vector<cuda::MTile> tiles;
+  for (int e = 0; e < c.E; ++e)
+    for (int j = 0; j * 128 < c.rows[e]; ++j)
+      tiles.push_back({e, c.packed.offsets[e] + 128 * j, std::min(128, c.rows[e] - 128 * j), 0});
+  Dev<int32_t> dnt(std::vector<int32_t>{int32_t(tiles.size())});
+  Dev<cuda::MTile> dtiles(tiles);
+  // Fused on [1, 1] and [129, 200] (experts of 1, 130, 200 and 129 rows); GEMM1 + pass elsewhere.
+  ce::SwigluSkip skip;
+  skip.n = 2;
+  skip.lo[0] = 1, skip.hi[0] = 1;
+  skip.lo[1] = 129, skip.hi[1] = 200;
+  skip.tiles = dtiles.get();
+  skip.num_tiles = dnt.get();
+  Dev<bf16_raw> h2(size_t(c.total) * 2 * I), out = c.poisoned_out();
+  h2.poison();  // rows of fused experts stay poison here: the pass must not read them into out
+  const int64_t edges[][2] = {{0, 0}, {2, 128}, {201, 0x7fffffff}};
+  for (const auto& r : edges) {
+    ce::Grouped part = c.g;
+    part.rows_lo = int(r[0]);
+    part.rows_hi = int(r[1]);
+    part.out = h2.get();
+    ce::grouped_gemm_bf16(part, nullptr);
+  }
+  for (int i = 0; i < skip.n; ++i) {
+    ce::Grouped glu = c.g;
+    glu.N = I;
+    glu.rows_lo = skip.lo[i];
+    glu.rows_hi = skip.hi[i];
+    glu.out = out.get();
+    ce::grouped_gemm_bf16_glu(glu, nullptr);
+  }
+  ce::swiglu(h2.get(), c.doffs.get(), c.drows.get(), c.E, I, c.total, false, false, out.get(), nullptr, nullptr,
+             nullptr, skip);
+  c.expect_same(out, "glu split");
+  // A skip without its tile table is refused before any launch.
+  ce::SwigluSkip bad = skip;
+  bad.tiles = nullptr;
+  EXPECT_THROW(ce::swiglu(h2.get(), c.doffs.get(), c.drows.get(), c.E, I, c.total, false, false, out.get(), nullptr,
+                          nullptr, nullptr, bad),
+               UsageError);
+}
+
+}  // namespace
+}  // namespace epmoe::test
