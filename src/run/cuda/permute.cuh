@@ -6,8 +6,10 @@
 namespace epmoe::cuda {
 
 // Slot i of the [R][C] receive layout holds a token when its index in its source region is below
-// that source's count.
-__device__ __forceinline__ bool slot_valid(int64_t i, int C, const int32_t* counts) {
+// that source's count. Index: int64_t, or int where the caller knows the slots fit (32-bit
+// division is far cheaper on the GPU).
+template <class Index>
+__device__ __forceinline__ bool slot_valid(Index i, int C, const int32_t* counts) {
   return (i % C) < counts[i / C];
 }
 

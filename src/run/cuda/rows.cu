@@ -311,26 +311,24 @@ struct TileTables {
 // memory; three barriers. (A Hillis-Steele scan over 1024 threads took 20, and the one-CTA kernel
 // 5.5 us at 128 pairs and 8.4 at 8192; with this scan 3.9 and 6.4: Qwen3-30B fp8, ncu,
 // bench/results/history-runner.md.)
+// Inclusive prefix of v over the lanes of a (full) warp.
+__device__ __forceinline__ int3 warp_inclusive_scan3(int3 v, int lane) {
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    const int a = __shfl_up_sync(0xffffffffu, v.x, o), b = __shfl_up_sync(0xffffffffu, v.y, o),
+              c = __shfl_up_sync(0xffffffffu, v.z, o);
+    if (lane >= o) v.x += a, v.y += b, v.z += c;
+  }
+  return v;
+}
 __device__ __forceinline__ int3 block_exclusive_scan3(int3 v) {
   __shared__ int3 s_warp[kScanThreads / 32];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
-  int3 inc = v;
-#pragma unroll
-  for (int o = 1; o < 32; o <<= 1) {
-    const int a = __shfl_up_sync(0xffffffffu, inc.x, o), b = __shfl_up_sync(0xffffffffu, inc.y, o),
-              c = __shfl_up_sync(0xffffffffu, inc.z, o);
-    if (lane >= o) inc.x += a, inc.y += b, inc.z += c;
-  }
+  const int3 inc = warp_inclusive_scan3(v, lane);
   if (lane == 31) s_warp[warp] = inc;
   __syncthreads();
   if (warp == 0) {
-    int3 w = lane < warps ? s_warp[lane] : make_int3(0, 0, 0);
-#pragma unroll
-    for (int o = 1; o < 32; o <<= 1) {
-      const int a = __shfl_up_sync(0xffffffffu, w.x, o), b = __shfl_up_sync(0xffffffffu, w.y, o),
-                c = __shfl_up_sync(0xffffffffu, w.z, o);
-      if (lane >= o) w.x += a, w.y += b, w.z += c;
-    }
+    const int3 w = warp_inclusive_scan3(lane < warps ? s_warp[lane] : make_int3(0, 0, 0), lane);
     if (lane < warps) s_warp[lane] = w;  // inclusive totals of warps 0..lane
   }
   __syncthreads();
@@ -394,21 +392,20 @@ __global__ void __launch_bounds__(kScanThreads)
   __syncthreads();
   // Pairs, kCountBatch ids loaded before their atomics: one id per step left a whole global-load
   // latency per step in this single CTA (27 us for 32768 pairs, Qwen3-30B M 32768, session 22).
-  // 32-bit indices (P <= kFusedCountPairs), and each pair's id and its source's count loaded
-  // independently, the validity applied after both arrive.
+  // 32-bit indices (P <= kFusedCountPairs), and each pair's id loaded independently of its
+  // slot's validity, which is applied after both arrive.
   const int P = int(S) * K;
   for (int p0 = threadIdx.x; p0 < P; p0 += kCountBatch * blockDim.x) {
-    int32_t e[kCountBatch], n[kCountBatch], j[kCountBatch];
+    int32_t e[kCountBatch];
+    bool valid[kCountBatch];
 #pragma unroll
     for (int b = 0; b < kCountBatch; ++b) {
       const int p = p0 + b * blockDim.x;
-      const int slot = p / K;
-      j[b] = slot % C;
       e[b] = p < P ? ids[p] : -1;
-      n[b] = p < P ? counts[slot / C] : 0;
+      valid[b] = p < P && slot_valid(p / K, C, counts);
     }
 #pragma unroll
-    for (int b = 0; b < kCountBatch; ++b) count_id(j[b] < n[b] ? e[b] : -1, E, s_cnt);
+    for (int b = 0; b < kCountBatch; ++b) count_id(valid[b] ? e[b] : -1, E, s_cnt);
   }
   __syncthreads();
   for (int e = threadIdx.x; e < E; e += blockDim.x) cnt[e] = s_cnt[e];
