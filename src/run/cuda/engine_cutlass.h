@@ -84,6 +84,11 @@ struct Grouped {
   // splits one GEMM into launches by rows per expert, each with the tile that fits those rows
   // (policy::RowBucket). Decided on the device, from the device counts.
   int rows_lo = 0, rows_hi = 0x7fffffff;
+  // The table fill and the GEMM launched with programmatic dependent launch (core/cuda/pdl.cuh):
+  // each may be scheduled while the kernel before it in the stream finishes, and waits for it
+  // before its first global access (the GEMM through detail::gemm_kernel, which waits and then runs
+  // CUTLASS's kernel). The same bits. The runner sets it from tuning.pdl.
+  bool pdl = false;
 };
 
 size_t bf16_workspace_bytes(int experts, int sms);
@@ -138,7 +143,7 @@ void grouped_gemm_fp8_swap_n192(const Grouped& g, cudaStream_t stream);
 // as they are (no requantization). Writes pair_pos [S][K] (row or -1).
 void permute_fp8(const uint8_t* payload, const float* scales, const int32_t* ids, const int32_t* counts,
                  int64_t slots, int C, int K, int E, int H, const int32_t* offsets, int32_t* fill,
-                 int32_t* pair_pos, uint8_t* a8, float* sfa, cudaStream_t stream);
+                 int32_t* pair_pos, uint8_t* a8, float* sfa, cudaStream_t stream, bool pdl = false);
 
 // The experts a SwiGLU pass leaves alone: those whose row count lies in one of the n ranges
 // [lo, hi], whose GEMM1 launch (grouped_gemm_bf16_glu with rows_lo / rows_hi) wrote their
@@ -160,7 +165,7 @@ struct SwigluSkip {
 // names are neither read nor written; the others get the same bytes as without it.
 void swiglu(const bf16_raw* h, const int32_t* offsets, const int32_t* cnt, int E, int I, int64_t max_rows,
             bool fp8_round_trip, bool ue8m0, bf16_raw* a, uint8_t* a8, float* sfa8, cudaStream_t stream,
-            const SwigluSkip& skip = {});
+            const SwigluSkip& skip = {}, bool pdl = false);
 
 }  // namespace epmoe::cuda::cutlass_engine
 
@@ -173,6 +178,7 @@ void swiglu(const bf16_raw* h, const int32_t* offsets, const int32_t* cnt, int E
 #include <string>
 
 #include "core/cuda/check.h"
+#include "core/cuda/pdl.cuh"
 #include "cute/tensor.hpp"
 #include "cutlass/cutlass.h"
 #include "cutlass/gemm/device/gemm_universal_adapter.h"
@@ -256,6 +262,7 @@ __global__ void fill_tables(T t, int E, int N, int K, const int32_t* __restrict_
                             const int32_t* __restrict__ offsets, int rows_lo, int rows_hi, const void* A,
                             const float* sfa, const void* W, int64_t w_stride, const float* sfw, const bf16_raw* src,
                             bf16_raw* out, bool halves, bool glu) {
+  dev::pdl_enter();  // Grouped::pdl: the counts and, before the writes, the previous GEMM's reads of t
   const int grp = blockIdx.x * blockDim.x + threadIdx.x;
   if (grp >= (halves ? 2 * E : E)) return;
   const int e = halves ? grp >> 1 : grp, h = halves ? grp & 1 : 0;
@@ -345,6 +352,22 @@ size_t workspace_bytes(int E, int sms) {
   return T::bytes(E) + T::round(Gemm::get_workspace_size(args)) + 256;
 }
 
+// CUTLASS's kernel behind a programmatic-dependent-launch wait. The ptr-array SM90 kernels issue
+// no griddepcontrol.wait of their own, so launched with the PDL attribute they could read the
+// tables and rows before the kernels ahead of them finish; this entry waits first (a no-op when
+// launched without the attribute), then lets the next kernel be scheduled: it cannot share an SM
+// with these CTAs (registers and shared memory are full), so it only queues its launch. Used
+// instead of GemmUniversalAdapter's launch, so that CUTLASS's own device_kernel is never
+// instantiated (one kernel per GEMM type to compile, not two).
+template <class Kernel>
+__global__ void __launch_bounds__(Kernel::MaxThreadsPerBlock, Kernel::MinBlocksPerMultiprocessor)
+    gemm_kernel(CUTLASS_GRID_CONSTANT typename Kernel::Params const params) {
+  dev::pdl_enter();
+  extern __shared__ char smem[];
+  Kernel op;
+  op(params, smem);
+}
+
 // Initialized GEMMs by everything make_args reads besides the template: the workspace the tables
 // are carved from, the experts, SMs, device and alpha. For the same key the arguments are the same
 // bytes, so can_implement, the host-side Params (TMA descriptors encoded by the driver) and the
@@ -352,7 +375,7 @@ size_t workspace_bytes(int E, int sms) {
 // the GPU time of eager calls did not move measurably (Qwen3-30B, session 14: eager stays 2-13%
 // above graph replays, the gaps between dependent launches). A few entries per instantiation (one
 // per runner and call site in practice); the oldest is replaced.
-template <class Gemm>
+template <class Params>
 class InitCache {
  public:
   struct Key {
@@ -361,15 +384,15 @@ class InitCache {
     const float* alpha;
     bool operator==(const Key&) const = default;
   };
-  std::shared_ptr<Gemm> find(const Key& k) {
+  std::shared_ptr<const Params> find(const Key& k) {
     std::lock_guard<std::mutex> lock(mu_);
     for (const Entry& e : entries_)
-      if (e.gemm && e.key == k) return e.gemm;
+      if (e.params && e.key == k) return e.params;
     return nullptr;
   }
-  void add(const Key& k, std::shared_ptr<Gemm> g) {
+  void add(const Key& k, std::shared_ptr<const Params> p) {
     std::lock_guard<std::mutex> lock(mu_);
-    entries_[next_] = Entry{k, std::move(g)};
+    entries_[next_] = Entry{k, std::move(p)};
     next_ = (next_ + 1) % kEntries;
   }
 
@@ -377,7 +400,7 @@ class InitCache {
   static constexpr int kEntries = 8;
   struct Entry {
     Key key{};
-    std::shared_ptr<Gemm> gemm;
+    std::shared_ptr<const Params> params;
   };
   std::mutex mu_;
   std::array<Entry, kEntries> entries_{};
@@ -399,35 +422,48 @@ void run(const Grouped& g, const char* what, cudaStream_t stream) {
   if (kSource && !g.src) throw UsageError(std::string("cutlass ") + what + ": the source (gate) is null");
   const int64_t w_stride =
       g.w_expert_stride ? g.w_expert_stride : int64_t(g.N) * g.K * (g.halves || g.glu ? 2 : 1);
-  fill_tables<T><<<(groups + 127) / 128, 128, 0, stream>>>(t, g.experts, g.N, g.K, g.rows, g.offsets, g.rows_lo,
-                                                           g.rows_hi, g.A, g.sfa, g.W, w_stride, g.sfw, g.src, g.out,
-                                                           g.halves, g.glu);
-  EPMOE_CUDA_CHECK_LAUNCH();
+  launch_kernel(fill_tables<T>, dim3((groups + 127) / 128), dim3(128), 0, stream, g.pdl, t, g.experts, g.N, g.K,
+                g.rows, g.offsets, g.rows_lo, g.rows_hi, g.A, g.sfa, g.W, w_stride, g.sfw, g.src, g.out, g.halves,
+                g.glu);
   const auto args = make_args<Gemm, kScaled, kSource, kSwap>(t, groups, g.sms, device, g.alpha);
   auto fail = [&](cutlass::Status s, const char* step) {
     throw BackendError(std::string("cutlass ") + what + " grouped GEMM: " + step + " failed: " +
                        cutlassGetStatusString(s) + " (N=" + std::to_string(g.N) + ", K=" + std::to_string(g.K) + ")");
   };
+  using Kernel = typename Gemm::GemmKernel;
+  using Params = typename Kernel::Params;
   uint8_t* cutlass_ws = static_cast<uint8_t*>(g.workspace) + T::bytes(groups);
-  static InitCache<Gemm> cache;
-  const typename InitCache<Gemm>::Key key{g.workspace, groups, g.sms, device, g.alpha};
-  std::shared_ptr<Gemm> gemm = cache.find(key);
-  cutlass::Status s;
-  if (gemm) {
-    // What initialize does besides the Params: the kernel's workspace, every call.
-    s = Gemm::GemmKernel::initialize_workspace(args, cutlass_ws, stream);
-    if (s != cutlass::Status::kSuccess) fail(s, "initialize_workspace");
-  } else {
-    gemm = std::make_shared<Gemm>();
-    s = gemm->can_implement(args);
+  static InitCache<Params> cache;
+  const typename InitCache<Params>::Key key{g.workspace, groups, g.sms, device, g.alpha};
+  std::shared_ptr<const Params> params = cache.find(key);
+  // What GemmUniversalAdapter::initialize does: the kernel's workspace (every call), the Params
+  // (once per key) and the shared-memory attribute (of gemm_kernel, the kernel launched here).
+  cutlass::Status s = Kernel::initialize_workspace(args, cutlass_ws, stream);
+  if (s != cutlass::Status::kSuccess) fail(s, "initialize_workspace");
+  constexpr int smem = Kernel::SharedStorageSize;
+  if (!params) {
+    s = Kernel::can_implement(args) ? cutlass::Status::kSuccess : cutlass::Status::kInvalid;
     if (s != cutlass::Status::kSuccess) fail(s, "can_implement");
-    s = gemm->initialize(args, cutlass_ws, stream);
-    if (s != cutlass::Status::kSuccess) fail(s, "initialize");
-    cache.add(key, gemm);
+    EPMOE_CUDA_CHECK(cudaFuncSetAttribute(gemm_kernel<Kernel>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    params = std::make_shared<const Params>(Kernel::to_underlying_arguments(args, cutlass_ws));
+    cache.add(key, params);
   }
-  s = gemm->run(stream);
-  if (s != cutlass::Status::kSuccess) fail(s, "run");
-  EPMOE_CUDA_CHECK_LAUNCH();
+  using Cluster = typename Kernel::DispatchPolicy::ClusterShape;
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = Kernel::get_grid_shape(*params);
+  cfg.blockDim = Kernel::get_block_shape();
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[2];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = cute::size<0>(Cluster{});
+  attr[0].val.clusterDim.y = cute::size<1>(Cluster{});
+  attr[0].val.clusterDim.z = cute::size<2>(Cluster{});
+  attr[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[1].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = g.pdl ? 2 : 1;
+  EPMOE_CUDA_CHECK(cudaLaunchKernelEx(&cfg, gemm_kernel<Kernel>, *params));
 }
 
 }  // namespace epmoe::cuda::cutlass_engine::detail

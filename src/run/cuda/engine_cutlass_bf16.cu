@@ -9,6 +9,7 @@
 #include <string>
 
 #include "core/cuda/check.h"
+#include "core/cuda/pdl.cuh"
 #include "epmoe/error.h"
 #include "epmoe/numeric.h"
 #include "quant/cuda/quant_device.cuh"
@@ -65,6 +66,7 @@ namespace {
 __global__ void swiglu_kernel(const bf16_raw* __restrict__ h, const int32_t* __restrict__ offsets,
                               const int32_t* __restrict__ cnt, int E, int I, bool round_trip, bool ue8m0,
                               bf16_raw* __restrict__ a, uint8_t* __restrict__ a8, float* __restrict__ sfa8) {
+  dev::pdl_enter();
   const int64_t rows = offsets[E - 1] + cnt[E - 1];
   const int lane = threadIdx.x & 31;
   const int warps = blockDim.x >> 5;
@@ -124,6 +126,7 @@ __global__ void swiglu_vec_kernel(const bf16_raw* __restrict__ h, const int32_t*
                                   const int32_t* __restrict__ cnt, int E, int I, bool round_trip, bool ue8m0,
                                   bf16_raw* __restrict__ a, uint8_t* __restrict__ a8, float* __restrict__ sfa8,
                                   const SwigluSkip skip) {
+  dev::pdl_enter();
   const int lane = threadIdx.x & 31;
   const uint32_t warps = blockDim.x >> 5;
   const uint32_t ng = uint32_t(I + 255) / 256;
@@ -214,7 +217,7 @@ __global__ void swiglu_vec_kernel(const bf16_raw* __restrict__ h, const int32_t*
 
 void swiglu(const bf16_raw* h, const int32_t* offsets, const int32_t* cnt, int E, int I, int64_t max_rows,
             bool fp8_round_trip, bool ue8m0, bf16_raw* a, uint8_t* a8, float* sfa8, cudaStream_t stream,
-            const SwigluSkip& skip) {
+            const SwigluSkip& skip, bool pdl) {
   if (E <= 0 || max_rows <= 0) return;
   // Both fp8 forms take a partial last block (its lanes past I add 0 to the amax, in both kernels).
   if ((a8 || fp8_round_trip) && I % 16 != 0)
@@ -236,13 +239,15 @@ void swiglu(const bf16_raw* h, const int32_t* offsets, const int32_t* cnt, int E
     const int64_t work = slots * ((I + 255) / 256);  // warps
     const int grid = static_cast<int>(std::min<int64_t>((work + 7) / 8, 132 * 16));
     if (skipping)
-      swiglu_vec_kernel<true><<<grid, 256, 0, stream>>>(h, offsets, cnt, E, I, fp8_round_trip, ue8m0, a, a8, sfa8, skip);
+      launch_kernel(swiglu_vec_kernel<true>, grid, 256, 0, stream, pdl, h, offsets, cnt, E, I, fp8_round_trip, ue8m0, a,
+                    a8, sfa8, skip);
     else
-      swiglu_vec_kernel<false><<<grid, 256, 0, stream>>>(h, offsets, cnt, E, I, fp8_round_trip, ue8m0, a, a8, sfa8, skip);
+      launch_kernel(swiglu_vec_kernel<false>, grid, 256, 0, stream, pdl, h, offsets, cnt, E, I, fp8_round_trip, ue8m0,
+                    a, a8, sfa8, skip);
   } else {
     const int64_t work = max_rows * fp8_blocks(I);
     const int grid = static_cast<int>(std::min<int64_t>((work + 7) / 8, 132 * 16));
-    swiglu_kernel<<<grid, 256, 0, stream>>>(h, offsets, cnt, E, I, fp8_round_trip, ue8m0, a, a8, sfa8);
+    launch_kernel(swiglu_kernel, grid, 256, 0, stream, pdl, h, offsets, cnt, E, I, fp8_round_trip, ue8m0, a, a8, sfa8);
   }
   EPMOE_CUDA_CHECK_LAUNCH();
 }

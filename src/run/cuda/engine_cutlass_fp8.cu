@@ -6,6 +6,7 @@
 #include <string>
 
 #include "core/cuda/check.h"
+#include "core/cuda/pdl.cuh"
 #include "epmoe/error.h"
 #include "run/cuda/permute.cuh"
 
@@ -106,6 +107,7 @@ __global__ void permute_fp8_kernel(const uint8_t* __restrict__ payload, const fl
                                    int E, int H, const int32_t* __restrict__ offsets, int32_t* __restrict__ fill,
                                    int32_t* __restrict__ pair_pos, uint8_t* __restrict__ a8, float* __restrict__ sfa) {
   __shared__ int32_t pos[32];
+  dev::pdl_enter();
   const int64_t i = blockIdx.x;
   if (!slot_valid(i, C, counts)) return;
   claim_rows(i, K, E, ids, offsets, fill, pair_pos, pos);
@@ -128,13 +130,12 @@ __global__ void permute_fp8_kernel(const uint8_t* __restrict__ payload, const fl
 
 void permute_fp8(const uint8_t* payload, const float* scales, const int32_t* ids, const int32_t* counts,
                  int64_t slots, int C, int K, int E, int H, const int32_t* offsets, int32_t* fill,
-                 int32_t* pair_pos, uint8_t* a8, float* sfa, cudaStream_t stream) {
+                 int32_t* pair_pos, uint8_t* a8, float* sfa, cudaStream_t stream, bool pdl) {
   if (slots <= 0) return;
   if (H % 16 != 0) throw UsageError("cutlass fp8 permute: hidden=" + std::to_string(H) + " must be a multiple of 16");
   if (K > 32) throw UsageError("cutlass fp8 permute: top_k=" + std::to_string(K) + " exceeds 32");
-  permute_fp8_kernel<<<unsigned(slots), 128, 0, stream>>>(payload, scales, ids, counts, C, K, E, H, offsets, fill,
-                                                          pair_pos, a8, sfa);
-  EPMOE_CUDA_CHECK_LAUNCH();
+  launch_kernel(permute_fp8_kernel, unsigned(slots), 128, 0, stream, pdl, payload, scales, ids, counts, C, K, E, H,
+                offsets, fill, pair_pos, a8, sfa);
 }
 
 }  // namespace epmoe::cuda::cutlass_engine

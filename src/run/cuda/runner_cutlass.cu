@@ -246,7 +246,7 @@ void CudaRunner::run_cutlass(const DispatchOutput& in, const ExpertWeights& w, b
   if (fp8_1) {
     cutlass_engine::permute_fp8(in.payload, reinterpret_cast<const float*>(in.scales), in.local_ids, in.counts, S, C, K,
                                 E, H, offsets_.get<int32_t>(), fill_.get<int32_t>(), pair_pos_.get<int32_t>(),
-                                a8_.get<uint8_t>(), as_.get<float>(), st);
+                                a8_.get<uint8_t>(), as_.get<float>(), st, pdl_);
   } else {
     launch_permute_bf16(in, offsets_.get<int32_t>(), fill_.get<int32_t>(), pair_pos_.get<int32_t>(),
                         a_.get<bf16_raw>(), st, pdl_);
@@ -265,6 +265,8 @@ void CudaRunner::run_cutlass(const DispatchOutput& in, const ExpertWeights& w, b
   g1.sms = sms_;
   g1.swap_ab = sw != 0;  // g2 and the widened chunks copy both
   g1.swap_tile_n = sw ? sw : 64;
+  // Launches on the fork's side streams follow an event, not the kernel before them: plain there.
+  g1.pdl = pdl_ && !fork;
   if (p1 == CutlassPath::fp8) {
     g1.A = a8_.get<uint8_t>();
     g1.sfa = as_.get<float>();
@@ -305,7 +307,8 @@ void CudaRunner::run_cutlass(const DispatchOutput& in, const ExpertWeights& w, b
     }
     cutlass_engine::swiglu(gu_.get<bf16_raw>(), offsets_.get<int32_t>(), cnt_.get<int32_t>(), E, I, max_rows,
                            iq8 && !fp8_2, in.quant.ue8m0, fp8_2 ? nullptr : h_.get<bf16_raw>(),
-                           fp8_2 ? h8_.get<uint8_t>() : nullptr, fp8_2 ? hs_.get<float>() : nullptr, st, skip);
+                           fp8_2 ? h8_.get<uint8_t>() : nullptr, fp8_2 ? hs_.get<float>() : nullptr, st, skip,
+                           pdl_);
   }
 
   cutlass_engine::Grouped g2 = g1;

@@ -119,11 +119,12 @@ void run_problem(const Problem& p, uint32_t seed) {
 
   bool fused = false, swapped = false, glu_split = false;  // what the last run_engine call chose
   auto run_engine = [&](Engine eng, std::string* engines, size_t scratch = 0, int* chunks = nullptr,
-                        bool fuse = true, CutlassSwap swap = CutlassSwap::off) {
+                        bool fuse = true, CutlassSwap swap = CutlassSwap::off, bool pdl = true) {
     Dev<bf16_raw> y(size_t(C) * H);
     y.poison();
     cuda::CudaRunner runner(cfg, 0);
     runner.set_engine(eng);
+    runner.set_pdl(pdl);
     runner.set_fused_swiglu(fuse);
     runner.set_cutlass_swap(swap);
     if (scratch) runner.set_widen_scratch_bytes(scratch);
@@ -206,6 +207,14 @@ void run_problem(const Problem& p, uint32_t seed) {
       EXPECT_EQ(first_diff(ys, yc), -1) << "several widening chunks differ from one chunk";
     }
     expect_poison_after(yc, n, H);
+    if (sw == CutlassSwap::off || sw == CutlassSwap::automatic) {
+      // Programmatic dependent launch (on by default: the row passes, the table fills and the GEMMs
+      // through detail::gemm_kernel) only moves launches: without it, the same bits.
+      std::string ep;
+      const auto yp = run_engine(Engine::cutlass, &ep, 0, nullptr, true, sw, false);
+      EXPECT_EQ(ep, engines);
+      EXPECT_EQ(first_diff(yp, yc), -1) << "pdl on and off differ";
+    }
     ycs[f] = yc;
   }
 
