@@ -7,7 +7,8 @@
 # --calls N: divide each kernel's total by N (the bench's warm-up + repetitions + 5 host-time
 #            calls, e.g. 10 for --reps 3; default 1).
 # --match REGEX: only kernels whose demangled name matches (ncu --kernel-name-base demangled -k regex:...;
-#            ncu's default base, the function name, is `device_kernel` for every CUTLASS kernel).
+#            ncu's default base, the function name, is `gemm_kernel`, the runner's entry in
+#            src/run/cuda/engine_cutlass.h, for every CUTLASS kernel).
 # --bytes: also DRAM and L2 bytes per kernel (dram__bytes.sum, lts__t_bytes.sum; ncu replays each
 #          kernel for them) and their rates over its time, to tell a kernel bound by HBM from one
 #          bound by L2 or by neither; the DRAM bytes per call, split into read and write where the

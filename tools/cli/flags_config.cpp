@@ -49,7 +49,7 @@ const FlagSpec kConfigFlags[] = {
 const FlagSpec kTuningFlags[] = {
     {"engine", "auto|mma|cutlass", "runner cuda: GEMM engines it may use (env EPMOE_RUNNER_ENGINE)"},
     {"wgmma-defer", "0|1", "runner cuda: decode wgmma waits for a stage one iteration later (env EPMOE_WGMMA_DEFER)"},
-    {"pdl", "0|1", "runner cuda: programmatic dependent launch of the row passes and decode GEMMs (env EPMOE_PDL)"},
+    {"pdl", "0|1", "runner cuda: programmatic dependent launch of the row passes and the GEMMs (env EPMOE_PDL)"},
     {"nvfp4-wide-rows", "0|128|160", "runner cuda: token-tile height of the wide nvfp4 engine, 0 = per expert (env EPMOE_NVFP4_WIDE_ROWS)"},
     {"fused-swiglu", "0|1", "runner cuda: CUTLASS GEMM1 with SwiGLU in its epilogue (env EPMOE_CUTLASS_SWIGLU)"},
     {"concurrent-buckets", "0|1", "runner cuda: CUTLASS launches per row range overlap on side streams (env EPMOE_CUTLASS_CONCURRENT)"},
