@@ -58,8 +58,8 @@ struct Tuning {
   RunnerEngine engine = RunnerEngine::automatic;  // [local] EPMOE_RUNNER_ENGINE=auto|mma|cutlass
   bool wgmma_defer = true;      // [local] EPMOE_WGMMA_DEFER=0|1: the decode wgmma pipeline waits
                                 //   for a stage's MMAs one iteration later (same bits, faster)
-  bool pdl = true;              // [local] EPMOE_PDL=0|1: the row passes and the decode wgmma GEMMs
-                                //   are launched with programmatic dependent launch, each kernel's
+  bool pdl = true;              // [local] EPMOE_PDL=0|1: the row passes and the GEMMs (decode wgmma,
+                                //   CUTLASS) are launched with programmatic dependent launch, each kernel's
                                 //   launch overlapping the previous one's end (same bits)
   int nvfp4_wide_rows = 0;      // [local] EPMOE_NVFP4_WIDE_ROWS=0|128|160: token-tile height of the
                                 //   wide nvfp4 engine; 0: per expert, the one giving fewer tiles

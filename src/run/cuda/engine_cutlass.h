@@ -14,6 +14,7 @@
 //                    B: 128x128 fp32 tiles), promoted into fp32 every 128 of K (tile 128x128x128,
 //                    cluster 2x1).
 // Both clusters pair two m-tiles of one expert, so each weight tile is multicast to both.
+//   swiglu_pass.cu: the SwiGLU pass between the GEMMs (no CUTLASS code; declared below).
 //   engine_cutlass_swap_{bf16,fp8}{,_n128,_n192}.cu, engine_cutlass_swap_fp8_n96.cu
 //                    (engine_cutlass_swap.cuh): the same products
 //                    swapped (swap-AB, Grouped::swap_ab): CUTLASS computes out_e^T = W_e * A_e^T, so
@@ -137,13 +138,6 @@ size_t fp8_swap_n96_workspace_bytes(int experts, int sms);
 void grouped_gemm_fp8_swap_n96(const Grouped& g, cudaStream_t stream);
 void grouped_gemm_fp8_swap_n192(const Grouped& g, cudaStream_t stream);
 }  // namespace detail
-
-// fp8 engine's permute: every valid (slot, k) pair claims a row of its expert's segment (offsets +
-// atomic fill, as the bf16 permute does) and gets the slot's e4m3 bytes and its ceil(H/128) scales
-// as they are (no requantization). Writes pair_pos [S][K] (row or -1).
-void permute_fp8(const uint8_t* payload, const float* scales, const int32_t* ids, const int32_t* counts,
-                 int64_t slots, int C, int K, int E, int H, const int32_t* offsets, int32_t* fill,
-                 int32_t* pair_pos, uint8_t* a8, float* sfa, cudaStream_t stream, bool pdl = false);
 
 // The experts a SwiGLU pass leaves alone: those whose row count lies in one of the n ranges
 // [lo, hi], whose GEMM1 launch (grouped_gemm_bf16_glu with rows_lo / rows_hi) wrote their

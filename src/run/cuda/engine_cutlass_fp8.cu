@@ -1,14 +1,12 @@
 // CUTLASS engine, fp8 instantiation (see engine_cutlass.h): e4m3 x e4m3 grouped GEMM with DeepSeek
-// block scales, and the fp8 permute that feeds it the dispatched bytes unchanged.
+// block scales. (Its rows come from the fp8 permute in rows.cu, the dispatched bytes unchanged.)
 #define EPMOE_CUTLASS_GROUPED_IMPL 1
 #include "run/cuda/engine_cutlass.h"
 
 #include <string>
 
 #include "core/cuda/check.h"
-#include "core/cuda/pdl.cuh"
 #include "epmoe/error.h"
-#include "run/cuda/permute.cuh"
 
 #if defined(EPMOE_WITH_CUTLASS)
 #include "cutlass/detail/blockwise_scale_layout.hpp"
@@ -96,46 +94,5 @@ void grouped_gemm_fp8(const Grouped&, cudaStream_t) {
 }
 
 #endif
-
-namespace {
-
-// One CTA per slot: claims a row per valid (slot, k) (same rule as the bf16 permute: expert offset
-// plus an atomic fill counter) and copies the slot's e4m3 row (16 bytes per thread step) and its
-// fp32 block scales (ceil(H/128): the last block may be partial) there.
-__global__ void permute_fp8_kernel(const uint8_t* __restrict__ payload, const float* __restrict__ scales,
-                                   const int32_t* __restrict__ ids, const int32_t* __restrict__ counts, int C, int K,
-                                   int E, int H, const int32_t* __restrict__ offsets, int32_t* __restrict__ fill,
-                                   int32_t* __restrict__ pair_pos, uint8_t* __restrict__ a8, float* __restrict__ sfa) {
-  __shared__ int32_t pos[32];
-  dev::pdl_enter();
-  const int64_t i = blockIdx.x;
-  if (!slot_valid(i, C, counts)) return;
-  claim_rows(i, K, E, ids, offsets, fill, pair_pos, pos);
-  const uint4* src = reinterpret_cast<const uint4*>(payload + i * int64_t(H));
-  const int nb = fp8_blocks(H);
-  const float* ssrc = scales + i * int64_t(nb);
-  for (int c = threadIdx.x; c < H / 16; c += blockDim.x) {
-    const uint4 v = src[c];
-    for (int k = 0; k < K; ++k)
-      if (pos[k] >= 0) reinterpret_cast<uint4*>(a8 + int64_t(pos[k]) * H)[c] = v;
-  }
-  for (int b = threadIdx.x; b < nb; b += blockDim.x) {
-    const float s = ssrc[b];
-    for (int k = 0; k < K; ++k)
-      if (pos[k] >= 0) sfa[int64_t(pos[k]) * nb + b] = s;
-  }
-}
-
-}  // namespace
-
-void permute_fp8(const uint8_t* payload, const float* scales, const int32_t* ids, const int32_t* counts,
-                 int64_t slots, int C, int K, int E, int H, const int32_t* offsets, int32_t* fill,
-                 int32_t* pair_pos, uint8_t* a8, float* sfa, cudaStream_t stream, bool pdl) {
-  if (slots <= 0) return;
-  if (H % 16 != 0) throw UsageError("cutlass fp8 permute: hidden=" + std::to_string(H) + " must be a multiple of 16");
-  if (K > 32) throw UsageError("cutlass fp8 permute: top_k=" + std::to_string(K) + " exceeds 32");
-  launch_kernel(permute_fp8_kernel, unsigned(slots), 128, 0, stream, pdl, payload, scales, ids, counts, C, K, E, H,
-                offsets, fill, pair_pos, a8, sfa);
-}
 
 }  // namespace epmoe::cuda::cutlass_engine

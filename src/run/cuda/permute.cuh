@@ -1,5 +1,5 @@
-// Device pieces of the runner's permute step, shared by every permute kernel (bf16 rows, fp8 rows
-// for the wgmma engine, fp8 rows for CUTLASS). One CTA handles one received slot.
+// Device pieces of the runner's permute step, shared by every permute kernel (rows.cu: bf16 rows,
+// fp8 rows for both fp8 GEMM kinds). One CTA handles one received slot.
 #pragma once
 #include <cstdint>
 

@@ -6,9 +6,11 @@
 #include <cuda_bf16.h>
 
 #include <algorithm>
+#include <string>
 
 #include "core/cuda/check.h"
 #include "core/cuda/pdl.cuh"
+#include "epmoe/error.h"
 #include "epmoe/format.h"
 #include "epmoe/numeric.h"
 #include "quant/cuda/quant_device.cuh"
@@ -412,14 +414,19 @@ __global__ void __launch_bounds__(kScanThreads)
   scan_offsets(s_cnt, E, t, offsets, fill);
 }
 
-// fp8 dispatch into the wgmma fp8 engine: the slot's e4m3 codes are copied as they are (16-byte
-// moves when the payload is aligned) and its block scales go to the transposed scale matrix
-// as_t[kb * ld + row].
-__global__ void permute_fp8_kernel(const uint8_t* __restrict__ payload, const uint8_t* __restrict__ scales,
+// fp8 dispatch into the fp8 GEMMs (wgmma decode engine and CUTLASS): a slot's e4m3 codes are
+// copied as they are (16-byte moves when aligned) and its block scales go to
+// sf[row * sf_row + kb * sf_block] (transposed for the wgmma engine, row-major for CUTLASS). One CTA
+// per slot, 128 threads. (Measured in session 30, ncu, Qwen3-30B M 8192 / 32768 and DeepSeek-V3
+// M 32768 / 128: 14.4 / 47.3 / 122.6 / 5.2 us with 128 threads, as CUTLASS's copy had; one warp per
+// slot, four slots per CTA and four 16-byte chunks per lane step 15.1 / 48.1 / 124.6 / 6.5; 256
+// threads, as the wgmma engine's copy had, 131.2 us at DeepSeek-V3 M 32768.)
+__global__ void permute_fp8_kernel(const uint8_t* __restrict__ payload, const float* __restrict__ scales,
                                    const int32_t* __restrict__ ids, const int32_t* __restrict__ counts, int C, int K,
                                    int E, int H, bool aligned16, const int32_t* __restrict__ offsets,
                                    int32_t* __restrict__ fill, int32_t* __restrict__ pair_pos,
-                                   uint8_t* __restrict__ A8, float* __restrict__ as_t, int64_t ld) {
+                                   uint8_t* __restrict__ A8, float* __restrict__ sf, int64_t sf_row,
+                                   int64_t sf_block) {
   dev::pdl_enter();
   __shared__ int32_t pos[32];
   const int64_t i = blockIdx.x;
@@ -428,7 +435,7 @@ __global__ void permute_fp8_kernel(const uint8_t* __restrict__ payload, const ui
   const uint8_t* row = payload + i * int64_t(H);
   if (aligned16) {
     for (int c = threadIdx.x; c < H / 16; c += blockDim.x) {
-      const uint4 v = reinterpret_cast<const uint4*>(row)[c];
+      const uint4 v = __ldg(reinterpret_cast<const uint4*>(row) + c);
       for (int k = 0; k < K; ++k)
         if (pos[k] >= 0) reinterpret_cast<uint4*>(A8 + int64_t(pos[k]) * H)[c] = v;
     }
@@ -439,11 +446,12 @@ __global__ void permute_fp8_kernel(const uint8_t* __restrict__ payload, const ui
         if (pos[k] >= 0) A8[int64_t(pos[k]) * H + h] = v;
     }
   }
-  const float* sc = reinterpret_cast<const float*>(scales + i * int64_t(fp8_blocks(H)) * 4);
-  for (int b = threadIdx.x; b < fp8_blocks(H); b += blockDim.x) {
+  const int nb = fp8_blocks(H);
+  const float* sc = scales + i * int64_t(nb);
+  for (int b = threadIdx.x; b < nb; b += blockDim.x) {
     const float s = sc[b];
     for (int k = 0; k < K; ++k)
-      if (pos[k] >= 0) as_t[b * ld + pos[k]] = s;
+      if (pos[k] >= 0) sf[pos[k] * sf_row + b * sf_block] = s;
   }
 }
 
@@ -559,12 +567,16 @@ void launch_count(const DispatchOutput& in, int bm, int32_t* cnt, int32_t* offse
 }
 
 void launch_permute_fp8_rows(const DispatchOutput& in, const int32_t* offsets, int32_t* fill, int32_t* pair_pos,
-                             uint8_t* A8, float* as_t, int64_t ld, cudaStream_t st, bool pdl) {
+                             uint8_t* A8, float* sf, int64_t sf_row, int64_t sf_block, cudaStream_t st, bool pdl) {
   const int64_t S = in.slots();
+  if (S <= 0) return;
   const int C = in.capacity, K = in.top_k, E = in.num_local_experts, H = in.hidden;
-  const bool aligned16 = reinterpret_cast<uintptr_t>(in.payload) % 16 == 0;
-  launch_kernel(permute_fp8_kernel, unsigned(S), 256, 0, st, pdl, in.payload, in.scales, in.local_ids, in.counts, C, K,
-                E, H, aligned16, offsets, fill, pair_pos, A8, as_t, ld);
+  if (K > 32) throw UsageError("fp8 permute: top_k=" + std::to_string(K) + " exceeds 32 (claim_rows' table)");
+  const bool aligned16 = reinterpret_cast<uintptr_t>(in.payload) % 16 == 0 && reinterpret_cast<uintptr_t>(A8) % 16 == 0 &&
+                         H % 16 == 0;
+  launch_kernel(permute_fp8_kernel, unsigned(S), 128, 0, st, pdl, in.payload,
+                reinterpret_cast<const float*>(in.scales), in.local_ids, in.counts, C, K, E, H, aligned16, offsets,
+                fill, pair_pos, A8, sf, sf_row, sf_block);
 }
 
 void launch_intermediate_to_fp8(const bf16_raw* h, const int32_t* offsets, const int32_t* cnt, int E, int I,

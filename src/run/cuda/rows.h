@@ -23,10 +23,13 @@ namespace epmoe::cuda {
 void launch_count(const DispatchOutput& in, int bm, int32_t* cnt, int32_t* offsets, int32_t* fill, MTile* tiles,
                   int32_t* num_tiles, cudaStream_t st, bool pdl = false, int bm2 = 0, MTile* tiles2 = nullptr);
 
-// fp8 dispatch into the wgmma fp8 engine: the rows' e4m3 codes as they are into A8 [rows][H], their
-// block-128 scales transposed into as_t[kb * ld + row]; rows claimed as launch_permute_bf16 does.
+// fp8 dispatch into the fp8 GEMMs: the rows' e4m3 codes as they are into A8 [rows][H], their
+// block-128 scales into sf[row * sf_row + kb * sf_block] (the wgmma engine's transposed matrix:
+// sf_row 1, sf_block its leading dimension; CUTLASS's row-major one: ceil(H/128), 1); rows claimed
+// as launch_permute_bf16 does. top_k above 32 throws UsageError.
 void launch_permute_fp8_rows(const DispatchOutput& in, const int32_t* offsets, int32_t* fill, int32_t* pair_pos,
-                             uint8_t* A8, float* as_t, int64_t ld, cudaStream_t st, bool pdl = false);
+                             uint8_t* A8, float* sf, int64_t sf_row, int64_t sf_block, cudaStream_t st,
+                             bool pdl = false);
 
 // intermediate_quant = fp8 on h [max_rows][I] (rows [0, offsets[E-1] + cnt[E-1]) are used):
 // to_fp8 writes e4m3 codes h8 and transposed block scales hs_t[kb * max_rows + row] (the wgmma fp8

@@ -183,7 +183,7 @@ void CudaRunner::run(const DispatchOutput& in, const ExpertWeights& w, bf16_raw*
   bool a_korder = false;
   if (d.fp8_1) {
     launch_permute_fp8_rows(in, offsets_.get<int32_t>(), fill_.get<int32_t>(), pair_pos_.get<int32_t>(),
-                            a8_.get<uint8_t>(), as_.get<float>(), max_rows, st, pdl_);
+                            a8_.get<uint8_t>(), as_.get<float>(), 1, max_rows, st, pdl_);
   } else {
     a_korder = launch_permute_bf16(in, offsets_.get<int32_t>(), fill_.get<int32_t>(), pair_pos_.get<int32_t>(),
                                    a_.get<bf16_raw>(), st, pdl_, d.nvfp4_1);

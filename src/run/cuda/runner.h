@@ -87,8 +87,8 @@ class CudaRunner final : public Runner {
   // The decode wgmma engine's pipeline (tuning.wgmma_defer; the same results bitwise).
   void set_wgmma_defer(bool on) { wgmma_defer_ = on; }
   bool wgmma_defer() const { return wgmma_defer_; }
-  // Programmatic dependent launch of the row passes and the decode wgmma GEMMs (tuning.pdl; the
-  // same results bitwise).
+  // Programmatic dependent launch of the row passes and the GEMMs, decode wgmma and CUTLASS
+  // (tuning.pdl; the same results bitwise).
   void set_pdl(bool on) { pdl_ = on; }
   bool pdl() const { return pdl_; }
   // CUTLASS GEMM1 as gate half + up half with SwiGLU in the epilogue (tuning.fused_swiglu).

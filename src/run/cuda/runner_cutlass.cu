@@ -168,7 +168,7 @@ int CudaRunner::run_widened(const cutlass_engine::Grouped& g, const MatrixView& 
 void CudaRunner::run_cutlass(const DispatchOutput& in, const ExpertWeights& w, bf16_raw* y, cudaStream_t st) {
   using policy::CutlassPath;
   const int64_t S = in.slots();
-  const int C = in.capacity, K = in.top_k, E = in.num_local_experts, H = in.hidden, I = w.intermediate;
+  const int K = in.top_k, E = in.num_local_experts, H = in.hidden, I = w.intermediate;
   const int64_t max_rows = S * K;
   const WeightFormat wf = w.w13.format;
   const IntermediateQuant iq = cfg_.effective_intermediate_quant();
@@ -244,9 +244,8 @@ void CudaRunner::run_cutlass(const DispatchOutput& in, const ExpertWeights& w, b
   launch_count(in, bm, cnt_.get<int32_t>(), offsets_.get<int32_t>(), fill_.get<int32_t>(), tiles_.get<MTile>(),
                num_tiles_.get<int32_t>(), st, pdl_);
   if (fp8_1) {
-    cutlass_engine::permute_fp8(in.payload, reinterpret_cast<const float*>(in.scales), in.local_ids, in.counts, S, C, K,
-                                E, H, offsets_.get<int32_t>(), fill_.get<int32_t>(), pair_pos_.get<int32_t>(),
-                                a8_.get<uint8_t>(), as_.get<float>(), st, pdl_);
+    launch_permute_fp8_rows(in, offsets_.get<int32_t>(), fill_.get<int32_t>(), pair_pos_.get<int32_t>(),
+                            a8_.get<uint8_t>(), as_.get<float>(), fp8_blocks(H), 1, st, pdl_);
   } else {
     launch_permute_bf16(in, offsets_.get<int32_t>(), fill_.get<int32_t>(), pair_pos_.get<int32_t>(),
                         a_.get<bf16_raw>(), st, pdl_);

@@ -3,7 +3,8 @@
 // Both must give the same bits: here each pass runs twice on the same data, once on aligned
 // buffers (vector form) and once on buffers offset by 4 bytes (scalar form), including NaN, Inf,
 // huge and subnormal values. The permute's K-order form (the nvfp4 engine's token order) must give
-// the bytes of the natural rows rewritten by the in-place K-order pass.
+// the bytes of the natural rows rewritten by the in-place K-order pass. The fp8 permute is checked
+// against the dispatched bytes.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -192,6 +193,70 @@ TEST(RowPasses, PermuteAndWeightedSumVectorEqualScalarBitwise) {
 // the grid-wide count + one-CTA scan, with one tile height and with the wide nvfp4 engine's two;
 // ids outside [0, E) and slots past their region's count count nowhere. E up to 2500 (several
 // experts per scan thread).
+// The fp8 permute feeds both fp8 GEMM kinds: the wgmma engine with transposed
+// scales (sf_row 1, sf_block = leading dimension), CUTLASS with row-major ones (ceil(H/128), 1).
+// Every valid pair must get one row of its expert's segment holding the slot's codes and scales
+// unchanged; rows are claimed by atomics, so the check goes through pair_pos. H 1040 has a partial
+// last scale block; A8 shifted by 4 bytes takes the byte-copy form.
+TEST(RowPasses, Fp8PermuteCopiesRowsAndScales) {
+  EPMOE_REQUIRE_GPU();
+  for (const int H : {1152, 1040})
+    for (const bool transposed : {true, false})
+      for (const int shift : {0, 4}) {
+        SCOPED_TRACE("H " + std::to_string(H) + (transposed ? " transposed" : " row-major") + " shift " +
+                     std::to_string(shift));
+        const Problem p{H, 256, 13, 6, 300, ActFormat::fp8};
+        const MoeConfig cfg = make_cfg(p);
+        std::mt19937 rng(uint32_t(H + 2 * transposed + shift));
+        const int64_t T = 281;
+        std::vector<bf16_raw> x = random_bf16(rng, size_t(T) * H);
+        for (auto& v : x)
+          if (!std::isfinite(num::bf16_to_f32(v)) || std::fabs(num::bf16_to_f32(v)) > 1e4f) v = num::f32_to_bf16(-2.5f);
+        std::vector<int32_t> ids;
+        std::vector<float> tw;
+        random_routing(rng, T, p.E, p.K, ids, tw);
+        detail::HostRecvBuffers recv = local_receive(cfg, x, T, ids, tw);
+        for (size_t j = 0; j < recv.local_ids.size(); j += 17)  // ids the rank has no expert for
+          if (recv.local_ids[j] >= 0) recv.local_ids[j] = p.E + 3;
+        DevDispatch dd(recv, cfg.quant_params());
+        std::vector<int32_t> offsets;
+        int64_t rows = 0;
+        expert_offsets(recv, p.E, offsets, rows);
+        ASSERT_GT(rows, 0);
+        const Dev<int32_t> d_off(offsets);
+        const int K = p.K, nb = fp8_blocks(H);
+        Dev<int32_t> fill(std::vector<int32_t>(p.E, 0)), pp(size_t(p.C) * K);
+        Shifted<uint8_t> a8(std::vector<uint8_t>(size_t(rows) * H, 0), shift);
+        Dev<float> sf(size_t(rows) * nb);
+        const int64_t sf_row = transposed ? 1 : nb, sf_block = transposed ? rows : 1;
+        cuda::launch_permute_fp8_rows(dd.view, d_off.get(), fill.get(), pp.get(), a8.get(), sf.get(), sf_row, sf_block,
+                                      nullptr, true);
+        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+        const std::vector<int32_t> hp = pp.download();
+        const std::vector<uint8_t> ha = a8.download(size_t(rows) * H);
+        const std::vector<float> hs = sf.download();
+        std::vector<int> claimed(rows, 0);
+        const auto* scales = reinterpret_cast<const float*>(recv.scales.data());
+        for (int64_t j = 0; j < recv.counts[0]; ++j)
+          for (int k = 0; k < K; ++k) {
+            const int e = recv.local_ids[size_t(j) * K + k];
+            const int32_t r = hp[size_t(j) * K + k];
+            if (e < 0 || e >= p.E) {
+              EXPECT_EQ(r, -1) << "slot " << j << " k " << k;
+              continue;
+            }
+            const int32_t end = e + 1 < p.E ? offsets[e + 1] : int32_t(rows);
+            ASSERT_TRUE(r >= offsets[e] && r < end) << "slot " << j << " k " << k << " row " << r;
+            ++claimed[r];
+            ASSERT_EQ(0, std::memcmp(&ha[size_t(r) * H], &recv.payload[size_t(j) * H], size_t(H)))
+                << "codes of slot " << j << " k " << k;
+            for (int b = 0; b < nb; ++b)
+              ASSERT_EQ(hs[r * sf_row + b * sf_block], scales[size_t(j) * nb + b]) << "scale " << b << " of slot " << j;
+          }
+        for (int64_t r = 0; r < rows; ++r) ASSERT_EQ(claimed[r], 1) << "row " << r;
+      }
+}
+
 TEST(RowPasses, CountTablesMatchHost) {
   EPMOE_REQUIRE_GPU();
   std::mt19937 rng(41);
@@ -260,32 +325,35 @@ TEST(RowPasses, CountTablesMatchHost) {
 TEST(RowPasses, SwigluVectorEqualsScalarBitwise) {
   EPMOE_REQUIRE_GPU();
   const int I = 1152;  // 4.5 groups of 256 columns: the last group is half empty
-  const int64_t rows = 37;
-  std::mt19937 rng(5);
-  const std::vector<bf16_raw> h = random_bf16(rng, size_t(rows) * 2 * I);
-  const Dev<bf16_raw> h_v(h);
-  const Shifted<bf16_raw> h_s(h, 1);  // 2-byte offset: the scalar form
-  const Dev<int32_t> offsets(std::vector<int32_t>{0}), cnt(std::vector<int32_t>{int32_t(rows)});
-  for (int mode = 0; mode < 5; ++mode) {  // bf16; round trip (+ue8m0); fp8 codes (+ue8m0)
-    SCOPED_TRACE(mode);
-    const bool round_trip = mode == 1 || mode == 2, codes = mode >= 3, ue8m0 = mode == 2 || mode == 4;
-    Dev<bf16_raw> a_v(size_t(rows) * I), a_s(size_t(rows) * I);
-    Dev<uint8_t> q_v(size_t(rows) * I), q_s(size_t(rows) * I);
-    Dev<float> s_v(size_t(rows) * I / 128), s_s(size_t(rows) * I / 128);
-    for (auto* d : {&a_v, &a_s}) d->poison();
-    for (auto* d : {&q_v, &q_s}) d->poison();
-    for (auto* d : {&s_v, &s_s}) d->poison();
-    cuda::cutlass_engine::swiglu(h_v.get(), offsets.get(), cnt.get(), 1, I, rows, round_trip, ue8m0, a_v.get(),
-                                 codes ? q_v.get() : nullptr, codes ? s_v.get() : nullptr, nullptr);
-    cuda::cutlass_engine::swiglu(h_s.get(), offsets.get(), cnt.get(), 1, I, rows, round_trip, ue8m0, a_s.get(),
-                                 codes ? q_s.get() : nullptr, codes ? s_s.get() : nullptr, nullptr);
-    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-    if (codes) {
-      EXPECT_TRUE(q_v.download() == q_s.download()) << "e4m3 codes differ";
-      const std::vector<float> sv = s_v.download(), ss = s_s.download();
-      EXPECT_EQ(0, std::memcmp(sv.data(), ss.data(), sv.size() * 4)) << "block scales differ";
-    } else {
-      EXPECT_TRUE(a_v.download() == a_s.download()) << "intermediate rows differ";
+  // 4111 rows: more (row, group) items than the grid has warps, so that warps take several.
+  for (const int64_t rows : {int64_t(37), int64_t(4111)}) {
+    SCOPED_TRACE("rows " + std::to_string(rows));
+    std::mt19937 rng(5);
+    const std::vector<bf16_raw> h = random_bf16(rng, size_t(rows) * 2 * I);
+    const Dev<bf16_raw> h_v(h);
+    const Shifted<bf16_raw> h_s(h, 1);  // 2-byte offset: the scalar form
+    const Dev<int32_t> offsets(std::vector<int32_t>{0}), cnt(std::vector<int32_t>{int32_t(rows)});
+    for (int mode = 0; mode < 5; ++mode) {  // bf16; round trip (+ue8m0); fp8 codes (+ue8m0)
+      SCOPED_TRACE(mode);
+      const bool round_trip = mode == 1 || mode == 2, codes = mode >= 3, ue8m0 = mode == 2 || mode == 4;
+      Dev<bf16_raw> a_v(size_t(rows) * I), a_s(size_t(rows) * I);
+      Dev<uint8_t> q_v(size_t(rows) * I), q_s(size_t(rows) * I);
+      Dev<float> s_v(size_t(rows) * I / 128), s_s(size_t(rows) * I / 128);
+      for (auto* d : {&a_v, &a_s}) d->poison();
+      for (auto* d : {&q_v, &q_s}) d->poison();
+      for (auto* d : {&s_v, &s_s}) d->poison();
+      cuda::cutlass_engine::swiglu(h_v.get(), offsets.get(), cnt.get(), 1, I, rows, round_trip, ue8m0, a_v.get(),
+                                   codes ? q_v.get() : nullptr, codes ? s_v.get() : nullptr, nullptr);
+      cuda::cutlass_engine::swiglu(h_s.get(), offsets.get(), cnt.get(), 1, I, rows, round_trip, ue8m0, a_s.get(),
+                                   codes ? q_s.get() : nullptr, codes ? s_s.get() : nullptr, nullptr);
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      if (codes) {
+        EXPECT_TRUE(q_v.download() == q_s.download()) << "e4m3 codes differ";
+        const std::vector<float> sv = s_v.download(), ss = s_s.download();
+        EXPECT_EQ(0, std::memcmp(sv.data(), ss.data(), sv.size() * 4)) << "block scales differ";
+      } else {
+        EXPECT_TRUE(a_v.download() == a_s.download()) << "intermediate rows differ";
+      }
     }
   }
 }
