@@ -91,6 +91,18 @@ void expert_offsets(const detail::HostRecvBuffers& recv, int E, std::vector<int3
   }
 }
 
+// T tokens of random rows routed by random_routing, received by one rank. The quantizers reject
+// non-finite inputs, so values that are not finite or above 1e4 become `stand_in`.
+detail::HostRecvBuffers random_receive(const MoeConfig& cfg, std::mt19937& rng, int64_t T, float stand_in) {
+  std::vector<bf16_raw> x = random_bf16(rng, size_t(T) * cfg.hidden);
+  for (auto& v : x)
+    if (!std::isfinite(num::bf16_to_f32(v)) || std::fabs(num::bf16_to_f32(v)) > 1e4f) v = num::f32_to_bf16(stand_in);
+  std::vector<int32_t> ids;
+  std::vector<float> tw;
+  random_routing(rng, T, cfg.num_experts, cfg.top_k, ids, tw);
+  return local_receive(cfg, x, T, ids, tw);
+}
+
 TEST(RowPasses, PermuteAndWeightedSumVectorEqualScalarBitwise) {
   EPMOE_REQUIRE_GPU();
   for (ActFormat act : {ActFormat::bf16, ActFormat::fp8, ActFormat::nvfp4}) {
@@ -99,13 +111,7 @@ TEST(RowPasses, PermuteAndWeightedSumVectorEqualScalarBitwise) {
     const MoeConfig cfg = make_cfg(p);
     std::mt19937 rng(11 + int(act));
     const int64_t T = 257;
-    std::vector<bf16_raw> x = random_bf16(rng, size_t(T) * p.H);
-    for (auto& v : x)  // the quantizers reject non-finite inputs; keep the specials for the sums
-      if (!std::isfinite(num::bf16_to_f32(v)) || std::fabs(num::bf16_to_f32(v)) > 1e4f) v = num::f32_to_bf16(1.5f);
-    std::vector<int32_t> ids;
-    std::vector<float> tw;
-    random_routing(rng, T, p.E, p.K, ids, tw);
-    const detail::HostRecvBuffers recv = local_receive(cfg, x, T, ids, tw);
+    const detail::HostRecvBuffers recv = random_receive(cfg, rng, T, 1.5f);
     DevDispatch dd(recv, cfg.quant_params());
     std::vector<int32_t> offsets;
     int64_t rows = 0;
@@ -209,13 +215,7 @@ TEST(RowPasses, Fp8PermuteCopiesRowsAndScales) {
         const MoeConfig cfg = make_cfg(p);
         std::mt19937 rng(uint32_t(H + 2 * transposed + shift));
         const int64_t T = 281;
-        std::vector<bf16_raw> x = random_bf16(rng, size_t(T) * H);
-        for (auto& v : x)
-          if (!std::isfinite(num::bf16_to_f32(v)) || std::fabs(num::bf16_to_f32(v)) > 1e4f) v = num::f32_to_bf16(-2.5f);
-        std::vector<int32_t> ids;
-        std::vector<float> tw;
-        random_routing(rng, T, p.E, p.K, ids, tw);
-        detail::HostRecvBuffers recv = local_receive(cfg, x, T, ids, tw);
+        detail::HostRecvBuffers recv = random_receive(cfg, rng, T, -2.5f);
         for (size_t j = 0; j < recv.local_ids.size(); j += 17)  // ids the rank has no expert for
           if (recv.local_ids[j] >= 0) recv.local_ids[j] = p.E + 3;
         DevDispatch dd(recv, cfg.quant_params());
