@@ -362,7 +362,7 @@ __global__ void __launch_bounds__(Kernel::MaxThreadsPerBlock, Kernel::MinBlocksP
   op(params, smem);
 }
 
-// Initialized GEMMs by everything make_args reads besides the template: the workspace the tables
+// Initialized kernel Params by everything make_args reads besides the template: the workspace the tables
 // are carved from, the experts, SMs, device and alpha. For the same key the arguments are the same
 // bytes, so can_implement, the host-side Params (TMA descriptors encoded by the driver) and the
 // shared-memory attribute are done once per key instead of on every call. This saves host work;
