@@ -125,7 +125,7 @@ EnvTuning read_env_tuning() {
       t.wgmma_defer = *v;
   });
   take("EPMOE_PDL", [&] {
-    if (auto v = env::flag("EPMOE_PDL", "1: runner cuda launches its row passes and decode GEMMs with programmatic dependent launch"))
+    if (auto v = env::flag("EPMOE_PDL", "1: runner cuda launches its row passes and GEMMs with programmatic dependent launch"))
       t.pdl = *v;
   });
   take("EPMOE_NVFP4_WIDE_ROWS", [&] {
