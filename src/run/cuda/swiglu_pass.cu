@@ -67,13 +67,8 @@ __global__ void swiglu_kernel(const bf16_raw* __restrict__ h, const int32_t* __r
   }
 }
 
-// Vector form (I % 8 == 0, 16-byte aligned h and a): a lane takes 8 consecutive columns (gate and
-// up as one 16-byte load each), so a warp covers 256 columns = two fp8 blocks of 16 lanes; the
-// grid strides over (row, 256-column group) with a 32-bit index. Same arithmetic as swiglu_kernel
-// (measured at M 32768: the scalar kernel took 191 us for bf16 and 271 us with the fp8 codes, 2.1
-// and 1.2 TB/s, with 2-byte accesses; bench/results/history-runner.md).
-// One work item: the lane's 8 columns c0 of row r from its loaded gate and up chunks (on: c0 < I;
-// every lane of the warp calls it, for the block's amax).
+// One work item of the vector form: the lane's 8 columns c0 of row r from its loaded gate and up
+// chunks (on: c0 < I; every lane of the warp calls it, for the block's amax).
 __device__ __forceinline__ void swiglu_item(uint4 gq, uint4 uq, bool on, int lane, uint32_t r, int c0, int I, int nb,
                                             bool round_trip, bool ue8m0, bf16_raw* __restrict__ a,
                                             uint8_t* __restrict__ a8, float* __restrict__ sfa8) {
@@ -136,6 +131,11 @@ __device__ __forceinline__ void swiglu_load(const bf16_raw* __restrict__ h, uint
   uq = on ? __ldg(reinterpret_cast<const uint4*>(g + I + c0)) : make_uint4(0, 0, 0, 0);
 }
 
+// Vector form (I % 8 == 0, 16-byte aligned h and a): a lane takes 8 consecutive columns (gate and
+// up as one 16-byte load each), so a warp covers 256 columns = two fp8 blocks of 16 lanes; the
+// grid strides over (row, 256-column group) with a 32-bit index. Same arithmetic as swiglu_kernel
+// (measured at M 32768: the scalar kernel took 191 us for bf16 and 271 us with the fp8 codes, 2.1
+// and 1.2 TB/s, with 2-byte accesses; bench/results/history-runner.md).
 // kSkip: the work items are (m-tile, row of the tile, 256-column group), each warp taking one
 // contiguous run of them, and the rows of the experts `skip` names (SwigluSkip) are left; a row's
 // bytes are computed as without it. The run keeps a warp on one or two tiles, so it looks each
