@@ -108,6 +108,20 @@ void grouped_gemm_bf16_swiglu(const Grouped& g, cudaStream_t stream);
 constexpr bool glu_fits(int intermediate) { return intermediate % 128 == 0; }
 size_t glu_workspace_bytes(int experts, int sms);
 void grouped_gemm_bf16_glu(const Grouped& g, cudaStream_t stream);
+// The fp8 form (engine_cutlass_glu_fp8.cu): the same product from e4m3 rows and W13 with their
+// block scales, out [rows][N] bf16 with the bits of grouped_gemm_fp8 over 2N columns followed by
+// swiglu's bf16 intermediate. Its 128x128 tiles hold 64 intermediate columns each (128 columns with
+// the blockwise promotion's two accumulator sets would not fit in registers), so a tile's gate and
+// up halves may lie in different 128-row scale tiles: the mainloop takes one weight scale per 64
+// rows, and g.sfw must be W13's scales as glu_fp8_scales reorders them. Needs glu_fp8_fits(N),
+// fp8 weights and no alpha, halves, swap-AB or source.
+constexpr bool glu_fp8_fits(int intermediate) { return intermediate % 64 == 0; }
+size_t glu_fp8_workspace_bytes(int experts, int sms);
+void grouped_gemm_fp8_glu(const Grouped& g, cudaStream_t stream);
+// W13's tile scales (per half, [E][2][ceil(I/128)][kb], kb = ceil(K/128): one grid over 2I rows
+// where I % 128 == 0) to the fp8 GLU's [E][2I/64][kb], row 2n + h being the scale of the 64 rows of
+// half h starting at intermediate column 64n; `out` holds E * (2I/64) * kb floats.
+void glu_fp8_scales(const float* sfw, int E, int I, int K, float* out, cudaStream_t stream, bool pdl = false);
 size_t fp8_workspace_bytes(int experts, int sms);
 // Needs K % 16 == 0 (16-byte TMA rows). A last partial 128-block of K or of N is its own scale
 // block: TMA fills the codes past K with zeros, and the scale loads past N are predicated off, so
@@ -160,6 +174,12 @@ struct SwigluSkip {
 void swiglu(const bf16_raw* h, const int32_t* offsets, const int32_t* cnt, int E, int I, int64_t max_rows,
             bool fp8_round_trip, bool ue8m0, bf16_raw* a, uint8_t* a8, float* sfa8, cudaStream_t stream,
             const SwigluSkip& skip = {}, bool pdl = false);
+// The fp8 form's second half: an intermediate h [rows][I] that is bf16 already (grouped_gemm_fp8_glu)
+// to e4m3 codes a8 [rows][I] and scales sfa8 [rows][I/128], the bytes swiglu writes from the same
+// values. Needs I % 16 == 0, 16-byte aligned h and 8-byte aligned a8.
+void quantize_intermediate(const bf16_raw* h, const int32_t* offsets, const int32_t* cnt, int E, int I,
+                           int64_t max_rows, bool ue8m0, uint8_t* a8, float* sfa8, cudaStream_t stream,
+                           bool pdl = false);
 
 }  // namespace epmoe::cuda::cutlass_engine
 
@@ -283,7 +303,8 @@ __global__ void fill_tables(T t, int E, int N, int K, const int32_t* __restrict_
   if constexpr (T::scaled) {
     const int kb = fp8_blocks(K), nb = fp8_blocks(N);  // scale blocks along K and N
     const float* rows_sf = sfa + off * kb;
-    const float* w_sf = sfw + (int64_t(e) * (halves ? 2 : 1) + h) * nb * kb;
+    // glu (the fp8 one-GEMM SwiGLU, N = I): glu_fp8_scales' rows, one per 64 of the 2N.
+    const float* w_sf = sfw + (glu ? int64_t(e) * (2 * N / 64) : (int64_t(e) * (halves ? 2 : 1) + h) * nb) * kb;
     t.sfa[grp] = T::swap ? w_sf : rows_sf;
     t.sfb[grp] = T::swap ? rows_sf : w_sf;
   }

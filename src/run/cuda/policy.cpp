@@ -198,6 +198,8 @@ CutlassPlan cutlass_plan(const DispatchOutput& in, const ExpertWeights& w, Inter
   const bool one_unswapped = p.buckets.size() == 1 && p.buckets[0].tile_n == 0;
   const bool glu = p.gemm1 == CutlassPath::bf16 && !iq8 && cutlass_engine::glu_fits(I) && one_unswapped;
   p.fused_swiglu = (fusable && p.tile_n(p.gemm1) == 0) || glu;
+  p.fp8_glu = p.gemm1 == CutlassPath::fp8 && p.gemm2 == CutlassPath::fp8 && cutlass_engine::glu_fp8_fits(I) &&
+              one_unswapped;
   p.glu_split = glu_in_split(p, I, iq);
   p.expert_bytes1 = widen::expert_bytes(w.w13);
   p.expert_bytes2 = widen::expert_bytes(w.w2);

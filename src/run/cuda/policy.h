@@ -249,6 +249,11 @@ struct CutlassPlan {
   // GEMM1 split by rows with SwiGLU fused where it can be (glu_in_split): its unswapped buckets run
   // the one-GEMM SwiGLU into the intermediate, the pass then covers only the other buckets' experts.
   bool glu_split = false;
+  // GEMM1 and GEMM2 both on the fp8 GEMM (intermediate_quant = fp8) in one unswapped launch with
+  // I % 64 == 0: GEMM1 runs as the fp8 one-GEMM SwiGLU (engine_cutlass_glu_fp8.cu) into a bf16
+  // [rows][I], which cutlass_engine::quantize_intermediate turns into GEMM2's codes and scales, in
+  // place of [rows][2I] and the SwiGLU pass (the same bytes); split_w13 is then not used.
+  bool fp8_glu = false;
   // The direct GEMMs' tile for names and RunnerInfo: the one bucket's tile_n, or kByRows.
   int direct_tile_n() const { return buckets.size() == 1 ? buckets[0].tile_n : kByRows; }
   // The tile of a GEMM on path p: swap_tile_n widened, direct_tile_n otherwise.

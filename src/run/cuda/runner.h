@@ -135,6 +135,7 @@ class CudaRunner final : public Runner {
   int sms_ = 0;
   DeviceBuffer gu_, cws_;  // CUTLASS engine: GEMM1 output [rows][2I] (gate | up), GEMM tables/workspace
   DeviceBuffer scratch_, inv_gs_;  // widened weights of one chunk; 1/gs of W13 and W2 (nvfp4) [2][E]
+  DeviceBuffer glu_sfw_;  // W13's scales in the fp8 one-GEMM SwiGLU's order (glu_fp8_scales)
   size_t widen_scratch_ = size_t(1) << 30;
   int last_widen_chunks_ = 0;
   bool fused_swiglu_ = false, last_swiglu_fused_ = false, last_glu_split_ = false;

@@ -144,7 +144,10 @@ int CudaRunner::run_widened(const cutlass_engine::Grouped& g, const MatrixView& 
 // [rows][2I] (gate | up) -> SwiGLU (bf16; fp8 round trip or e4m3 + scales per intermediate_quant)
 // -> GEMM2 -> weighted sum. Where GEMM1 runs on the bf16 GEMM and the intermediate stays bf16,
 // GEMM1 and the SwiGLU pass are instead its gate half [rows][I] and its up half with SwiGLU in the
-// epilogue (gemm1_swiglu, engine_cutlass_swiglu.cu). Per GEMM the operand path is (policy.h):
+// epilogue (gemm1_swiglu, engine_cutlass_swiglu.cu). Where both GEMMs are on the fp8 GEMM in one
+// unswapped launch (CutlassPlan::fp8_glu), GEMM1 is the fp8 one-GEMM SwiGLU into a bf16 [rows][I]
+// and the pass only quantizes that (quantize_intermediate): the same bytes for GEMM2.
+// Per GEMM the operand path is (policy.h):
 //   bf16 weights: CUTLASS bf16;
 //   fp8 weights: CUTLASS fp8 where the other operand is e4m3 already (GEMM1: fp8 dispatch, GEMM2:
 //     intermediate_quant = fp8; partial 128-tiles in H or I too, GEMM1 then as its gate and up halves
@@ -182,7 +185,9 @@ void CudaRunner::run_cutlass(const DispatchOutput& in, const ExpertWeights& w, b
     plan.buckets = row_buckets_;
     plan.fused_swiglu = plan.fused_swiglu && plan.tile_n(p1) == 0;
     plan.glu_split = policy::glu_in_split(plan, I, iq);
+    plan.fp8_glu = plan.fp8_glu && plan.buckets.size() == 1 && plan.buckets[0].tile_n == 0;
   }
+  const bool fp8_glu = plan.fp8_glu;
   const bool fp8_1 = p1 == CutlassPath::fp8, fp8_2 = p2 == CutlassPath::fp8;
   const bool nvfp4 = wf == WeightFormat::nvfp4;
   const bool fuse = plan.fused_swiglu;
@@ -207,8 +212,10 @@ void CudaRunner::run_cutlass(const DispatchOutput& in, const ExpertWeights& w, b
   const bool any_bf16 = p1 == CutlassPath::bf16 || p2 == CutlassPath::bf16;
   const bool any_widened = p1 == CutlassPath::widened || p2 == CutlassPath::widened;
   const int sw = plan.swap_tile_n;
-  const int groups8 = plan.split_w13 ? 2 * E : E;
-  const size_t ws_stride = std::max(any_fp8 ? bucket_workspace(plan.buckets, true, groups8, sms_) : 0,
+  const int groups8 = plan.split_w13 && !fp8_glu ? 2 * E : E;
+  const size_t ws_stride = std::max(any_fp8 ? std::max(bucket_workspace(plan.buckets, true, groups8, sms_),
+                                                       fp8_glu ? cutlass_engine::glu_fp8_workspace_bytes(E, sms_) : 0)
+                                            : 0,
                                     any_bf16 ? bucket_workspace(plan.buckets, false, E, sms_, glu_split) : 0);
   StreamFork* const fork = concurrent_buckets_ && plan.buckets.size() > 1 ? &fork_ : nullptr;
   cws_.reserve(std::max({ws_stride * (fork ? plan.buckets.size() : 1),
@@ -221,7 +228,7 @@ void CudaRunner::run_cutlass(const DispatchOutput& in, const ExpertWeights& w, b
   const int chunk1 = plan.chunk1, chunk2 = plan.chunk2;
   scratch_.reserve(plan.scratch_bytes());
   reserve_routing(E, max_tiles, max_rows);
-  gu_.reserve(size_t(max_rows) * 2 * I * 2);
+  if (!fp8_glu) gu_.reserve(size_t(max_rows) * 2 * I * 2);
   o_.reserve(size_t(max_rows) * H * 2);
   if (fp8_1) {
     a8_.reserve(size_t(max_rows) * H);
@@ -232,9 +239,9 @@ void CudaRunner::run_cutlass(const DispatchOutput& in, const ExpertWeights& w, b
   if (fp8_2) {
     h8_.reserve(size_t(max_rows) * I);
     hs_.reserve(size_t(max_rows) * fp8_blocks(I) * 4);
-  } else {
-    h_.reserve(size_t(max_rows) * I * 2);
   }
+  if (!fp8_2 || fp8_glu) h_.reserve(size_t(max_rows) * I * 2);
+  if (fp8_glu) glu_sfw_.reserve(size_t(E) * 2 * (I / 64) * fp8_blocks(H) * 4);
   if (nvfp4) {
     inv_gs_.reserve(size_t(E) * 2 * sizeof(float));
     widen::inverse_scales(w.w13.global_scale, E, inv_gs_.get<float>(), st);
@@ -270,7 +277,14 @@ void CudaRunner::run_cutlass(const DispatchOutput& in, const ExpertWeights& w, b
     g1.A = a8_.get<uint8_t>();
     g1.sfa = as_.get<float>();
     g1.sfw = static_cast<const float*>(w.w13.scales);
-    if (plan.split_w13)
+    if (fp8_glu) {
+      cutlass_engine::glu_fp8_scales(g1.sfw, E, I, H, glu_sfw_.get<float>(), st, pdl_);
+      cutlass_engine::Grouped glu = g1;
+      glu.N = I;
+      glu.sfw = glu_sfw_.get<float>();
+      glu.out = h_.get<bf16_raw>();
+      cutlass_engine::grouped_gemm_fp8_glu(glu, st);
+    } else if (plan.split_w13)
       run_fp8_halves(g1, plan.buckets, st, fork, ws_stride, er);
     else
       run_buckets(g1, plan.buckets, true, st, fork, ws_stride, er);
@@ -291,7 +305,10 @@ void CudaRunner::run_cutlass(const DispatchOutput& in, const ExpertWeights& w, b
       last_widen_chunks_ += run_widened(g1, w.w13, nvfp4 ? inv_gs_.get<float>() : nullptr, chunk1, st);
   }
 
-  if (!fuse) {
+  if (fp8_glu) {
+    cutlass_engine::quantize_intermediate(h_.get<bf16_raw>(), offsets_.get<int32_t>(), cnt_.get<int32_t>(), E, I,
+                                          max_rows, in.quant.ue8m0, h8_.get<uint8_t>(), hs_.get<float>(), st, pdl_);
+  } else if (!fuse) {
     // With glu_split the pass leaves the unswapped buckets' experts, whose rows GEMM1 wrote.
     cutlass_engine::SwigluSkip skip;
     if (glu_split) {

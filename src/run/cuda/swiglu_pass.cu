@@ -67,6 +67,14 @@ __global__ void swiglu_kernel(const bf16_raw* __restrict__ h, const int32_t* __r
   }
 }
 
+// The end of a work item: the lane's 8 intermediate values v of columns c0 of row r (bw: the same
+// as bf16 pairs; zeros where !on) stored as bf16, or through the fp8 block rule (every lane of the
+// warp calls it, for the block's amax).
+__device__ __forceinline__ void intermediate_store(const float (&v)[8], const uint32_t (&bw)[4], float amax, bool on,
+                                                   int lane, uint32_t r, int c0, int I, int nb, bool round_trip,
+                                                   bool ue8m0, bf16_raw* __restrict__ a, uint8_t* __restrict__ a8,
+                                                   float* __restrict__ sfa8);
+
 // One work item of the vector form: the lane's 8 columns c0 of row r from its loaded gate and up
 // chunks (on: c0 < I; every lane of the warp calls it, for the block's amax).
 __device__ __forceinline__ void swiglu_item(uint4 gq, uint4 uq, bool on, int lane, uint32_t r, int c0, int I, int nb,
@@ -95,6 +103,13 @@ __device__ __forceinline__ void swiglu_item(uint4 gq, uint4 uq, bool on, int lan
 #pragma unroll
     for (int j = 0; j < 8; ++j) v[j] = 0.f;
   }
+  intermediate_store(v, bw, amax, on, lane, r, c0, I, nb, round_trip, ue8m0, a, a8, sfa8);
+}
+
+__device__ __forceinline__ void intermediate_store(const float (&v)[8], const uint32_t (&bw)[4], float amax, bool on,
+                                                   int lane, uint32_t r, int c0, int I, int nb, bool round_trip,
+                                                   bool ue8m0, bf16_raw* __restrict__ a, uint8_t* __restrict__ a8,
+                                                   float* __restrict__ sfa8) {
   if (a8 || round_trip) {
     // The block of these columns is 16 lanes wide; in a partial last block (I % 128 != 0) the
     // lanes past I add 0 to the amax.
@@ -198,7 +213,52 @@ __global__ void swiglu_vec_kernel(const bf16_raw* __restrict__ h, const int32_t*
   }
 }
 
+// The fp8 block rule alone over an intermediate [rows][I] that is bf16 already (the fp8 one-GEMM
+// SwiGLU's output): e4m3 codes and scales as the SwiGLU pass would write them from the same values.
+// The vector form's items (a lane's 8 columns, a warp two blocks), grid-strided over the rows.
+__global__ void quant_vec_kernel(const bf16_raw* __restrict__ h, const int32_t* __restrict__ offsets,
+                                 const int32_t* __restrict__ cnt, int E, int I, bool ue8m0, uint8_t* __restrict__ a8,
+                                 float* __restrict__ sfa8) {
+  dev::pdl_enter();
+  const int lane = threadIdx.x & 31;
+  const uint32_t warps = blockDim.x >> 5;
+  const uint32_t ng = uint32_t(I + 255) / 256;
+  const int nb = fp8_blocks(I);
+  const uint32_t nw = gridDim.x * warps, gw = blockIdx.x * warps + (threadIdx.x >> 5);
+  const uint32_t total = uint32_t(offsets[E - 1] + cnt[E - 1]) * ng;
+  for (uint32_t w = gw; w < total; w += nw) {
+    const uint32_t r = w / ng;
+    const int c0 = int(w - r * ng) * 256 + lane * 8;
+    const bool on = c0 < I;
+    const uint4 q = on ? __ldg(reinterpret_cast<const uint4*>(h + size_t(r) * I + c0)) : make_uint4(0, 0, 0, 0);
+    const uint32_t bw[4] = {q.x, q.y, q.z, q.w};
+    float v[8], amax = 0.f;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      v[2 * j] = __uint_as_float(bw[j] << 16);
+      v[2 * j + 1] = __uint_as_float(bw[j] & 0xffff0000u);
+    }
+#pragma unroll
+    for (int j = 0; j < 8; ++j) amax = fmaxf(amax, fabsf(v[j]));
+    intermediate_store(v, bw, amax, on, lane, r, c0, I, nb, false, ue8m0, nullptr, a8, sfa8);
+  }
+}
+
 }  // namespace
+
+void quantize_intermediate(const bf16_raw* h, const int32_t* offsets, const int32_t* cnt, int E, int I,
+                           int64_t max_rows, bool ue8m0, uint8_t* a8, float* sfa8, cudaStream_t stream, bool pdl) {
+  if (E <= 0 || max_rows <= 0) return;
+  if (I % 16 != 0 || reinterpret_cast<uintptr_t>(h) % 16 != 0 || reinterpret_cast<uintptr_t>(a8) % 8 != 0 || !sfa8)
+    throw UsageError("cutlass quantize_intermediate: needs intermediate % 16 == 0 (got " + std::to_string(I) +
+                     "), 16-byte aligned h, 8-byte aligned codes and a scale buffer");
+  const int64_t work = max_rows * ((I + 255) / 256);  // warps
+  if (work >= (int64_t(1) << 31))
+    throw UsageError("cutlass quantize_intermediate: " + std::to_string(max_rows) + " rows exceed the 32-bit index");
+  const int grid = static_cast<int>(std::min<int64_t>((work + 7) / 8, 132 * 16));
+  launch_kernel(quant_vec_kernel, grid, 256, 0, stream, pdl, h, offsets, cnt, E, I, ue8m0, a8, sfa8);
+  EPMOE_CUDA_CHECK_LAUNCH();
+}
 
 void swiglu(const bf16_raw* h, const int32_t* offsets, const int32_t* cnt, int E, int I, int64_t max_rows,
             bool fp8_round_trip, bool ue8m0, bf16_raw* a, uint8_t* a8, float* sfa8, cudaStream_t stream,

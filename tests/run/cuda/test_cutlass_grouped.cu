@@ -333,5 +333,102 @@ TEST(CutlassEngine, GluSplitEqualsGemmAndPass) {
                UsageError);
 }
 
+
+// GEMM1 with SwiGLU as one fp8 GEMM (engine_cutlass_glu_fp8.cu, W13's scales reordered by
+// glu_fp8_scales) and quantize_intermediate after it, bitwise as the fp8 GEMM1 over 2I columns
+// (as its two halves where I % 128 != 0, as the runner runs it) followed by the SwiGLU pass: the
+// bf16 intermediate, and the e4m3 codes and scales GEMM2 reads. I = 192 puts a tile's gate and up
+// halves in different scale rows and a partial block at the end of I; nothing is written past the
+// groups.
+TEST(CutlassEngine, Fp8GluEqualsGemmAndPass) {
+  EPMOE_REQUIRE_GPU();
+  EPMOE_REQUIRE_CUTLASS();
+  namespace ce = cuda::cutlass_engine;
+  std::mt19937 rng(37);
+  std::normal_distribution<float> nd(0.f, 1.f);
+  std::uniform_real_distribution<float> us(0.5f, 2.f);
+  const std::vector<int32_t> rows = {0, 130, 1, 33, 257, 0, 64};
+  const PackedGroups packed = pack_groups(rows);
+  const int E = int(rows.size()), K = 384, kb = K / 128, total = packed.total, sms = sm_count();
+  Dev<int32_t> drows(rows), doffs(packed.offsets);
+  for (const int I : {192, 256}) {
+    SCOPED_TRACE("I " + std::to_string(I));
+    const int nbI = fp8_blocks(I);
+    std::vector<uint8_t> a8(size_t(total) * K), w8(size_t(E) * 2 * I * K);
+    std::vector<float> sa(size_t(total) * kb), sw(size_t(E) * 2 * nbI * kb);
+    for (auto& v : a8) v = num::f32_to_e4m3(nd(rng) * 100.f);
+    for (auto& v : w8) v = num::f32_to_e4m3(nd(rng) * 100.f);
+    for (auto& v : sa) v = us(rng) / 64;
+    for (auto& v : sw) v = us(rng) / 4096;
+    Dev<uint8_t> da(a8), dw(w8);
+    Dev<float> dsa(sa), dsw(sw), dsglu(size_t(E) * 2 * (I / 64) * kb);
+    cuda::DeviceBuffer wsb(std::max(ce::fp8_workspace_bytes(2 * E, sms), ce::glu_fp8_workspace_bytes(E, sms)));
+    ce::Grouped g;
+    g.experts = E;
+    g.K = K;
+    g.rows = drows.get();
+    g.offsets = doffs.get();
+    g.A = da.get();
+    g.sfa = dsa.get();
+    g.W = dw.get();
+    g.sfw = dsw.get();
+    g.workspace = wsb.get();
+    g.sms = sms;
+    // Unfused: GEMM1 [rows][2I], then the pass to bf16 and to the codes and scales.
+    Dev<bf16_raw> h(size_t(total) * 2 * I), ref(size_t(total + 8) * I);
+    Dev<uint8_t> ref8(size_t(total + 8) * I);
+    Dev<float> refs(size_t(total + 8) * nbI);
+    ref.poison();
+    ref8.poison();
+    refs.poison();
+    ce::Grouped g1 = g;
+    g1.out = h.get();
+    g1.N = I % 128 == 0 ? 2 * I : I;
+    g1.halves = I % 128 != 0;
+    ce::grouped_gemm_fp8(g1, nullptr);
+    ce::swiglu(h.get(), doffs.get(), drows.get(), E, I, total, false, false, ref.get(), nullptr, nullptr, nullptr);
+    ce::swiglu(h.get(), doffs.get(), drows.get(), E, I, total, false, false, nullptr, ref8.get(), refs.get(),
+               nullptr);
+    // Fused.
+    Dev<bf16_raw> out(size_t(total + 8) * I);
+    Dev<uint8_t> out8(size_t(total + 8) * I);
+    Dev<float> outs(size_t(total + 8) * nbI);
+    out.poison();
+    out8.poison();
+    outs.poison();
+    ce::glu_fp8_scales(dsw.get(), E, I, K, dsglu.get(), nullptr);
+    ce::Grouped glu = g;
+    glu.N = I;
+    glu.sfw = dsglu.get();
+    glu.out = out.get();
+    ce::grouped_gemm_fp8_glu(glu, nullptr);
+    ce::quantize_intermediate(out.get(), doffs.get(), drows.get(), E, I, total, false, out8.get(), outs.get(),
+                              nullptr);
+    EPMOE_CUDA_CHECK(cudaDeviceSynchronize());
+    auto count_diff = [](const auto& x, const auto& y, size_t n) {
+      size_t d = 0;
+      for (size_t i = 0; i < n; ++i) d += std::memcmp(&x[i], &y[i], sizeof(x[i])) != 0;
+      return d;
+    };
+    const auto r = ref.download(), o = out.download();
+    const auto r8 = ref8.download(), o8 = out8.download();
+    const auto rs = refs.download(), os = outs.download();
+    const size_t n = size_t(total) * I, ns = size_t(total) * nbI;
+    std::printf("[cutlass] fp8 glu vs GEMM1 + SwiGLU pass, I %d: bf16 %zu, codes %zu, scales %zu of %zu / %zu differ\n", I,
+                count_diff(r, o, n), count_diff(r8, o8, n), count_diff(rs, os, ns), n, ns);
+    EXPECT_EQ(count_diff(r, o, n), 0u);
+    EXPECT_EQ(count_diff(r8, o8, n), 0u);
+    EXPECT_EQ(count_diff(rs, os, ns), 0u);
+    // Rows past the groups untouched (poison), in all three outputs.
+    for (size_t i = n; i < o.size(); ++i) ASSERT_EQ(o[i], 0xffff) << "bf16 row " << i / I << " written";
+    for (size_t i = n; i < o8.size(); ++i) ASSERT_EQ(o8[i], 0xff) << "code row " << i / I << " written";
+    // Arguments it does not take.
+    ce::Grouped bad = glu;
+    bad.N = 200;
+    EXPECT_THROW(ce::grouped_gemm_fp8_glu(bad, nullptr), UsageError);
+    EXPECT_THROW(ce::glu_fp8_scales(dsw.get(), E, 200, K, dsglu.get(), nullptr), UsageError);
+  }
+}
+
 }  // namespace
 }  // namespace epmoe::test

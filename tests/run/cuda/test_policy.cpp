@@ -279,6 +279,53 @@ TEST(CudaPolicy, OneGemmSwigluWhereOneLaunch) {
   EXPECT_FALSE(pol::glu_in_split(split, 2048, IntermediateQuant::none));  // five unswapped ranges
 }
 
+// The fp8 one-GEMM SwiGLU (engine_cutlass_glu_fp8.cu) replaces GEMM1 + the pass exactly where both
+// GEMMs are on the fp8 GEMM (fp8 dispatch and weights, intermediate_quant = fp8) in one unswapped
+// launch and I % 64 == 0, partial 128-blocks of I included (where split_w13 would otherwise run).
+TEST(CudaPolicy, Fp8OneGemmSwigluWhereOneLaunch) {
+  namespace pol = cuda::policy;
+  float scale = 1.f;  // any non-null scales: the plan only checks that they exist
+  auto plan = [&](int E, int H, int I, double rows, IntermediateQuant iq = IntermediateQuant::fp8,
+                  ActFormat af = ActFormat::fp8) {
+    DispatchOutput in;
+    in.num_local_experts = E;
+    in.hidden = H;
+    in.top_k = 8;
+    in.format = af;
+    ExpertWeights w;
+    w.num_local_experts = E;
+    w.hidden = H;
+    w.intermediate = I;
+    w.w13 = MatrixView{WeightFormat::fp8, E, 2 * I, H};
+    w.w2 = MatrixView{WeightFormat::fp8, E, H, I};
+    w.w13.scales = &scale;
+    w.w2.scales = &scale;
+    return pol::cutlass_plan(in, w, iq, false, CutlassSwap::automatic, rows, size_t(1) << 30);
+  };
+  const auto q30 = plan(64, 2048, 768, 512);
+  ASSERT_EQ(q30.buckets.size(), 1u);
+  EXPECT_EQ(q30.buckets[0].tile_n, 0);
+  EXPECT_EQ(q30.gemm1, pol::CutlassPath::fp8);
+  EXPECT_TRUE(q30.fp8_glu);
+  EXPECT_FALSE(q30.fused_swiglu);  // the bf16 forms' flag stays off
+  // Not on a swapped launch, nor with a bf16 intermediate (GEMM2 widened), nor bf16 rows (GEMM1
+  // widened).
+  EXPECT_FALSE(plan(64, 2048, 768, 100).fp8_glu);
+  EXPECT_FALSE(plan(64, 2048, 768, 512, IntermediateQuant::none).fp8_glu);
+  EXPECT_FALSE(plan(64, 2048, 768, 512, IntermediateQuant::fp8, ActFormat::bf16).fp8_glu);
+  // gpt-oss-120b (I 2880 = 45 x 64, a partial 128-block): taken; I % 64 != 0: the halves.
+  const auto oss = plan(64, 2880, 2880, 1024);
+  EXPECT_TRUE(oss.fp8_glu);
+  const auto odd = plan(64, 2048, 2880 - 32, 1024);
+  EXPECT_FALSE(odd.fp8_glu);
+  EXPECT_TRUE(odd.split_w13);
+  // Split by rows or not, it follows the one-unswapped-launch rule.
+  for (const double rows : {128.0, 256.0, 1024.0}) {
+    const auto ds = plan(128, 7168, 2048, rows);
+    EXPECT_EQ(ds.fp8_glu, ds.buckets.size() == 1 && ds.buckets[0].tile_n == 0) << rows;
+  }
+}
+
 // tuning.fused_swiglu reaches the runner (the constructor touches no GPU and throws nothing);
 // set_fused_swiglu overrides it.
 TEST(CudaPolicy, FusedSwigluSwitch) {
