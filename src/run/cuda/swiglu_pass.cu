@@ -147,39 +147,59 @@ __device__ __forceinline__ void swiglu_load(const bf16_raw* __restrict__ h, uint
 }
 
 // Vector form (I % 8 == 0, 16-byte aligned h and a): a lane takes 8 consecutive columns (gate and
-// up as one 16-byte load each), so a warp covers 256 columns = two fp8 blocks of 16 lanes; the
+// up as one 16-byte load each; kQuant: h is the bf16 intermediate [rows][I] already, as the fp8
+// one-GEMM SwiGLU writes it, and only the fp8 block rule is applied, the same bytes as the pass
+// from the same values), so a warp covers 256 columns = two fp8 blocks of 16 lanes; the
 // grid strides over (row, 256-column group) with a 32-bit index. Same arithmetic as swiglu_kernel
 // (measured at M 32768: the scalar kernel took 191 us for bf16 and 271 us with the fp8 codes, 2.1
 // and 1.2 TB/s, with 2-byte accesses; bench/results/history-runner.md).
 // kSkip: the work items are (m-tile, row of the tile, 256-column group), each warp taking one
-// contiguous run of them, and the rows of the experts `skip` names (SwigluSkip) are left; a row's
-// bytes are computed as without it. The run keeps a warp on one or two tiles, so it looks each
+// contiguous run of them, and the rows of the experts `skip` names (SwigluSkip) are left (kQuant:
+// only those experts' rows are taken); a row's bytes are computed as without it. The run keeps a warp on one or two tiles, so it looks each
 // tile up once and steps over a skipped tile (or a tile's rows past its count) in one iteration:
 // with a grid stride, every item paid the two dependent lookups, 37 us for a pass that skipped
 // everything (DeepSeek-V3 bf16 M 32768 uniform, ncu; bench/results/2026-12-03-session27-h200.md).
 // (Two items in flight per warp, both loaded before either is computed, measured the same: 15.4 /
 // 47.3 / 119.9 us against 15.0 / 48.2 / 120.7 at Qwen3-30B fp8 M 8192 / 32768 and DeepSeek-V3 fp8
 // M 32768, ncu, session 30.)
-template <bool kSkip>
-__global__ void swiglu_vec_kernel(const bf16_raw* __restrict__ h, const int32_t* __restrict__ offsets,
-                                  const int32_t* __restrict__ cnt, int E, int I, bool round_trip, bool ue8m0,
-                                  bf16_raw* __restrict__ a, uint8_t* __restrict__ a8, float* __restrict__ sfa8,
-                                  const SwigluSkip skip) {
+template <bool kQuant, bool kSkip>
+__global__ void intermediate_vec_kernel(const bf16_raw* __restrict__ h, const int32_t* __restrict__ offsets,
+                                        const int32_t* __restrict__ cnt, int E, int I, bool round_trip, bool ue8m0,
+                                        bf16_raw* __restrict__ a, uint8_t* __restrict__ a8,
+                                        float* __restrict__ sfa8, const SwigluSkip skip) {
   dev::pdl_enter();
   const int lane = threadIdx.x & 31;
   const uint32_t warps = blockDim.x >> 5;
   const uint32_t ng = uint32_t(I + 255) / 256;
   const int nb = fp8_blocks(I);
   const uint32_t nw = gridDim.x * warps, gw = blockIdx.x * warps + (threadIdx.x >> 5);
+  // One work item: the lane's 8 columns c0 of row r (on: c0 < I; I % 8 == 0, so a lane's columns
+  // are all in or all out).
+  auto item = [&](uint32_t r, int c0) {
+    const bool on = c0 < I;
+    if constexpr (kQuant) {
+      const uint4 q = on ? __ldg(reinterpret_cast<const uint4*>(h + size_t(r) * I + c0)) : make_uint4(0, 0, 0, 0);
+      const uint32_t bw[4] = {q.x, q.y, q.z, q.w};
+      float v[8], amax = 0.f;
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        v[2 * j] = __uint_as_float(bw[j] << 16);
+        v[2 * j + 1] = __uint_as_float(bw[j] & 0xffff0000u);
+      }
+#pragma unroll
+      for (int j = 0; j < 8; ++j) amax = fmaxf(amax, fabsf(v[j]));
+      intermediate_store(v, bw, amax, on, lane, r, c0, I, nb, false, ue8m0, nullptr, a8, sfa8);
+    } else {
+      uint4 gq, uq;
+      swiglu_load(h, r, c0, I, on, gq, uq);
+      swiglu_item(gq, uq, on, lane, r, c0, I, nb, round_trip, ue8m0, a, a8, sfa8);
+    }
+  };
   if constexpr (!kSkip) {
     const uint32_t total = uint32_t(offsets[E - 1] + cnt[E - 1]) * ng;
     for (uint32_t w = gw; w < total; w += nw) {
       const uint32_t r = w / ng;
-      const int c0 = int(w - r * ng) * 256 + lane * 8;
-      const bool on = c0 < I;  // I % 8 == 0: a lane's 8 columns are all in or all out
-      uint4 gq, uq;
-      swiglu_load(h, r, c0, I, on, gq, uq);
-      swiglu_item(gq, uq, on, lane, r, c0, I, nb, round_trip, ue8m0, a, a8, sfa8);
+      item(r, int(w - r * ng) * 256 + lane * 8);
     }
   } else {
     // 128 rows per m-tile (launch_count's table at bm 128).
@@ -188,7 +208,7 @@ __global__ void swiglu_vec_kernel(const bf16_raw* __restrict__ h, const int32_t*
     const uint32_t w_end = min(total, (gw + 1) * per);
     uint32_t tile = 0xffffffffu;  // the tile looked up last, and what it says
     MTile mt{};
-    bool fused = false;
+    bool leave = false;
     for (uint32_t w = gw * per; w < w_end; ++w) {
       uint32_t r = w / ng;
       const int c0 = int(w - r * ng) * 256 + lane * 8;
@@ -196,67 +216,63 @@ __global__ void swiglu_vec_kernel(const bf16_raw* __restrict__ h, const int32_t*
         tile = r / 128;
         mt = skip.tiles[tile];
         const int rows_e = cnt[mt.expert];
-        fused = false;
-        for (int i = 0; i < skip.n; ++i) fused |= rows_e >= skip.lo[i] && rows_e <= skip.hi[i];
+        bool in_ranges = false;
+        for (int i = 0; i < skip.n; ++i) in_ranges |= rows_e >= skip.lo[i] && rows_e <= skip.hi[i];
+        leave = kQuant ? !in_ranges : in_ranges;  // the quantization takes only the ranges' experts
       }
       const int in_tile = int(r % 128);
-      if (fused || in_tile >= mt.rows) {  // nothing left in this tile: on to the next one's first item
+      if (leave || in_tile >= mt.rows) {  // nothing left in this tile: on to the next one's first item
         w = (tile + 1) * 128 * ng - 1;
         continue;
       }
-      r = uint32_t(mt.row0 + in_tile);
-      const bool on = c0 < I;  // I % 8 == 0: a lane's 8 columns are all in or all out
-      uint4 gq, uq;
-      swiglu_load(h, r, c0, I, on, gq, uq);
-      swiglu_item(gq, uq, on, lane, r, c0, I, nb, round_trip, ue8m0, a, a8, sfa8);
+      item(uint32_t(mt.row0 + in_tile), c0);
     }
-  }
-}
-
-// The fp8 block rule alone over an intermediate [rows][I] that is bf16 already (the fp8 one-GEMM
-// SwiGLU's output): e4m3 codes and scales as the SwiGLU pass would write them from the same values.
-// The vector form's items (a lane's 8 columns, a warp two blocks), grid-strided over the rows.
-__global__ void quant_vec_kernel(const bf16_raw* __restrict__ h, const int32_t* __restrict__ offsets,
-                                 const int32_t* __restrict__ cnt, int E, int I, bool ue8m0, uint8_t* __restrict__ a8,
-                                 float* __restrict__ sfa8) {
-  dev::pdl_enter();
-  const int lane = threadIdx.x & 31;
-  const uint32_t warps = blockDim.x >> 5;
-  const uint32_t ng = uint32_t(I + 255) / 256;
-  const int nb = fp8_blocks(I);
-  const uint32_t nw = gridDim.x * warps, gw = blockIdx.x * warps + (threadIdx.x >> 5);
-  const uint32_t total = uint32_t(offsets[E - 1] + cnt[E - 1]) * ng;
-  for (uint32_t w = gw; w < total; w += nw) {
-    const uint32_t r = w / ng;
-    const int c0 = int(w - r * ng) * 256 + lane * 8;
-    const bool on = c0 < I;
-    const uint4 q = on ? __ldg(reinterpret_cast<const uint4*>(h + size_t(r) * I + c0)) : make_uint4(0, 0, 0, 0);
-    const uint32_t bw[4] = {q.x, q.y, q.z, q.w};
-    float v[8], amax = 0.f;
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      v[2 * j] = __uint_as_float(bw[j] << 16);
-      v[2 * j + 1] = __uint_as_float(bw[j] & 0xffff0000u);
-    }
-#pragma unroll
-    for (int j = 0; j < 8; ++j) amax = fmaxf(amax, fabsf(v[j]));
-    intermediate_store(v, bw, amax, on, lane, r, c0, I, nb, false, ue8m0, nullptr, a8, sfa8);
   }
 }
 
 }  // namespace
 
+namespace {
+
+// The warps of the vector form: one per (row, 256 columns), or with ranges per (m-tile row, 256
+// columns) over every m-tile's 128 rows (at most one partial tile per expert beyond max_rows / 128).
+int64_t vec_warps(int64_t max_rows, int E, int I, bool tiles) {
+  return (tiles ? ((max_rows + 127) / 128 + E) * 128 : max_rows) * ((I + 255) / 256);
+}
+
+template <bool kQuant>
+void launch_vec(int64_t warps, const bf16_raw* h, const int32_t* offsets, const int32_t* cnt, int E, int I,
+                bool round_trip, bool ue8m0, bf16_raw* a, uint8_t* a8, float* sfa8, cudaStream_t stream,
+                const SwigluSkip& skip, bool pdl) {
+  const int grid = static_cast<int>(std::min<int64_t>((warps + 7) / 8, 132 * 16));
+  if (skip.n > 0)
+    launch_kernel(intermediate_vec_kernel<kQuant, true>, grid, 256, 0, stream, pdl, h, offsets, cnt, E, I, round_trip,
+                  ue8m0, a, a8, sfa8, skip);
+  else
+    launch_kernel(intermediate_vec_kernel<kQuant, false>, grid, 256, 0, stream, pdl, h, offsets, cnt, E, I,
+                  round_trip, ue8m0, a, a8, sfa8, skip);
+}
+
+void check_ranges(const SwigluSkip& r, const char* what) {
+  if (r.n > 0 && (r.n > SwigluSkip::kMaxRanges || !r.tiles || !r.num_tiles))
+    throw UsageError(std::string("cutlass ") + what + ": ranges need 1.." + std::to_string(SwigluSkip::kMaxRanges) +
+                     " of them and the m-tile table, got n=" + std::to_string(r.n));
+}
+
+}  // namespace
+
 void quantize_intermediate(const bf16_raw* h, const int32_t* offsets, const int32_t* cnt, int E, int I,
-                           int64_t max_rows, bool ue8m0, uint8_t* a8, float* sfa8, cudaStream_t stream, bool pdl) {
+                           int64_t max_rows, bool ue8m0, uint8_t* a8, float* sfa8, cudaStream_t stream,
+                           const SwigluSkip& only, bool pdl) {
   if (E <= 0 || max_rows <= 0) return;
   if (I % 16 != 0 || reinterpret_cast<uintptr_t>(h) % 16 != 0 || reinterpret_cast<uintptr_t>(a8) % 8 != 0 || !sfa8)
     throw UsageError("cutlass quantize_intermediate: needs intermediate % 16 == 0 (got " + std::to_string(I) +
                      "), 16-byte aligned h, 8-byte aligned codes and a scale buffer");
-  const int64_t work = max_rows * ((I + 255) / 256);  // warps
-  if (work >= (int64_t(1) << 31))
+  check_ranges(only, "quantize_intermediate");
+  const int64_t warps = vec_warps(max_rows, E, I, only.n > 0);
+  if (warps >= (int64_t(1) << 31))
     throw UsageError("cutlass quantize_intermediate: " + std::to_string(max_rows) + " rows exceed the 32-bit index");
-  const int grid = static_cast<int>(std::min<int64_t>((work + 7) / 8, 132 * 16));
-  launch_kernel(quant_vec_kernel, grid, 256, 0, stream, pdl, h, offsets, cnt, E, I, ue8m0, a8, sfa8);
+  launch_vec<true>(warps, h, offsets, cnt, E, I, false, ue8m0, nullptr, a8, sfa8, stream, only, pdl);
   EPMOE_CUDA_CHECK_LAUNCH();
 }
 
@@ -268,27 +284,16 @@ void swiglu(const bf16_raw* h, const int32_t* offsets, const int32_t* cnt, int E
   if ((a8 || fp8_round_trip) && I % 16 != 0)
     throw UsageError("cutlass swiglu: the fp8 intermediate needs intermediate % 16 == 0, got " + std::to_string(I));
   const bool skipping = skip.n > 0;
-  if (skipping && (skip.n > SwigluSkip::kMaxRanges || !skip.tiles || !skip.num_tiles))
-    throw UsageError("cutlass swiglu: skip needs 1.." + std::to_string(SwigluSkip::kMaxRanges) +
-                     " ranges and the m-tile table, got n=" + std::to_string(skip.n));
-  // The warp index space: rows, or with skip every m-tile's 128 rows (at most one partial tile per
-  // expert beyond max_rows / 128).
-  const int64_t slots = skipping ? ((max_rows + 127) / 128 + E) * 128 : max_rows;
+  check_ranges(skip, "swiglu");
+  const int64_t warps = vec_warps(max_rows, E, I, skipping);
   const bool vec = I % 8 == 0 && reinterpret_cast<uintptr_t>(h) % 16 == 0 &&
                    (a8 ? reinterpret_cast<uintptr_t>(a8) % 8 == 0 : reinterpret_cast<uintptr_t>(a) % 16 == 0) &&
-                   slots * ((I + 255) / 256) < (int64_t(1) << 31);
+                   warps < (int64_t(1) << 31);
   if (skipping && !vec)
     throw UsageError("cutlass swiglu: skip needs intermediate % 8 == 0 and 16-byte aligned rows, got intermediate " +
                      std::to_string(I));
   if (vec) {
-    const int64_t work = slots * ((I + 255) / 256);  // warps
-    const int grid = static_cast<int>(std::min<int64_t>((work + 7) / 8, 132 * 16));
-    if (skipping)
-      launch_kernel(swiglu_vec_kernel<true>, grid, 256, 0, stream, pdl, h, offsets, cnt, E, I, fp8_round_trip, ue8m0, a,
-                    a8, sfa8, skip);
-    else
-      launch_kernel(swiglu_vec_kernel<false>, grid, 256, 0, stream, pdl, h, offsets, cnt, E, I, fp8_round_trip, ue8m0,
-                    a, a8, sfa8, skip);
+    launch_vec<false>(warps, h, offsets, cnt, E, I, fp8_round_trip, ue8m0, a, a8, sfa8, stream, skip, pdl);
   } else {
     const int64_t work = max_rows * fp8_blocks(I);
     const int grid = static_cast<int>(std::min<int64_t>((work + 7) / 8, 132 * 16));
