@@ -9,11 +9,8 @@
 #include "epmoe/error.h"
 
 #if defined(EPMOE_WITH_CUTLASS)
-#include "cutlass/detail/blockwise_scale_layout.hpp"
 #include "cutlass/epilogue/collective/collective_builder.hpp"
-#include "cutlass/gemm/collective/collective_builder.hpp"
-#include "cutlass/gemm/group_array_problem_shape.hpp"
-#include "cutlass/gemm/kernel/gemm_universal.hpp"
+#include "run/cuda/engine_cutlass_fp8.cuh"
 #endif
 
 namespace epmoe::cuda::cutlass_engine {
@@ -22,45 +19,18 @@ namespace epmoe::cuda::cutlass_engine {
 namespace {
 
 using namespace cute;
+using namespace fp8;
 
-// 128x128 tile, K step 128 = one scale block: the wgmma partial sums of each 128 of K are
-// multiplied by scale_a[row] * scale_b[tile] and added into fp32 accumulators (DeepSeek's
-// promotion), so the fp8 tensor cores' limited accumulator precision never spans more than 128
-// products. Clusters of two m-tiles of one expert share each weight tile by TMA multicast.
-using TileShape = Shape<_128, _128, _128>;
-using ClusterShape = Shape<_2, _1, _1>;
-using ElementAB = cutlass::float_e4m3_t;
 using ElementD = cutlass::bfloat16_t;
-constexpr int kAlignAB = 16, kAlignD = 8;
-
-// Scale layouts: A one fp32 per row and 128 of K, B one per 128x128 tile; both K-major, which is
-// how they arrive (dispatch scales [row][H/128], weight scales [E][N/128][K/128]), so nothing is
-// transposed. (With K step = scale block = 128 the shared-memory scale layouts are the same as for
-// the MN-major variant; only the global addressing differs.)
-using ScaleConfig = cutlass::detail::Sm90BlockwiseScaleConfig<1, 128, 128, cute::GMMA::Major::K, cute::GMMA::Major::K>;
-using LayoutSFA = decltype(ScaleConfig::deduce_layoutSFA());
-using LayoutSFB = decltype(ScaleConfig::deduce_layoutSFB());
+constexpr int kAlignD = 8;
 
 using Epilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
     cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
     cutlass::epilogue::collective::EpilogueTileAuto, float, float, void, cutlass::layout::RowMajor*, kAlignD, ElementD,
     cutlass::layout::RowMajor*, kAlignD, cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative,
     cutlass::epilogue::fusion::LinearCombination<ElementD, float, void, float>>::CollectiveOp;
-
-using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
-    cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, ElementAB, cute::tuple<cutlass::layout::RowMajor*, LayoutSFA*>,
-    kAlignAB, ElementAB, cute::tuple<cutlass::layout::ColumnMajor*, LayoutSFB*>, kAlignAB, float, TileShape,
-    ClusterShape,
-    cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(sizeof(typename Epilogue::SharedStorage))>,
-    cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperativeFP8Blockwise>::CollectiveOp;
-
-using Kernel = cutlass::gemm::kernel::GemmUniversal<cutlass::gemm::GroupProblemShape<Shape<int, int, int>>, Mainloop,
-                                                   Epilogue>;
-using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
-
-static_assert(!Mainloop::MMajorSFA && !Mainloop::NMajorSFB, "scales are expected K-major");
-static_assert(Mainloop::ScaleGranularityM == 1 && Mainloop::ScaleGranularityN == 128 &&
-              Mainloop::ScaleGranularityK == 128);
+using Gemm = GemmOf<fp8::Mainloop<Epilogue>, Epilogue>;
+static_assert(kScalesAsExpected<fp8::Mainloop<Epilogue>, 128>, "scales K-major, per row and per 128x128 tile");
 
 }  // namespace
 

@@ -23,10 +23,7 @@
 #include "epmoe/error.h"
 
 #if defined(EPMOE_WITH_CUTLASS)
-#include "cutlass/detail/blockwise_scale_layout.hpp"
-#include "cutlass/gemm/collective/collective_builder.hpp"
-#include "cutlass/gemm/group_array_problem_shape.hpp"
-#include "cutlass/gemm/kernel/gemm_universal.hpp"
+#include "run/cuda/engine_cutlass_fp8.cuh"
 #include "run/cuda/engine_cutlass_glu.cuh"
 #endif
 
@@ -63,33 +60,15 @@ void glu_fp8_scales(const float* sfw, int E, int I, int K, float* out, cudaStrea
 namespace {
 
 using namespace cute;
+using namespace fp8;  // the fp8 GEMM's tiles, cluster and K step: its bits
 
-// The fp8 GEMM's tile, cluster and K step (engine_cutlass_fp8.cu), with weight scales per 64 rows.
-using TileShape = Shape<_128, _128, _128>;
-using ClusterShape = Shape<_2, _1, _1>;
-using ElementAB = cutlass::float_e4m3_t;
-constexpr int kAlignAB = 16;
-constexpr int kHalf = 64;  // intermediate columns per tile
+constexpr int kHalf = 64;  // intermediate columns per tile, and weight rows per scale
 static_assert(size<1>(TileShape{}) == 2 * kHalf && size<0>(ClusterShape{}) == 2);
 
-using ScaleConfig = cutlass::detail::Sm90BlockwiseScaleConfig<1, kHalf, 128, cute::GMMA::Major::K, cute::GMMA::Major::K>;
-using LayoutSFA = decltype(ScaleConfig::deduce_layoutSFA());
-using LayoutSFB = decltype(ScaleConfig::deduce_layoutSFB());
-
 using Epilogue = glu::Epilogue<kHalf>;
-using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
-    cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, ElementAB, cute::tuple<cutlass::layout::RowMajor*, LayoutSFA*>,
-    kAlignAB, ElementAB, cute::tuple<cutlass::layout::ColumnMajor*, LayoutSFB*>, kAlignAB, float, TileShape,
-    ClusterShape,
-    cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(sizeof(typename Epilogue::SharedStorage))>,
-    cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperativeFP8Blockwise>::CollectiveOp;
-using Kernel = cutlass::gemm::kernel::GemmUniversal<cutlass::gemm::GroupProblemShape<Shape<int, int, int>>,
-                                                   glu::Loads<Mainloop>, Epilogue>;
-using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
-
-static_assert(!Mainloop::MMajorSFA && !Mainloop::NMajorSFB, "scales are expected K-major");
-static_assert(Mainloop::ScaleGranularityM == 1 && Mainloop::ScaleGranularityN == kHalf &&
-              Mainloop::ScaleGranularityK == 128);
+using Mainloop = fp8::Mainloop<Epilogue, kHalf>;
+using Gemm = GemmOf<glu::Loads<Mainloop>, Epilogue>;
+static_assert(kScalesAsExpected<Mainloop, kHalf>, "scales K-major, per row and per 64 weight rows");
 
 }  // namespace
 }  // namespace epmoe::cuda::cutlass_engine
