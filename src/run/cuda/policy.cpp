@@ -195,7 +195,7 @@ CutlassPlan cutlass_plan(const DispatchOutput& in, const ExpertWeights& w, Inter
   if (fusable && swap == CutlassSwap::automatic && expected_rows > kSwapMaxRows) p.buckets = {RowBucket{}};
   // Without being asked: where GEMM1 is one unswapped bf16 launch anyway, the one-GEMM SwiGLU
   // (glu_fits: I % 128 == 0) gives the unfused bits without the pass and takes no split away.
-  const bool one_unswapped = p.buckets.size() == 1 && p.buckets[0].tile_n == 0;
+  const bool one_unswapped = p.direct_tile_n() == 0;  // one bucket, unswapped
   const bool glu = p.gemm1 == CutlassPath::bf16 && !iq8 && cutlass_engine::glu_fits(I) && one_unswapped;
   p.fused_swiglu = (fusable && p.tile_n(p.gemm1) == 0) || glu;
   p.fp8_glu = p.gemm1 == CutlassPath::fp8 && p.gemm2 == CutlassPath::fp8 && cutlass_engine::glu_fp8_fits(I) &&

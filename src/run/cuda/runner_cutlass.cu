@@ -185,7 +185,7 @@ void CudaRunner::run_cutlass(const DispatchOutput& in, const ExpertWeights& w, b
     plan.buckets = row_buckets_;
     plan.fused_swiglu = plan.fused_swiglu && plan.tile_n(p1) == 0;
     plan.glu_split = policy::glu_in_split(plan, I, iq);
-    plan.fp8_glu = plan.fp8_glu && plan.buckets.size() == 1 && plan.buckets[0].tile_n == 0;
+    plan.fp8_glu = plan.fp8_glu && plan.direct_tile_n() == 0;
   }
   const bool fp8_glu = plan.fp8_glu;
   const bool fp8_1 = p1 == CutlassPath::fp8, fp8_2 = p2 == CutlassPath::fp8;
