@@ -45,9 +45,9 @@ struct MatrixView {
   const void* scales = nullptr;         // fp8: f32 [E][fp8_tile_rows(rows, row_split)][ceil(cols/128)]
                                         // (edge tiles partial); nvfp4: e4m3 [E][rows][cols/16]
   const float* global_scale = nullptr;  // nvfp4: [E]
-  // nvfp4 on the cuda runner, optional: the same weights in the decode engine's tile order, made
-  // once by the runner's prepare step (Runner::prepare; run/cuda/prepare.h); data and scales stay
-  // required (the large-M engine widens from them). Must be rebuilt if data or scales change.
+  // Optional, made once by the cuda runner's prepare step (Runner::prepare; run/cuda/prepare.h): nvfp4:
+  // the weights in the decode engine's tile order; fp8 W13: its scales in the one-GEMM SwiGLU's order.
+  // data and scales stay required (other engines read them). Rebuild it if data or scales change.
   const void* prepared = nullptr;
   DeviceKind device = DeviceKind::cpu;
 

@@ -180,6 +180,8 @@ void bench_preset(const Opts& o, const ModelPreset& given, double hbm_gbs, const
     if (pass.prepared) cuda::prepare_nvfp4_weights(dw.w, dw.p13, dw.p2, nullptr);
     EPMOE_CUDA_CHECK(cudaDeviceSynchronize());
     cuda::CudaRunner runner(cfg, 0);
+    // fp8: the prepare step MoeLayer runs (W13's scales in the one-GEMM SwiGLU's order).
+    if (f == WeightFormat::fp8) runner.prepare(dw.w, nullptr);
     runner.set_engine(o.engine);
     runner.set_row_buckets(o.row_buckets);
     for (long long M : Ms) {

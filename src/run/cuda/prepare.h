@@ -2,7 +2,8 @@
 // Runner::prepare step): nvfp4 weights on the decode engine run fastest from a prepared copy
 // (engine_wgmma_nvfp4_prepared.cu: each weight tile's stages contiguous, in the order the threads
 // load them, the code bits permuted for a cheaper decode; the same bytes as data + scales, the same
-// results bit for bit).
+// results bit for bit); fp8 W13's scales are reordered once for the CUTLASS one-GEMM SwiGLU
+// instead of on every call.
 #pragma once
 #include <cuda_runtime.h>
 
@@ -19,5 +20,12 @@ namespace epmoe::cuda {
 // copies must be redone if the weights change; data and scales stay in use (large-M GEMMs widen
 // from them). Enqueued on `stream` on the current device.
 size_t prepare_nvfp4_weights(ExpertWeights& w, DeviceBuffer& w13, DeviceBuffer& w2, cudaStream_t stream);
+
+// fp8 W13 where I % 64 == 0: its block scales in the order the fp8 one-GEMM SwiGLU reads them
+// (cutlass_engine::glu_fp8_scales, one scale per 64 weight rows) into `scales` (grown as needed),
+// w.w13.prepared pointed at them, so that a CUTLASS run skips that reordering launch (the same
+// floats, so the same results). Returns their bytes; 0 for other formats or shapes (nothing
+// changes). Must be redone if the scales change. Enqueued on `stream` on the current device.
+size_t prepare_fp8_glu_scales(ExpertWeights& w, DeviceBuffer& scales, cudaStream_t stream);
 
 }  // namespace epmoe::cuda

@@ -44,10 +44,12 @@ CudaRunner::CudaRunner(const MoeConfig& cfg, int device_index)
       cutlass_swap_(cfg.tuning.cutlass_swap) {}
 
 size_t CudaRunner::prepare(ExpertWeights& w, Stream stream) {
-  if (!cfg_.tuning.nvfp4_prepare || w.w13.format != WeightFormat::nvfp4) return 0;
+  const bool nvfp4 = cfg_.tuning.nvfp4_prepare && w.w13.format == WeightFormat::nvfp4;
+  const bool fp8 = w.w13.format == WeightFormat::fp8;
+  if (!nvfp4 && !fp8) return 0;
   DeviceGuard guard(device_);
   cudaStream_t st = static_cast<cudaStream_t>(stream);
-  const size_t bytes = prepare_nvfp4_weights(w, prep13_, prep2_, st);
+  const size_t bytes = nvfp4 ? prepare_nvfp4_weights(w, prep13_, prep2_, st) : prepare_fp8_glu_scales(w, prep13_, st);
   // Complete before any run, whatever stream the caller then uses.
   EPMOE_CUDA_CHECK(cudaStreamSynchronize(st));
   return bytes;

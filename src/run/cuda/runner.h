@@ -51,8 +51,10 @@ class CudaRunner final : public Runner {
   // nvfp4 weights with cfg.tuning.nvfp4_prepare: the decode engine's prepared copies of w's
   // matrices (prepare_nvfp4_weights) into buffers this runner owns (kept, and reused by a later
   // prepare, until it is destroyed), w.w13.prepared / w.w2.prepared pointed at them; complete when
-  // it returns (`stream` is synchronized). Returns their bytes; 0 (w unchanged) for other formats,
-  // shapes the engine does not take, or nvfp4_prepare off. Run w only with this runner.
+  // it returns (`stream` is synchronized). fp8 weights (I % 64 == 0): W13's scales in the order of
+  // the CUTLASS one-GEMM SwiGLU (prepare_fp8_glu_scales), w.w13.prepared pointed at them. Returns
+  // the bytes; 0 (w unchanged) for other formats, shapes the engines do not take, or nvfp4 with
+  // nvfp4_prepare off. Run w only with this runner.
   size_t prepare(ExpertWeights& w, Stream stream) override;
   void run(const DispatchOutput& in, const ExpertWeights& w, bf16_raw* y, Stream stream) override;
 
@@ -135,7 +137,7 @@ class CudaRunner final : public Runner {
   int sms_ = 0;
   DeviceBuffer gu_, cws_;  // CUTLASS engine: GEMM1 output [rows][2I] (gate | up), GEMM tables/workspace
   DeviceBuffer scratch_, inv_gs_;  // widened weights of one chunk; 1/gs of W13 and W2 (nvfp4) [2][E]
-  DeviceBuffer glu_sfw_;  // W13's scales in the fp8 one-GEMM SwiGLU's order (glu_fp8_scales)
+  DeviceBuffer glu_sfw_;  // W13's scales in the fp8 one-GEMM SwiGLU's order, per call where not prepared
   size_t widen_scratch_ = size_t(1) << 30;
   int last_widen_chunks_ = 0;
   bool fused_swiglu_ = false, last_swiglu_fused_ = false, last_glu_split_ = false;
@@ -145,7 +147,7 @@ class CudaRunner final : public Runner {
   std::vector<policy::RowBucket> row_buckets_;
   int last_swap_tile_n_ = 0;
   std::string engines_;  // last_engines() when built per run
-  DeviceBuffer prep13_, prep2_;  // prepare(): nvfp4 weights in the decode engine's load order
+  DeviceBuffer prep13_, prep2_;  // prepare(): nvfp4 weights in the decode engine's load order; fp8 W13's GLU scales
 };
 
 }  // namespace epmoe::cuda

@@ -241,7 +241,9 @@ void CudaRunner::run_cutlass(const DispatchOutput& in, const ExpertWeights& w, b
     hs_.reserve(size_t(max_rows) * fp8_blocks(I) * 4);
   }
   if (!fp8_2 || fp8_glu) h_.reserve(size_t(max_rows) * I * 2);
-  if (fp8_glu) glu_sfw_.reserve(size_t(E) * 2 * (I / 64) * fp8_blocks(H) * 4);
+  // prepare() may have reordered W13's scales once already (prepare_fp8_glu_scales).
+  const float* glu_sfw = static_cast<const float*>(w.w13.prepared);
+  if (fp8_glu && !glu_sfw) glu_sfw_.reserve(size_t(E) * 2 * (I / 64) * fp8_blocks(H) * 4);
   if (nvfp4) {
     inv_gs_.reserve(size_t(E) * 2 * sizeof(float));
     widen::inverse_scales(w.w13.global_scale, E, inv_gs_.get<float>(), st);
@@ -278,10 +280,13 @@ void CudaRunner::run_cutlass(const DispatchOutput& in, const ExpertWeights& w, b
     g1.sfa = as_.get<float>();
     g1.sfw = static_cast<const float*>(w.w13.scales);
     if (fp8_glu) {
-      cutlass_engine::glu_fp8_scales(g1.sfw, E, I, H, glu_sfw_.get<float>(), st, pdl_);
+      if (!glu_sfw) {
+        cutlass_engine::glu_fp8_scales(g1.sfw, E, I, H, glu_sfw_.get<float>(), st, pdl_);
+        glu_sfw = glu_sfw_.get<float>();
+      }
       cutlass_engine::Grouped glu = g1;
       glu.N = I;
-      glu.sfw = glu_sfw_.get<float>();
+      glu.sfw = glu_sfw;
       glu.out = h_.get<bf16_raw>();
       cutlass_engine::grouped_gemm_fp8_glu(glu, st);
     } else if (plan.split_w13)

@@ -9,7 +9,9 @@
 #include <gtest/gtest.h>
 
 #include <cstdio>
+#include <cstring>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "epmoe/error.h"
@@ -340,6 +342,12 @@ TEST(CudaRunner, PrepareStep) {
         EXPECT_NE(w.w13.prepared, nullptr);
         EXPECT_NE(w.w2.prepared, nullptr);
         EXPECT_EQ(w.w13.data, wt.on_device.w13.data) << "data and scales stay in use";
+      } else if (wf == WeightFormat::fp8) {
+        // W13's scales in the one-GEMM SwiGLU's order, whatever nvfp4_prepare says.
+        EXPECT_EQ(bytes, size_t(E) * 2 * (I / 64) * fp8_blocks(H) * sizeof(float));
+        EXPECT_NE(w.w13.prepared, nullptr);
+        EXPECT_EQ(w.w2.prepared, nullptr);
+        EXPECT_EQ(w.w13.scales, wt.on_device.w13.scales) << "data and scales stay in use";
       } else {
         EXPECT_EQ(bytes, 0u);
         EXPECT_EQ(w.w13.prepared, nullptr);
@@ -347,6 +355,50 @@ TEST(CudaRunner, PrepareStep) {
       }
     }
   }
+}
+
+// fp8 weights on the CUTLASS one-GEMM SwiGLU: the scales prepare() reordered once give the bits of
+// the per-call reordering (I 192: a tile's gate and up halves in different 128-row scale tiles).
+TEST(CudaRunner, PreparedFp8ScalesEqualPerCall) {
+  EPMOE_REQUIRE_GPU();
+  EPMOE_REQUIRE_CUTLASS();
+  std::mt19937 rng(12);
+  // 512 rows per expert: one unswapped launch, where the one-GEMM SwiGLU runs.
+  Problem p{256, 192, 4, 2, 1024, ActFormat::fp8, WeightFormat::fp8, IntermediateQuant::automatic};
+  const MoeConfig cfg = make_cfg(p);
+  const TestWeights wt(rng, p.E, p.H, p.I, p.wf);
+  const auto x = random_bf16(rng, p.C, p.H);
+  std::vector<int32_t> ids(size_t(p.C) * p.K);
+  std::vector<float> tw(ids.size());
+  for (size_t i = 0; i < ids.size(); ++i) {
+    ids[i] = int32_t((i + i / p.K) % p.E);  // K distinct experts per token
+    tw[i] = 0.25f + 0.5f * float(i % 3);
+  }
+  const detail::HostRecvBuffers recv = local_receive(cfg, x, p.C, ids, tw);
+  DevDispatch dd(recv, cfg.quant_params());
+  std::vector<std::vector<bf16_raw>> out;
+  std::vector<std::string> engines;
+  for (const bool prep : {false, true}) {
+    SCOPED_TRACE(prep ? "prepared" : "per call");
+    ExpertWeights w = wt.on_device;
+    cuda::CudaRunner runner(cfg, 0);
+    runner.set_engine(cuda::CudaRunner::Engine::cutlass);
+    if (prep) {
+      ASSERT_GT(runner.prepare(w, nullptr), 0u);
+      ASSERT_NE(w.w13.prepared, nullptr);
+    }
+    Dev<bf16_raw> y(size_t(p.C) * p.H);
+    y.poison();
+    runner.run(dd.view, w, y.get(), nullptr);
+    EPMOE_CUDA_CHECK(cudaDeviceSynchronize());
+    out.push_back(y.download());
+    engines.push_back(runner.last_engines());
+    EXPECT_FALSE(runner.last_swap_ab());
+  }
+  EXPECT_EQ(engines[0], engines[1]);
+  EXPECT_EQ(engines[0].rfind("cutlass-fp8", 0), 0u) << engines[0];
+  const int n = recv.counts[0];
+  EXPECT_EQ(std::memcmp(out[0].data(), out[1].data(), size_t(n) * p.H * sizeof(bf16_raw)), 0);
 }
 
 }  // namespace
