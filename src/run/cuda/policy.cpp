@@ -141,10 +141,11 @@ DecodeEngines decode_engines(bool wgmma_decode, int bm, WeightFormat wf, ActForm
   return d;
 }
 
-int decode_max_rows(WeightFormat wf, const DecodeEngines& d32, int tuned, bool prepared) {
+int decode_max_rows(WeightFormat wf, const DecodeEngines& d32, int tuned, bool prepared, int experts) {
   if (tuned > 0) return tuned;
   if (wf == WeightFormat::nvfp4 && d32.nvfp4_1 && d32.nvfp4_2)
     return prepared ? kDecodeMaxRowsNvfp4Wide : kDecodeMaxRowsNvfp4;
+  if (wf == WeightFormat::bf16 && d32.bf16 && experts < kSplitMinExperts) return kDecodeMaxRowsFewBf16;
   return 0;
 }
 

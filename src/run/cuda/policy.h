@@ -176,12 +176,21 @@ constexpr int kDecodeMaxRowsNvfp4 = 192;
 // With prepared nvfp4 weights both GEMMs have the wide engine past one 32-row m-tile
 // (use_nvfp4_wide), which decodes each weight once per kWgmmaWideBlockM rows instead of once per 32.
 constexpr int kDecodeMaxRowsNvfp4Wide = 32;
+// bf16 weights on few local experts (under kSplitMinExperts) keep the decode engine up to two
+// m-tiles: there each expert is large and the swap-AB CUTLASS GEMM streams its weights slower than
+// the decode engine reading them once for both m-tiles (Mixtral-8x7B, 4 local experts, 64 rows per
+// expert, H200: decode 0.400 / 0.408 / 0.410 ms against swap-AB 0.448 / 0.445, one call each;
+// session 22 saw 7-9%). Not fp8 (decode 0.266 against 0.258 there), nor many experts (Qwen3,
+// gpt-oss at 64 rows: swap-AB 3% ahead; bench/results/2026-12-04-session32-h200.md).
+constexpr int kDecodeMaxRowsFewBf16 = 64;
 // The expected rows per expert up to which the decode engines run (and CUTLASS, or the wide nvfp4
 // engine, above): the tuned value (tuning.decode_max_rows > 0), else, where both GEMMs of `d32`
 // (decode_engines at bm 32) are nvfp4 wgmma engines, kDecodeMaxRowsNvfp4Wide on prepared weights
-// and kDecodeMaxRowsNvfp4 on natural ones, else 0: the built-in one-m-tile rules (kDecodeMaxRows,
-// kCutlassMinRows, kCutlassMinRowsNvfp4).
-int decode_max_rows(WeightFormat wf, const DecodeEngines& d32, int tuned, bool prepared = false);
+// and kDecodeMaxRowsNvfp4 on natural ones, where they are the bf16 engine and `experts` (local) is
+// under kSplitMinExperts kDecodeMaxRowsFewBf16, else 0: the built-in one-m-tile rules
+// (kDecodeMaxRows, kCutlassMinRows, kCutlassMinRowsNvfp4).
+int decode_max_rows(WeightFormat wf, const DecodeEngines& d32, int tuned, bool prepared = false,
+                    int experts = 1 << 30);
 
 // ---- the wide nvfp4 engine (m-tile kWgmmaWideBlockM, engine.h) -----------------------------------
 // engine_wgmma_nvfp4_wide.cu: the prepared register-decode engine with token tiles of up to

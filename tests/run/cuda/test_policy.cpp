@@ -170,6 +170,29 @@ TEST(CudaPolicy, SwapAndCrossoverRules) {
 // A split table as text (CudaRunner::set_row_buckets, bench runner --row-buckets): parsed into the
 // same buckets as the policy's own; every malformed table is a UsageError naming the part; 96 only
 // on the fp8 GEMM.
+// bf16 weights on few local experts keep the decode engine up to two m-tiles (policy.h,
+// kDecodeMaxRowsFewBf16); fp8, many experts and a tuned value keep their rules.
+TEST(CudaPolicy, FewBf16ExpertsDecodeToTwoTiles) {
+  namespace pol = cuda::policy;
+  const auto d32 = [](WeightFormat wf, ActFormat act) {
+    return pol::decode_engines(true, cuda::kWgmmaBlockM, wf, act, IntermediateQuant::fp8, 4096, 14336);
+  };
+  const pol::DecodeEngines bf = d32(WeightFormat::bf16, ActFormat::bf16), f8 = d32(WeightFormat::fp8, ActFormat::fp8);
+  ASSERT_TRUE(bf.bf16);
+  EXPECT_EQ(pol::decode_max_rows(WeightFormat::bf16, bf, 0, false, 4), pol::kDecodeMaxRowsFewBf16);
+  EXPECT_EQ(pol::decode_max_rows(WeightFormat::bf16, bf, 0, false, pol::kSplitMinExperts), 0);
+  EXPECT_EQ(pol::decode_max_rows(WeightFormat::fp8, f8, 0, false, 4), 0);
+  EXPECT_EQ(pol::decode_max_rows(WeightFormat::bf16, bf, 48, false, 4), 48);
+  // The decode m-tile up to 64 expected rows, CUTLASS above.
+  const int lim = pol::decode_max_rows(WeightFormat::bf16, bf, 0, false, 4);
+  EXPECT_EQ(pol::block_m(64, 0, lim), cuda::kWgmmaBlockM);
+  EXPECT_EQ(pol::block_m(65, 0, lim), 128);
+  if (cuda::cutlass_engine::available()) {
+    EXPECT_FALSE(pol::use_cutlass(RunnerEngine::automatic, WeightFormat::bf16, 64, lim));
+    EXPECT_TRUE(pol::use_cutlass(RunnerEngine::automatic, WeightFormat::bf16, 65, lim));
+  }
+}
+
 TEST(CudaPolicy, RowBucketsFromText) {
   namespace pol = cuda::policy;
   constexpr int kAll = pol::RowBucket{}.hi;

@@ -444,13 +444,15 @@ TEST(CutlassEngine, AutomaticChoice) {
   };
   const int H = 256, I = 128, E = 4, K = 2;
   const std::vector<Case> cases = {
-      {66, A::bf16, W::bf16, true},   // 66*2/4 = 33 rows per expert
-      {64, A::bf16, W::bf16, false},  // 32: one decode m-tile
+      {64, A::bf16, W::bf16, false},  // 64*2/4 = 32 rows per expert: one decode m-tile
+      // bf16 weights on few experts (E 4 < policy::kSplitMinExperts): decode up to
+      // policy::kDecodeMaxRowsFewBf16 (64) rows per expert, CUTLASS above.
+      {66, A::bf16, W::bf16, false},  {128, A::bf16, W::bf16, false}, {130, A::bf16, W::bf16, true},
       {66, A::fp8, W::fp8, true},     {66, A::bf16, W::fp8, true},   {64, A::bf16, W::fp8, false},
       // nvfp4 with both GEMMs on the register-decode wgmma engine: decode up to
       // policy::kDecodeMaxRowsNvfp4 (192) rows per expert, CUTLASS (widened) above.
       {386, A::fp8, W::nvfp4, true},  {384, A::fp8, W::nvfp4, false}, {256, A::fp8, W::nvfp4, false},
-      {66, A::nvfp4, W::bf16, true},
+      {130, A::nvfp4, W::bf16, true},
       {386, A::bf16, W::bf16, true},  // 193 rows per expert: past policy::kSwapMaxRows, unswapped
   };
   std::mt19937 rng(7);
