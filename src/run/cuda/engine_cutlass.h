@@ -154,10 +154,9 @@ void grouped_gemm_fp8_swap_n192(const Grouped& g, cudaStream_t stream);
 }  // namespace detail
 
 // The experts a SwiGLU pass leaves alone: those whose row count lies in one of the n ranges
-// [lo, hi], whose GEMM1 launch (grouped_gemm_bf16_glu or grouped_gemm_fp8_glu with rows_lo /
-// rows_hi) wrote their intermediate rows already (quantize_intermediate then takes only them).
-// The pass then walks the experts' 128-row m-tiles (tiles, num_tiles: launch_count's table at bm
-// 128) instead of the rows, to know each row's expert.
+// [lo, hi], whose GEMM1 launch (grouped_gemm_bf16_glu with rows_lo / rows_hi) wrote their
+// intermediate rows already. The pass then walks the experts' 128-row m-tiles (tiles, num_tiles:
+// launch_count's table at bm 128) instead of the rows, to know each row's expert.
 struct SwigluSkip {
   static constexpr int kMaxRanges = 4;
   int n = 0;
@@ -177,12 +176,10 @@ void swiglu(const bf16_raw* h, const int32_t* offsets, const int32_t* cnt, int E
             const SwigluSkip& skip = {}, bool pdl = false);
 // The fp8 form's second half: an intermediate h [rows][I] that is bf16 already (grouped_gemm_fp8_glu)
 // to e4m3 codes a8 [rows][I] and scales sfa8 [rows][I/128], the bytes swiglu writes from the same
-// values. With `only` (n > 0) just the rows of the experts it names (the fp8 form's ranges of a
-// split GEMM1), walking the m-tile table as swiglu's skip does. Needs I % 16 == 0, 16-byte aligned
-// h and 8-byte aligned a8.
+// values. Needs I % 16 == 0, 16-byte aligned h and 8-byte aligned a8.
 void quantize_intermediate(const bf16_raw* h, const int32_t* offsets, const int32_t* cnt, int E, int I,
                            int64_t max_rows, bool ue8m0, uint8_t* a8, float* sfa8, cudaStream_t stream,
-                           const SwigluSkip& only = {}, bool pdl = false);
+                           bool pdl = false);
 
 }  // namespace epmoe::cuda::cutlass_engine
 

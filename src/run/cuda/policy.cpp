@@ -210,11 +210,9 @@ CutlassPlan cutlass_plan(const DispatchOutput& in, const ExpertWeights& w, Inter
 }
 
 bool glu_in_split(const CutlassPlan& p, int intermediate, IntermediateQuant iq) {
-  const bool bf16_form =
-      p.gemm1 == CutlassPath::bf16 && iq != IntermediateQuant::fp8 && cutlass_engine::glu_fits(intermediate);
-  const bool fp8_form =
-      p.gemm1 == CutlassPath::fp8 && p.gemm2 == CutlassPath::fp8 && cutlass_engine::glu_fp8_fits(intermediate);
-  if (!(bf16_form || fp8_form) || p.fused_swiglu || p.buckets.size() < 2) return false;
+  if (p.gemm1 != CutlassPath::bf16 || iq == IntermediateQuant::fp8 || p.fused_swiglu ||
+      !cutlass_engine::glu_fits(intermediate) || p.buckets.size() < 2)
+    return false;
   int unswapped = 0;
   for (const RowBucket& b : p.buckets) unswapped += b.tile_n == 0;
   return unswapped >= 1 && unswapped <= cutlass_engine::SwigluSkip::kMaxRanges;

@@ -256,8 +256,7 @@ struct CutlassPlan {
   // half and its up half (N = I each, their own scale tiles) into the two column halves of [rows][2I].
   bool split_w13 = false;
   // GEMM1 split by rows with SwiGLU fused where it can be (glu_in_split): its unswapped buckets run
-  // the one-GEMM SwiGLU (bf16 or fp8) into the intermediate, the pass then covers only the other
-  // buckets' experts (and, fp8, quantize_intermediate the fused ones').
+  // the one-GEMM SwiGLU into the intermediate, the pass then covers only the other buckets' experts.
   bool glu_split = false;
   // GEMM1 and GEMM2 both on the fp8 GEMM (intermediate_quant = fp8) in one unswapped launch with
   // I % 64 == 0: GEMM1 runs as the fp8 one-GEMM SwiGLU (engine_cutlass_glu_fp8.cu) into a bf16
@@ -279,13 +278,11 @@ struct CutlassPlan {
 CutlassPlan cutlass_plan(const DispatchOutput& in, const ExpertWeights& w, IntermediateQuant iq, bool fused_swiglu,
                          CutlassSwap swap, double expected_rows, size_t widen_scratch_bytes);
 // Whether GEMM1 of plan `p` (its buckets final) fuses SwiGLU inside a split by rows: GEMM1 on the
-// direct bf16 GEMM (bf16 weights, so no alpha) with a bf16 intermediate (iq none) and glu_fits(I),
-// or both GEMMs on the fp8 GEMM with glu_fp8_fits(I) (the swapped buckets then run W13 whole, or
-// as its two halves where split_w13); several buckets of which 1..SwigluSkip::kMaxRanges
-// unswapped, and not fused whole already. The swapped buckets have no SwiGLU form; the unswapped
-// ones run grouped_gemm_bf16_glu / grouped_gemm_fp8_glu on their row range, which gives the
-// unfused bits (fp8: quantize_intermediate then takes their rows), so this takes nothing but the
-// pass's work on those rows and GEMM1's [rows][2I] write of them.
+// direct bf16 GEMM (bf16 weights, so no alpha), a bf16 intermediate (iq none), glu_fits(I), several
+// buckets of which 1..SwigluSkip::kMaxRanges unswapped, and not fused whole already. The swapped
+// buckets have no SwiGLU form; the unswapped ones run grouped_gemm_bf16_glu on their row range,
+// which gives the unfused bits, so this takes nothing but the pass's work on those rows and
+// GEMM1's [rows][2I] write of them.
 bool glu_in_split(const CutlassPlan& p, int intermediate, IntermediateQuant iq);
 
 // ---- configuration limits --------------------------------------------------------------------------

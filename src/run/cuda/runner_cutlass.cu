@@ -48,12 +48,11 @@ void gemm1_swiglu(const cutlass_engine::Grouped& g, bf16_raw* gate, cudaStream_t
 // last wave shares the GPU with the next one's first. Each expert's rows are in exactly one range,
 // so the launches write disjoint rows and the bytes are those of the sequential order. They are
 // issued in policy::bucket_order of `expected_rows` (the likely large range first).
-// With `glu_out` (GEMM1, policy::glu_in_split) the unswapped buckets run the one-GEMM SwiGLU into
-// glu_out [rows][I] instead of writing their rows of g.out (fp8: with W13's scales in its order,
-// `glu_sfw`; also where the other buckets run W13 as its two halves, g.halves).
+// With `glu_out` (bf16 GEMM1, policy::glu_in_split) the unswapped buckets run the one-GEMM SwiGLU
+// into glu_out [rows][N/2] instead of writing their rows of g.out.
 void run_buckets(cutlass_engine::Grouped g, const std::vector<policy::RowBucket>& buckets, bool fp8,
                  cudaStream_t st, StreamFork* fork, size_t ws_stride, double expected_rows,
-                 bf16_raw* glu_out = nullptr, const float* glu_sfw = nullptr) {
+                 bf16_raw* glu_out = nullptr) {
   const bool split = fork && buckets.size() > 1;
   if (split) fork->fork(st, int(buckets.size()));
   uint8_t* const ws = static_cast<uint8_t*>(g.workspace);
@@ -70,20 +69,13 @@ void run_buckets(cutlass_engine::Grouped g, const std::vector<policy::RowBucket>
     g.swap_tile_n = b.tile_n ? b.tile_n : 64;
     cudaStream_t s = split ? fork->side(i) : st;
     if (split) g.workspace = ws + i * ws_stride;
-    if (glu_out && !g.swap_ab) {
-      // In halves (run_fp8_halves) g.N is I already; the GLU takes the whole W13 of each expert.
-      cutlass_engine::Grouped glu = g;
-      glu.N = g.halves ? g.N : g.N / 2;
-      glu.halves = false;
-      glu.out = glu_out;
-      if (fp8) {
-        glu.sfw = glu_sfw;
-        cutlass_engine::grouped_gemm_fp8_glu(glu, s);
-      } else {
-        cutlass_engine::grouped_gemm_bf16_glu(glu, s);
-      }
-    } else if (fp8) {
+    if (fp8) {
       cutlass_engine::grouped_gemm_fp8(g, s);
+    } else if (glu_out && !g.swap_ab) {
+      cutlass_engine::Grouped glu = g;
+      glu.N = g.N / 2;
+      glu.out = glu_out;
+      cutlass_engine::grouped_gemm_bf16_glu(glu, s);
     } else {
       cutlass_engine::grouped_gemm_bf16(g, s);
     }
@@ -96,22 +88,20 @@ void run_buckets(cutlass_engine::Grouped g, const std::vector<policy::RowBucket>
 // written into the two column halves of g.out [rows][2I]; the result is the [rows][2I] the single
 // GEMM writes where I % 128 == 0.
 void run_fp8_halves(cutlass_engine::Grouped g, const std::vector<policy::RowBucket>& buckets, cudaStream_t st,
-                    StreamFork* fork, size_t ws_stride, double expected_rows, bf16_raw* glu_out = nullptr,
-                    const float* glu_sfw = nullptr) {
+                    StreamFork* fork, size_t ws_stride, double expected_rows) {
   g.N /= 2;
   g.halves = true;
-  run_buckets(g, buckets, true, st, fork, ws_stride, expected_rows, glu_out, glu_sfw);
+  run_buckets(g, buckets, true, st, fork, ws_stride, expected_rows);
 }
 
-// The workspace one launch of `buckets` (fp8 or bf16 GEMMs; `glu`: the unswapped ones on the
+// The workspace one launch of `buckets` (fp8 or bf16 GEMMs; `glu`: the unswapped bf16 ones on the
 // one-GEMM SwiGLU) needs: the largest one's, rounded up to 256 bytes so that concurrent launches'
 // regions (run_buckets) stay aligned.
 size_t bucket_workspace(const std::vector<policy::RowBucket>& buckets, bool fp8, int E, int sms, bool glu = false) {
   size_t n = 0;
   for (const policy::RowBucket& b : buckets) {
     const size_t s = fp8 ? (b.tile_n ? cutlass_engine::fp8_swap_workspace_bytes(E, sms, b.tile_n)
-                                     : std::max(cutlass_engine::fp8_workspace_bytes(E, sms),
-                                                glu ? cutlass_engine::glu_fp8_workspace_bytes(E, sms) : 0))
+                                     : cutlass_engine::fp8_workspace_bytes(E, sms))
                          : (b.tile_n ? cutlass_engine::bf16_swap_workspace_bytes(E, sms, b.tile_n)
                                      : std::max(cutlass_engine::bf16_workspace_bytes(E, sms),
                                                 glu ? cutlass_engine::glu_workspace_bytes(E, sms) : 0));
@@ -156,8 +146,7 @@ int CudaRunner::run_widened(const cutlass_engine::Grouped& g, const MatrixView& 
 // GEMM1 and the SwiGLU pass are instead its gate half [rows][I] and its up half with SwiGLU in the
 // epilogue (gemm1_swiglu, engine_cutlass_swiglu.cu). Where both GEMMs are on the fp8 GEMM in one
 // unswapped launch (CutlassPlan::fp8_glu), GEMM1 is the fp8 one-GEMM SwiGLU into a bf16 [rows][I]
-// and the pass only quantizes that (quantize_intermediate): the same bytes for GEMM2; split by rows,
-// its unswapped launches do the same (glu_split, as the bf16 form does).
+// and the pass only quantizes that (quantize_intermediate): the same bytes for GEMM2.
 // Per GEMM the operand path is (policy.h):
 //   bf16 weights: CUTLASS bf16;
 //   fp8 weights: CUTLASS fp8 where the other operand is e4m3 already (GEMM1: fp8 dispatch, GEMM2:
@@ -224,11 +213,10 @@ void CudaRunner::run_cutlass(const DispatchOutput& in, const ExpertWeights& w, b
   const bool any_widened = p1 == CutlassPath::widened || p2 == CutlassPath::widened;
   const int sw = plan.swap_tile_n;
   const int groups8 = plan.split_w13 && !fp8_glu ? 2 * E : E;
-  const size_t ws_stride =
-      std::max(any_fp8 ? std::max(bucket_workspace(plan.buckets, true, groups8, sms_, glu_split && fp8_1),
-                                  fp8_glu ? cutlass_engine::glu_fp8_workspace_bytes(E, sms_) : 0)
-                       : 0,
-               any_bf16 ? bucket_workspace(plan.buckets, false, E, sms_, glu_split && !fp8_1) : 0);
+  const size_t ws_stride = std::max(any_fp8 ? std::max(bucket_workspace(plan.buckets, true, groups8, sms_),
+                                                       fp8_glu ? cutlass_engine::glu_fp8_workspace_bytes(E, sms_) : 0)
+                                            : 0,
+                                    any_bf16 ? bucket_workspace(plan.buckets, false, E, sms_, glu_split) : 0);
   StreamFork* const fork = concurrent_buckets_ && plan.buckets.size() > 1 ? &fork_ : nullptr;
   cws_.reserve(std::max({ws_stride * (fork ? plan.buckets.size() : 1),
                          any_widened ? bucket_workspace({policy::RowBucket{0, policy::RowBucket{}.hi, sw}}, false, E,
@@ -252,12 +240,10 @@ void CudaRunner::run_cutlass(const DispatchOutput& in, const ExpertWeights& w, b
     h8_.reserve(size_t(max_rows) * I);
     hs_.reserve(size_t(max_rows) * fp8_blocks(I) * 4);
   }
-  // The fp8 one-GEMM SwiGLU (whole or in a split) writes the bf16 intermediate for the quantization.
-  const bool glu8 = fp8_glu || (glu_split && fp8_1);
-  if (!fp8_2 || glu8) h_.reserve(size_t(max_rows) * I * 2);
+  if (!fp8_2 || fp8_glu) h_.reserve(size_t(max_rows) * I * 2);
   // prepare() may have reordered W13's scales once already (prepare_fp8_glu_scales).
-  const float* glu_sfw = glu8 ? static_cast<const float*>(w.w13.prepared) : nullptr;
-  if (glu8 && !glu_sfw) glu_sfw_.reserve(size_t(E) * 2 * (I / 64) * fp8_blocks(H) * 4);
+  const float* glu_sfw = static_cast<const float*>(w.w13.prepared);
+  if (fp8_glu && !glu_sfw) glu_sfw_.reserve(size_t(E) * 2 * (I / 64) * fp8_blocks(H) * 4);
   if (nvfp4) {
     inv_gs_.reserve(size_t(E) * 2 * sizeof(float));
     widen::inverse_scales(w.w13.global_scale, E, inv_gs_.get<float>(), st);
@@ -293,21 +279,20 @@ void CudaRunner::run_cutlass(const DispatchOutput& in, const ExpertWeights& w, b
     g1.A = a8_.get<uint8_t>();
     g1.sfa = as_.get<float>();
     g1.sfw = static_cast<const float*>(w.w13.scales);
-    if (glu8 && !glu_sfw) {
-      cutlass_engine::glu_fp8_scales(g1.sfw, E, I, H, glu_sfw_.get<float>(), st, pdl_);
-      glu_sfw = glu_sfw_.get<float>();
-    }
-    bf16_raw* const glu_out = glu_split ? h_.get<bf16_raw>() : nullptr;
     if (fp8_glu) {
+      if (!glu_sfw) {
+        cutlass_engine::glu_fp8_scales(g1.sfw, E, I, H, glu_sfw_.get<float>(), st, pdl_);
+        glu_sfw = glu_sfw_.get<float>();
+      }
       cutlass_engine::Grouped glu = g1;
       glu.N = I;
       glu.sfw = glu_sfw;
       glu.out = h_.get<bf16_raw>();
       cutlass_engine::grouped_gemm_fp8_glu(glu, st);
     } else if (plan.split_w13)
-      run_fp8_halves(g1, plan.buckets, st, fork, ws_stride, er, glu_out, glu_sfw);
+      run_fp8_halves(g1, plan.buckets, st, fork, ws_stride, er);
     else
-      run_buckets(g1, plan.buckets, true, st, fork, ws_stride, er, glu_out, glu_sfw);
+      run_buckets(g1, plan.buckets, true, st, fork, ws_stride, er);
   } else if (fuse) {
     // gu_ holds the gate half [rows][I]; the up half's epilogue writes the intermediate into h_.
     g1.A = a_.get<bf16_raw>();
@@ -327,8 +312,7 @@ void CudaRunner::run_cutlass(const DispatchOutput& in, const ExpertWeights& w, b
 
   if (fp8_glu) {
     cutlass_engine::quantize_intermediate(h_.get<bf16_raw>(), offsets_.get<int32_t>(), cnt_.get<int32_t>(), E, I,
-                                          max_rows, in.quant.ue8m0, h8_.get<uint8_t>(), hs_.get<float>(), st, {},
-                                          pdl_);
+                                          max_rows, in.quant.ue8m0, h8_.get<uint8_t>(), hs_.get<float>(), st, pdl_);
   } else if (!fuse) {
     // With glu_split the pass leaves the unswapped buckets' experts, whose rows GEMM1 wrote.
     cutlass_engine::SwigluSkip skip;
@@ -346,11 +330,6 @@ void CudaRunner::run_cutlass(const DispatchOutput& in, const ExpertWeights& w, b
                            iq8 && !fp8_2, in.quant.ue8m0, fp8_2 ? nullptr : h_.get<bf16_raw>(),
                            fp8_2 ? h8_.get<uint8_t>() : nullptr, fp8_2 ? hs_.get<float>() : nullptr, st, skip,
                            pdl_);
-    // The fp8 form's fused ranges wrote their experts' bf16 intermediate: GEMM2's codes from it.
-    if (glu_split && fp8_1)
-      cutlass_engine::quantize_intermediate(h_.get<bf16_raw>(), offsets_.get<int32_t>(), cnt_.get<int32_t>(), E, I,
-                                            max_rows, in.quant.ue8m0, h8_.get<uint8_t>(), hs_.get<float>(), st, skip,
-                                            pdl_);
   }
 
   cutlass_engine::Grouped g2 = g1;

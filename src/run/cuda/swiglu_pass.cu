@@ -154,10 +154,10 @@ __device__ __forceinline__ void swiglu_load(const bf16_raw* __restrict__ h, uint
 // (measured at M 32768: the scalar kernel took 191 us for bf16 and 271 us with the fp8 codes, 2.1
 // and 1.2 TB/s, with 2-byte accesses; bench/results/history-runner.md).
 // kSkip: the work items are (m-tile, row of the tile, 256-column group), each warp taking one
-// contiguous run of them, and the rows of the experts `skip` names (SwigluSkip) are left (kQuant:
-// only those experts' rows are taken); a row's bytes are computed as without it. The run keeps a
-// warp on one or two tiles, so it looks each tile up once and steps over a skipped tile (or a
-// tile's rows past its count) in one iteration:
+// contiguous run of them, and the rows of the experts `skip` names (SwigluSkip) are left; a row's
+// bytes are computed as without it (SwiGLU only: the quantization runs over all rows). The run
+// keeps a warp on one or two tiles, so it looks each tile up once and steps over a skipped tile
+// (or a tile's rows past its count) in one iteration:
 // with a grid stride, every item paid the two dependent lookups, 37 us for a pass that skipped
 // everything (DeepSeek-V3 bf16 M 32768 uniform, ncu; bench/results/2026-12-03-session27-h200.md).
 // (Two items in flight per warp, both loaded before either is computed, measured the same: 15.4 /
@@ -168,6 +168,7 @@ __global__ void intermediate_vec_kernel(const bf16_raw* __restrict__ h, const in
                                         const int32_t* __restrict__ cnt, int E, int I, bool round_trip, bool ue8m0,
                                         bf16_raw* __restrict__ a, uint8_t* __restrict__ a8,
                                         float* __restrict__ sfa8, const SwigluSkip skip) {
+  static_assert(!(kQuant && kSkip), "the quantization takes every row");
   dev::pdl_enter();
   const int lane = threadIdx.x & 31;
   const uint32_t warps = blockDim.x >> 5;
@@ -209,7 +210,7 @@ __global__ void intermediate_vec_kernel(const bf16_raw* __restrict__ h, const in
     const uint32_t w_end = min(total, (gw + 1) * per);
     uint32_t tile = 0xffffffffu;  // the tile looked up last, and what it says
     MTile mt{};
-    bool leave = false;
+    bool fused = false;
     for (uint32_t w = gw * per; w < w_end; ++w) {
       uint32_t r = w / ng;
       const int c0 = int(w - r * ng) * 256 + lane * 8;
@@ -217,12 +218,11 @@ __global__ void intermediate_vec_kernel(const bf16_raw* __restrict__ h, const in
         tile = r / 128;
         mt = skip.tiles[tile];
         const int rows_e = cnt[mt.expert];
-        bool in_ranges = false;
-        for (int i = 0; i < skip.n; ++i) in_ranges |= rows_e >= skip.lo[i] && rows_e <= skip.hi[i];
-        leave = kQuant ? !in_ranges : in_ranges;  // the quantization takes only the ranges' experts
+        fused = false;
+        for (int i = 0; i < skip.n; ++i) fused |= rows_e >= skip.lo[i] && rows_e <= skip.hi[i];
       }
       const int in_tile = int(r % 128);
-      if (leave || in_tile >= mt.rows) {  // nothing left in this tile: on to the next one's first item
+      if (fused || in_tile >= mt.rows) {  // nothing left in this tile: on to the next one's first item
         w = (tile + 1) * 128 * ng - 1;
         continue;
       }
@@ -231,7 +231,7 @@ __global__ void intermediate_vec_kernel(const bf16_raw* __restrict__ h, const in
   }
 }
 
-// The warps of the vector form: one per (row, 256 columns), or with ranges per (m-tile row, 256
+// The warps of the vector form: one per (row, 256 columns), or with a skip per (m-tile row, 256
 // columns) over every m-tile's 128 rows (at most one partial tile per expert beyond max_rows / 128).
 int64_t vec_warps(int64_t max_rows, int E, int I, bool tiles) {
   return (tiles ? ((max_rows + 127) / 128 + E) * 128 : max_rows) * ((I + 255) / 256);
@@ -242,34 +242,29 @@ void launch_vec(int64_t warps, const bf16_raw* h, const int32_t* offsets, const 
                 bool round_trip, bool ue8m0, bf16_raw* a, uint8_t* a8, float* sfa8, cudaStream_t stream,
                 const SwigluSkip& skip, bool pdl) {
   const int grid = static_cast<int>(std::min<int64_t>((warps + 7) / 8, 132 * 16));
-  if (skip.n > 0)
-    launch_kernel(intermediate_vec_kernel<kQuant, true>, grid, 256, 0, stream, pdl, h, offsets, cnt, E, I, round_trip,
-                  ue8m0, a, a8, sfa8, skip);
-  else
-    launch_kernel(intermediate_vec_kernel<kQuant, false>, grid, 256, 0, stream, pdl, h, offsets, cnt, E, I,
-                  round_trip, ue8m0, a, a8, sfa8, skip);
-}
-
-void check_ranges(const SwigluSkip& r, const char* what) {
-  if (r.n > 0 && (r.n > SwigluSkip::kMaxRanges || !r.tiles || !r.num_tiles))
-    throw UsageError(std::string("cutlass ") + what + ": ranges need 1.." + std::to_string(SwigluSkip::kMaxRanges) +
-                     " of them and the m-tile table, got n=" + std::to_string(r.n));
+  if constexpr (!kQuant) {
+    if (skip.n > 0) {
+      launch_kernel(intermediate_vec_kernel<false, true>, grid, 256, 0, stream, pdl, h, offsets, cnt, E, I,
+                    round_trip, ue8m0, a, a8, sfa8, skip);
+      return;
+    }
+  }
+  launch_kernel(intermediate_vec_kernel<kQuant, false>, grid, 256, 0, stream, pdl, h, offsets, cnt, E, I, round_trip,
+                ue8m0, a, a8, sfa8, skip);
 }
 
 }  // namespace
 
 void quantize_intermediate(const bf16_raw* h, const int32_t* offsets, const int32_t* cnt, int E, int I,
-                           int64_t max_rows, bool ue8m0, uint8_t* a8, float* sfa8, cudaStream_t stream,
-                           const SwigluSkip& only, bool pdl) {
+                           int64_t max_rows, bool ue8m0, uint8_t* a8, float* sfa8, cudaStream_t stream, bool pdl) {
   if (E <= 0 || max_rows <= 0) return;
   if (I % 16 != 0 || reinterpret_cast<uintptr_t>(h) % 16 != 0 || reinterpret_cast<uintptr_t>(a8) % 8 != 0 || !sfa8)
     throw UsageError("cutlass quantize_intermediate: needs intermediate % 16 == 0 (got " + std::to_string(I) +
                      "), 16-byte aligned h, 8-byte aligned codes and a scale buffer");
-  check_ranges(only, "quantize_intermediate");
-  const int64_t warps = vec_warps(max_rows, E, I, only.n > 0);
+  const int64_t warps = vec_warps(max_rows, E, I, false);
   if (warps >= (int64_t(1) << 31))
     throw UsageError("cutlass quantize_intermediate: " + std::to_string(max_rows) + " rows exceed the 32-bit index");
-  launch_vec<true>(warps, h, offsets, cnt, E, I, false, ue8m0, nullptr, a8, sfa8, stream, only, pdl);
+  launch_vec<true>(warps, h, offsets, cnt, E, I, false, ue8m0, nullptr, a8, sfa8, stream, SwigluSkip{}, pdl);
   EPMOE_CUDA_CHECK_LAUNCH();
 }
 
@@ -281,7 +276,9 @@ void swiglu(const bf16_raw* h, const int32_t* offsets, const int32_t* cnt, int E
   if ((a8 || fp8_round_trip) && I % 16 != 0)
     throw UsageError("cutlass swiglu: the fp8 intermediate needs intermediate % 16 == 0, got " + std::to_string(I));
   const bool skipping = skip.n > 0;
-  check_ranges(skip, "swiglu");
+  if (skipping && (skip.n > SwigluSkip::kMaxRanges || !skip.tiles || !skip.num_tiles))
+    throw UsageError("cutlass swiglu: skip needs 1.." + std::to_string(SwigluSkip::kMaxRanges) +
+                     " ranges and the m-tile table, got n=" + std::to_string(skip.n));
   const int64_t warps = vec_warps(max_rows, E, I, skipping);
   const bool vec = I % 8 == 0 && reinterpret_cast<uintptr_t>(h) % 16 == 0 &&
                    (a8 ? reinterpret_cast<uintptr_t>(a8) % 8 == 0 : reinterpret_cast<uintptr_t>(a) % 16 == 0) &&

@@ -187,15 +187,11 @@ void run_problem(const Problem& p, uint32_t seed) {
       expect_within_bound(d);
       expect_poison_after(yu, n, H);
     }
-    // Split by rows (byrows: several ranges, some unswapped), GEMM1 fuses SwiGLU in its unswapped
-    // launches where bf16 GEMM1 keeps a bf16 intermediate and I % 128 == 0, or both GEMMs are fp8
-    // and I % 64 == 0 (the fp8 form, its fused experts' rows then quantized apart); the output is
-    // checked against the reference and the unswapped run below.
-    const bool both_fp8 = expect.rfind("cutlass-fp8", 0) == 0 && expect.find("/cutlass-fp8") != std::string::npos;
-    const bool expect_glu_split =
-        sw == CutlassSwap::byrows &&
-        ((p.wf == WeightFormat::bf16 && p.iq == IntermediateQuant::none && cuda::cutlass_engine::glu_fits(I)) ||
-         (both_fp8 && cuda::cutlass_engine::glu_fp8_fits(I)));
+    // Split by rows (byrows: several ranges, some unswapped), bf16 GEMM1 fuses SwiGLU in its
+    // unswapped launches where the intermediate stays bf16 and I % 128 == 0; the output is checked
+    // against the reference and the unswapped run below.
+    const bool expect_glu_split = sw == CutlassSwap::byrows && p.wf == WeightFormat::bf16 &&
+                                  p.iq == IntermediateQuant::none && cuda::cutlass_engine::glu_fits(I);
     EXPECT_EQ(glu_split, expect_glu_split);
     // One chunk per widened GEMM with the default 1 GiB scratch (these problems are far smaller).
     const bool wide1 = widened_gemm(expect, 1), wide2 = widened_gemm(expect, 2);
