@@ -326,7 +326,10 @@ void bench_preset(const Opts& o, const ModelPreset& given, double hbm_gbs, const
 // decode engines' 32-row m-tiles, and the CUTLASS split by rows per expert (policy::row_buckets, or
 // --row-buckets) on bf16 and on fp8 weights. A swap-AB tile t does ceil(rows / t) * t rows; the
 // unswapped 128-row m-tiles come in pairs (2x1 clusters). Which engine a point runs on is the
-// runner's choice (RUNNER.md); this shows what each would compute, without a GPU.
+// runner's choice (RUNNER.md); this shows what each would compute, without a GPU. The last column
+// counts the split's launches per GEMM that have rows, of all it makes: every range is launched
+// (the host never sees the counts), and one without rows still costs a table fill and a GEMM
+// launch whose CTAs find no tile (~2.3 + ~5 us, session 32).
 void print_plan(const Opts& o) {
   const long long maxM = *std::max_element(o.Ms.begin(), o.Ms.end());
   for (const ModelPreset* given : o.presets) {
@@ -339,30 +342,41 @@ void print_plan(const Opts& o) {
                 pre.name.c_str(), H, I, E, brows.describe(), cutlass_swap_name(pre.config.tuning.cutlass_swap),
                 o.row_buckets.empty() ? "" : ", --row-buckets");
     std::printf("| M | mean rows per expert | experts with rows | rows per expert | MMA rows / M: 32-row m-tiles | "
-                "CUTLASS split, bf16 | CUTLASS split, fp8 |\n|---|---|---|---|---|---|---|\n");
+                "CUTLASS split, bf16 | CUTLASS split, fp8 | launches with rows, bf16 / fp8 |\n"
+                "|---|---|---|---|---|---|---|---|\n");
     for (const long long M : o.Ms) {
       const std::vector<int> counts = brows.counts(M);
       const double mean = double(M) / E;
       auto padded = [&](int rows, int tile) { return (rows + tile - 1) / tile * tile; };
       long long decode = 0;
       for (const int c : counts) decode += padded(c, 32);
+      // MMA rows / M of the split on bf16 or fp8 weights, and its launches per GEMM: with rows, all.
+      struct Split {
+        double mma;
+        int busy, launches;
+      };
       auto split = [&](bool fp8) {
         const std::vector<cuda::policy::RowBucket> buckets =
             o.row_buckets.empty() ? cuda::policy::row_buckets(pre.config.tuning.cutlass_swap, mean, fp8,
                                                                cuda::policy::split_weight_bytes(E, H, I, fp8), E)
                                   : o.row_buckets;
         long long mma = 0;
+        std::vector<bool> busy(buckets.size(), false);
         for (const int c : counts)
-          for (const cuda::policy::RowBucket& b : buckets)
+          for (size_t i = 0; i < buckets.size(); ++i) {
+            const cuda::policy::RowBucket& b = buckets[i];
             if (c > 0 && c >= b.lo && c <= b.hi) {
               mma += b.tile_n > 0 ? padded(c, b.tile_n) : padded(padded(c, 128) / 128, 2) * 128;
+              busy[i] = true;
               break;
             }
-        return double(mma) / double(M);
+          }
+        return Split{double(mma) / double(M), int(std::count(busy.begin(), busy.end(), true)), int(buckets.size())};
       };
+      const Split sb = split(false), s8 = split(true);
       const auto [lo, hi] = std::minmax_element(counts.begin(), counts.end());
-      std::printf("| %lld | %.1f | %d | %d..%d | %.2f | %.2f | %.2f |\n", M, mean, brows.touched(M), *lo, *hi,
-                  double(decode) / double(M), split(false), split(true));
+      std::printf("| %lld | %.1f | %d | %d..%d | %.2f | %.2f | %.2f | %d of %d / %d of %d |\n", M, mean, brows.touched(M),
+                  *lo, *hi, double(decode) / double(M), sb.mma, s8.mma, sb.busy, sb.launches, s8.busy, s8.launches);
     }
   }
   std::fflush(stdout);
