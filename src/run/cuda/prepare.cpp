@@ -30,7 +30,7 @@ size_t prepare_nvfp4_weights(ExpertWeights& w, DeviceBuffer& w13, DeviceBuffer& 
 size_t prepare_fp8_glu_scales(ExpertWeights& w, DeviceBuffer& scales, cudaStream_t stream) {
   const int E = w.w13.experts, H = w.hidden, I = w.intermediate;
   if (w.w13.format != WeightFormat::fp8 || !cutlass_engine::glu_fp8_fits(I) || E <= 0) return 0;
-  const size_t n = size_t(E) * 2 * (I / 64) * fp8_blocks(H) * sizeof(float);
+  const size_t n = fp8_glu_scales_bytes(E, H, I);
   scales.reserve(n);
   cutlass_engine::glu_fp8_scales(static_cast<const float*>(w.w13.scales), E, I, H, scales.get<float>(), stream);
   w.w13.prepared = scales.get();

@@ -10,6 +10,7 @@
 #include <cstddef>
 
 #include "core/cuda/check.h"
+#include "epmoe/format.h"
 #include "epmoe/runner.h"
 
 namespace epmoe::cuda {
@@ -27,5 +28,10 @@ size_t prepare_nvfp4_weights(ExpertWeights& w, DeviceBuffer& w13, DeviceBuffer& 
 // floats, so the same results). Returns their bytes; 0 for other formats or shapes (nothing
 // changes). Must be redone if the scales change. Enqueued on `stream` on the current device.
 size_t prepare_fp8_glu_scales(ExpertWeights& w, DeviceBuffer& scales, cudaStream_t stream);
+// Bytes of those scales for E experts of hidden size H and intermediate size I (I % 64 == 0): one
+// per 64 rows of W13 and 128-block of H.
+inline size_t fp8_glu_scales_bytes(int E, int H, int I) {
+  return size_t(E) * 2 * (I / 64) * fp8_blocks(H) * sizeof(float);
+}
 
 }  // namespace epmoe::cuda

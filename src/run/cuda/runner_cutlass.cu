@@ -242,8 +242,8 @@ void CudaRunner::run_cutlass(const DispatchOutput& in, const ExpertWeights& w, b
   }
   if (!fp8_2 || fp8_glu) h_.reserve(size_t(max_rows) * I * 2);
   // prepare() may have reordered W13's scales once already (prepare_fp8_glu_scales).
-  const float* glu_sfw = static_cast<const float*>(w.w13.prepared);
-  if (fp8_glu && !glu_sfw) glu_sfw_.reserve(size_t(E) * 2 * (I / 64) * fp8_blocks(H) * 4);
+  const float* glu_sfw = fp8_glu ? static_cast<const float*>(w.w13.prepared) : nullptr;
+  if (fp8_glu && !glu_sfw) glu_sfw_.reserve(fp8_glu_scales_bytes(E, H, I));
   if (nvfp4) {
     inv_gs_.reserve(size_t(E) * 2 * sizeof(float));
     widen::inverse_scales(w.w13.global_scale, E, inv_gs_.get<float>(), st);
