@@ -232,12 +232,15 @@ struct Tables {
   const float** sfb;
   const EC** c;
   StrideC* sc;
+  // Whether any group of this launch has rows (fill_tables; 1 when it cannot tell): gemm_kernel
+  // returns at once where none has, before CUTLASS's prologue.
+  int* active;
 
   static size_t round(size_t n) { return (n + 255) / 256 * 256; }
   static size_t bytes(int E) {
     return round(sizeof(Shape3) * E) + 3 * round(sizeof(void*) * E) + round(sizeof(StrideA) * E) +
            round(sizeof(StrideB) * E) + round(sizeof(StrideD) * E) + (kScaled ? 2 * round(sizeof(void*) * E) : 0) +
-           (kSource ? round(sizeof(void*) * E) + round(sizeof(StrideC) * E) : 0);
+           (kSource ? round(sizeof(void*) * E) + round(sizeof(StrideC) * E) : 0) + round(sizeof(int));
   }
   static Tables carve(void* ws, int E) {
     uint8_t* p = static_cast<uint8_t*>(ws);
@@ -262,12 +265,14 @@ struct Tables {
       t.c = reinterpret_cast<const EC**>(take(sizeof(void*) * E));
       t.sc = reinterpret_cast<StrideC*>(take(sizeof(StrideC) * E));
     }
+    t.active = reinterpret_cast<int*>(take(sizeof(int)));
     return t;
   }
 };
 
-// One thread per group (an expert, or with `halves` a half of one): shapes (the expert's rows may be 0: the scheduler gives it no tiles; an
-// expert outside [rows_lo, rows_hi] is given 0 rows, so that it runs in another launch),
+// One thread per group (an expert, or with `halves` a half of one): shapes (the expert's rows may
+// be 0: the scheduler gives it no tiles; an expert outside [rows_lo, rows_hi] is given 0 rows, so
+// that it runs in another launch), t.active (whether any group has rows),
 // row-major A/D and K-major W pointers and strides, and the scale pointers. Swapped, the problem is
 // (N, rows, K) with the weights as CUTLASS's A, the rows as its B and D column-major (stride N
 // between rows), i.e. the same bytes.
@@ -278,10 +283,20 @@ __global__ void fill_tables(T t, int E, int N, int K, const int32_t* __restrict_
                             bf16_raw* out, bool halves, bool glu) {
   dev::pdl_enter();  // Grouped::pdl: the counts and, before the writes, the previous GEMM's reads of t
   const int grp = blockIdx.x * blockDim.x + threadIdx.x;
-  if (grp >= (halves ? 2 * E : E)) return;
+  const bool in = grp < (halves ? 2 * E : E);
   const int e = halves ? grp >> 1 : grp, h = halves ? grp & 1 : 0;
+  const int rows_e = in ? rows[e] : 0;
+  const int m = rows_e >= rows_lo && rows_e <= rows_hi ? rows_e : 0;
+  // One block sees every group (fill_grid): whether any has rows. Several blocks cannot tell
+  // without a second pass, so they keep the launch (1).
+  if (gridDim.x == 1) {
+    const int any = __syncthreads_or(m > 0);
+    if (threadIdx.x == 0) *t.active = any;
+  } else if (grp == 0) {
+    *t.active = 1;
+  }
+  if (!in) return;
   const int64_t out_ld = halves ? 2 * int64_t(N) : N;  // glu: [rows][N] out of a 2N-wide problem
-  const int m = rows[e] >= rows_lo && rows[e] <= rows_hi ? rows[e] : 0;
   const int64_t off = offsets[e];
   const auto* rows_ptr = static_cast<const typename T::ERows*>(A) + off * K;
   const auto* w_ptr = static_cast<const typename T::EW*>(W) + int64_t(e) * w_stride + int64_t(h) * N * K;
@@ -374,10 +389,13 @@ size_t workspace_bytes(int E, int sms) {
 // with these CTAs (registers and shared memory are full), so it only queues its launch. Used
 // instead of GemmUniversalAdapter's launch, so that CUTLASS's own device_kernel is never
 // instantiated (one kernel per GEMM type to compile, not two).
+// A launch none of whose groups has rows (a range of a split by rows that no expert falls in:
+// the host launches every range, not knowing the counts) returns before CUTLASS's prologue.
 template <class Kernel>
 __global__ void __launch_bounds__(Kernel::MaxThreadsPerBlock, Kernel::MinBlocksPerMultiprocessor)
-    gemm_kernel(CUTLASS_GRID_CONSTANT typename Kernel::Params const params) {
+    gemm_kernel(CUTLASS_GRID_CONSTANT typename Kernel::Params const params, const int* __restrict__ active) {
   dev::pdl_enter();
+  if (*active == 0) return;
   extern __shared__ char smem[];
   Kernel op;
   op(params, smem);
@@ -437,7 +455,11 @@ void run(const Grouped& g, const char* what, cudaStream_t stream) {
   if (kSource && !g.src) throw UsageError(std::string("cutlass ") + what + ": the source (gate) is null");
   const int64_t w_stride =
       g.w_expert_stride ? g.w_expert_stride : int64_t(g.N) * g.K * (g.halves || g.glu ? 2 : 1);
-  launch_kernel(fill_tables<T>, dim3((groups + 127) / 128), dim3(128), 0, stream, g.pdl, t, g.experts, g.N, g.K,
+  // One block where it holds every group (512: DeepSeek-V3's 256 experts as halves), so that
+  // fill_tables can tell whether any has rows.
+  const dim3 fill_grid = groups <= 512 ? dim3(1) : dim3((groups + 127) / 128);
+  const dim3 fill_block = groups <= 512 ? dim3((groups + 31) / 32 * 32) : dim3(128);
+  launch_kernel(fill_tables<T>, fill_grid, fill_block, 0, stream, g.pdl, t, g.experts, g.N, g.K,
                 g.rows, g.offsets, g.rows_lo, g.rows_hi, g.A, g.sfa, g.W, w_stride, g.sfw, g.src, g.out, g.halves,
                 g.glu);
   const auto args = make_args<Gemm, kScaled, kSource, kSwap>(t, groups, g.sms, device, g.alpha);
@@ -478,7 +500,7 @@ void run(const Grouped& g, const char* what, cudaStream_t stream) {
   attr[1].val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = attr;
   cfg.numAttrs = g.pdl ? 2 : 1;
-  EPMOE_CUDA_CHECK(cudaLaunchKernelEx(&cfg, gemm_kernel<Kernel>, *params));
+  EPMOE_CUDA_CHECK(cudaLaunchKernelEx(&cfg, gemm_kernel<Kernel>, *params, static_cast<const int*>(t.active)));
 }
 
 }  // namespace epmoe::cuda::cutlass_engine::detail
