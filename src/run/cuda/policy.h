@@ -92,10 +92,10 @@ struct RowBucket {
 // at M 16384 2.411 ms vs 2.587 with [129, 256] unswapped, the other M within 1.5%, session 13),
 // [193, 256] unswapped, [257, 288] swap-AB 96 (three tiles: 288 rows of MMA instead of 384;
 // router at M 32768 3.897 ms vs 4.353 with [257, 384] on 128, M 24576 3.128 vs 3.083), [289, 384]
-// swap-AB 128, above unswapped. A launch with no expert in its range costs ~6 us when the launches
-// run one after the other (Qwen3-235B uniform at a 512-row mean, ten ranges: +102-107 us, session
-// 23), so the runner runs them on side streams (tuning.concurrent_buckets): 0.94-1.00x the
-// sequential time at every split point measured. Forced widths (and off / on): one bucket of all
+// swap-AB 128, above unswapped. A launch with no expert in its range cost ~6 us when the launches
+// ran one after the other (Qwen3-235B uniform at a 512-row mean, ten ranges: +102-107 us, session
+// 23; its GEMM now returns at once, ~2.5 us, engine_cutlass.h), so the runner runs them on side
+// streams (tuning.concurrent_buckets): 0.94-1.00x the sequential time. Forced widths (and off / on): one bucket of all
 // rows with swap_tile_n.
 // Automatic runs one launch per GEMM instead (tile: single_tile_n) where the split cannot pay:
 // - small experts (all local weights of both GEMMs, `weight_bytes`, under kSplitMinWeightBytes):
