@@ -30,6 +30,7 @@
 #include "epmoe/error.h"
 #include "epmoe/presets.h"
 #include "epmoe/quant.h"
+#include "harness/cuda/clock_probe.h"
 #include "harness/cuda/synthetic.h"
 #include "run/cuda/runner.h"
 
@@ -136,6 +137,7 @@ void bench_preset(const Opts& o, const ModelPreset& given, double hbm_gbs, const
     WeightFormat f;
     double ms;
     std::string engines;  // the runner's GEMM engines, e.g. cutlass-fp8/cutlass-fp8
+    double sm_mhz;        // the SM clock measured right after the timed calls (clock_probe.h)
   };
   std::vector<Row> rows;
   std::vector<std::string> skipped;
@@ -211,7 +213,7 @@ void bench_preset(const Opts& o, const ModelPreset& given, double hbm_gbs, const
       // launch work (what a server replaying graphs sees); else eager calls on the default stream.
       const auto call = [&] { runner.run(in, dw.w, y.get<bf16_raw>(), graph_stream); };
       const double ms = median_us(graph_stream, TimeSpec{2, r, o.graph, true}, call) / 1e3;
-      rows.push_back({M, f, ms, runner.last_engines()});
+      rows.push_back({M, f, ms, runner.last_engines(), harness::cuda::sm_clock_mhz(graph_stream)});
       // The host's side of an eager call: the time run() takes to return (launches enqueued, not
       // done), median of 5 on an idle stream.
       std::vector<double> host;
@@ -286,8 +288,8 @@ void bench_preset(const Opts& o, const ModelPreset& given, double hbm_gbs, const
     return std::max(bytes / (0.9 * hbm_gbs * 1e9), flops / peak) * 1e3;
   };
   std::printf("\n| M | format | engine | time ms | floor ms | floor / time | TFLOP/s | weight GB/s | weight GB/s / HBM copy | "
-              "cuBLAS bf16 loop ms | speedup vs cuBLAS | vs bf16 time | vs fp8 time |\n"
-              "|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+              "cuBLAS bf16 loop ms | speedup vs cuBLAS | vs bf16 time | vs fp8 time | SM MHz after |\n"
+              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
   for (size_t mi = 0; mi < Ms.size(); ++mi) {
     const long long M = Ms[mi];
     double t_bf16 = 0, t_fp8 = 0;
@@ -308,15 +310,16 @@ void bench_preset(const Opts& o, const ModelPreset& given, double hbm_gbs, const
         std::snprintf(spd, sizeof spd, "%.2fx", cublas_ms[mi] / r.ms);
       }
       const double fl = floor_ms(r.f, M);
-      std::printf("| %lld | %s | %s | %.3f | %.3f | %.2f | %.0f | %.0f | %.2f | %s | %s | %s | %s |\n", M,
+      std::printf("| %lld | %s | %s | %.3f | %.3f | %.2f | %.0f | %.0f | %.2f | %s | %s | %s | %s | %.0f |\n", M,
                   format_name(r.f), r.engines.c_str(), r.ms, fl, fl / r.ms, flops / (r.ms * 1e9), gbs, gbs / hbm_gbs, cub,
-                  spd, vs_bf16, vs_fp8);
+                  spd, vs_bf16, vs_fp8, r.sm_mhz);
     }
   }
   for (const std::string& sk : skipped) std::printf("\nskipped %s\n", sk.c_str());
   std::printf("\nHBM copy %.0f GB/s. TFLOP/s counts 2*M*3*H*I; weight GB/s counts the weights (and scales) of the "
               "experts that received rows, once; floor = max(those bytes / (0.9 x HBM copy), FLOPs / P), P = 700 "
-              "TFLOP/s (bf16, nvfp4 weights) or 1100 (fp8); routing %s.\n",
+              "TFLOP/s (bf16, nvfp4 weights) or 1100 (fp8); routing %s. SM MHz after: the SM clock measured right after "
+              "the point's timed calls; under sustained load the power cap lowers it and the point's time rises.\n",
               hbm_gbs, brows.describe());
   std::fflush(stdout);
 }
