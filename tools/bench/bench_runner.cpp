@@ -332,7 +332,7 @@ void bench_preset(const Opts& o, const ModelPreset& given, double hbm_gbs, const
 // runner's choice (RUNNER.md); this shows what each would compute, without a GPU. The last column
 // counts the split's launches per GEMM that have rows, of all it makes: every range is launched
 // (the host never sees the counts), and one without rows still costs a table fill and a GEMM
-// launch whose CTAs find no tile (~2.3 + ~5 us, session 32).
+// launch that returns at once (~2.3 + ~2.5 us, session 33).
 void print_plan(const Opts& o) {
   const long long maxM = *std::max_element(o.Ms.begin(), o.Ms.end());
   for (const ModelPreset* given : o.presets) {

@@ -276,6 +276,9 @@ struct Tables {
 // row-major A/D and K-major W pointers and strides, and the scale pointers. Swapped, the problem is
 // (N, rows, K) with the weights as CUTLASS's A, the rows as its B and D column-major (stride N
 // between rows), i.e. the same bytes.
+// Up to this many groups fill_tables runs as one block (DeepSeek-V3's 256 experts as halves), so
+// that it can tell whether any group of the launch has rows.
+constexpr int kFillOneBlock = 512;
 template <class T>
 __global__ void fill_tables(T t, int E, int N, int K, const int32_t* __restrict__ rows,
                             const int32_t* __restrict__ offsets, int rows_lo, int rows_hi, const void* A,
@@ -287,8 +290,8 @@ __global__ void fill_tables(T t, int E, int N, int K, const int32_t* __restrict_
   const int e = halves ? grp >> 1 : grp, h = halves ? grp & 1 : 0;
   const int rows_e = in ? rows[e] : 0;
   const int m = rows_e >= rows_lo && rows_e <= rows_hi ? rows_e : 0;
-  // One block sees every group (fill_grid): whether any has rows. Several blocks cannot tell
-  // without a second pass, so they keep the launch (1).
+  // One block sees every group (kFillOneBlock): whether any has rows. Several blocks cannot
+  // tell without a second pass, so they keep the launch (1).
   if (gridDim.x == 1) {
     const int any = __syncthreads_or(m > 0);
     if (threadIdx.x == 0) *t.active = any;
@@ -455,10 +458,9 @@ void run(const Grouped& g, const char* what, cudaStream_t stream) {
   if (kSource && !g.src) throw UsageError(std::string("cutlass ") + what + ": the source (gate) is null");
   const int64_t w_stride =
       g.w_expert_stride ? g.w_expert_stride : int64_t(g.N) * g.K * (g.halves || g.glu ? 2 : 1);
-  // One block where it holds every group (512: DeepSeek-V3's 256 experts as halves), so that
-  // fill_tables can tell whether any has rows.
-  const dim3 fill_grid = groups <= 512 ? dim3(1) : dim3((groups + 127) / 128);
-  const dim3 fill_block = groups <= 512 ? dim3((groups + 31) / 32 * 32) : dim3(128);
+  const bool one_block = groups <= kFillOneBlock;
+  const dim3 fill_grid = one_block ? dim3(1) : dim3((groups + 127) / 128);
+  const dim3 fill_block = one_block ? dim3((groups + 31) / 32 * 32) : dim3(128);
   launch_kernel(fill_tables<T>, fill_grid, fill_block, 0, stream, g.pdl, t, g.experts, g.N, g.K,
                 g.rows, g.offsets, g.rows_lo, g.rows_hi, g.A, g.sfa, g.W, w_stride, g.sfw, g.src, g.out, g.halves,
                 g.glu);

@@ -95,8 +95,8 @@ struct RowBucket {
 // swap-AB 128, above unswapped. A launch with no expert in its range cost ~6 us when the launches
 // ran one after the other (Qwen3-235B uniform at a 512-row mean, ten ranges: +102-107 us, session
 // 23; its GEMM now returns at once, ~2.5 us, engine_cutlass.h), so the runner runs them on side
-// streams (tuning.concurrent_buckets): 0.94-1.00x the sequential time. Forced widths (and off / on): one bucket of all
-// rows with swap_tile_n.
+// streams (tuning.concurrent_buckets): 0.94-1.00x the sequential time. Forced widths (and off /
+// on): one bucket of all rows with swap_tile_n.
 // Automatic runs one launch per GEMM instead (tile: single_tile_n) where the split cannot pay:
 // - small experts (all local weights of both GEMMs, `weight_bytes`, under kSplitMinWeightBytes):
 //   each launch, even with no expert in its range, costs its table fill (~2 us) and a grid, which
