@@ -27,7 +27,7 @@ enum class RunnerEngine : uint8_t {
 // dimension in the 128-row tile, the expert's rows in a 64-wide one; docs/RUNNER.md).
 enum class CutlassSwap : uint8_t {
   automatic,  // each expert on the tile that fits its rows (swap-AB 64, 128, 192 or unswapped: one
-              // launch per range of rows, as byrows); small experts (policy::kSplitMinWeightBytes)
+              // launch per tile over its ranges of rows, as byrows); small experts (policy::kSplitMinWeightBytes)
               // one launch, swap-AB 128 up to policy::kSwapMaxRows expected rows, unswapped above
   off,        // never
   on,         // always (where the engine is CUTLASS), one token-tile width (64 or 128) by expected rows

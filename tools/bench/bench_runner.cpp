@@ -32,6 +32,8 @@
 #include "epmoe/quant.h"
 #include "harness/cuda/clock_probe.h"
 #include "harness/cuda/synthetic.h"
+#include "run/cuda/engine_cutlass.h"
+#include "run/cuda/policy.h"
 #include "run/cuda/runner.h"
 
 namespace epmoe::cli {
@@ -374,7 +376,13 @@ void print_plan(const Opts& o) {
               break;
             }
           }
-        return Split{double(mma) / double(M), int(std::count(busy.begin(), busy.end(), true)), int(buckets.size())};
+        // The runner's launches (one per tile over its ranges) and those any of whose ranges has rows.
+        const std::vector<std::vector<int>> launches =
+            cuda::policy::bucket_launches(buckets, mean, cuda::cutlass_engine::RowRanges::kMax);
+        int busy_launches = 0;
+        for (const std::vector<int>& l : launches)
+          busy_launches += std::any_of(l.begin(), l.end(), [&](int i) { return bool(busy[size_t(i)]); });
+        return Split{double(mma) / double(M), busy_launches, int(launches.size())};
       };
       const Split sb = split(false), s8 = split(true);
       const auto [lo, hi] = std::minmax_element(counts.begin(), counts.end());

@@ -29,8 +29,11 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 
+#include "epmoe/error.h"
 #include "epmoe/format.h"
+#include "epmoe/numeric.h"  // EPMOE_HD
 #include "epmoe/tensor.h"
 #include "run/cuda/engine.h"
 
@@ -45,6 +48,39 @@ bool available();
 constexpr bool swap_tile_exists(int tile_n, bool fp8) {
   return tile_n == 64 || tile_n == 128 || tile_n == 192 || (fp8 && tile_n == 96);
 }
+
+// Ranges of rows per expert, lo[i] <= rows <= hi[i] for some i < n: the experts one launch of a
+// split GEMM runs (Grouped::ranges), or those a SwiGLU pass leaves (SwigluSkip). The default holds
+// every expert; none() holds none.
+struct RowRanges {
+  static constexpr int kMax = 8;
+  int n = 1;
+  int lo[kMax] = {0};
+  int hi[kMax] = {0x7fffffff};
+  static RowRanges none() {
+    RowRanges r;
+    r.n = 0;
+    return r;
+  }
+  static RowRanges one(int lo, int hi) {
+    RowRanges r;
+    r.lo[0] = lo;
+    r.hi[0] = hi;
+    return r;
+  }
+  // Appends [lo_, hi_]; throws UsageError past kMax ranges.
+  void add(int lo_, int hi_) {
+    if (n >= kMax) throw UsageError("cutlass row ranges: more than " + std::to_string(kMax) + " ranges in one launch");
+    lo[n] = lo_;
+    hi[n] = hi_;
+    ++n;
+  }
+  EPMOE_HD bool contains(int rows) const {
+    bool in = false;
+    for (int i = 0; i < n; ++i) in |= rows >= lo[i] && rows <= hi[i];
+    return in;
+  }
+};
 
 // out_e[rows_e][N] = A_e[rows_e][K] * W_e[N][K]^T for every local expert e, rows of all experts
 // packed by expert in A and out (expert e's rows start at offsets[e]).
@@ -81,10 +117,10 @@ struct Grouped {
   // workspace then needs *_swap_workspace_bytes). Not with src (the SwiGLU GEMM is not swapped).
   bool swap_ab = false;
   int swap_tile_n = 64;  // swapped: rows of an expert per tile, 64, 128 or 192
-  // Only the experts with rows_lo <= rows[e] <= rows_hi run (the others get no tiles): the runner
-  // splits one GEMM into launches by rows per expert, each with the tile that fits those rows
-  // (policy::RowBucket). Decided on the device, from the device counts.
-  int rows_lo = 0, rows_hi = 0x7fffffff;
+  // Only the experts whose rows[e] fall in one of these ranges run (the others get no tiles): the
+  // runner splits one GEMM into launches by rows per expert, each with the tile that fits those
+  // rows (policy::RowBucket, policy::bucket_launches). Decided on the device, from the device counts.
+  RowRanges ranges;
   // The table fill and the GEMM launched with programmatic dependent launch (core/cuda/pdl.cuh):
   // each may be scheduled while the kernel before it in the stream finishes, and waits for it
   // before its first global access (the GEMM through detail::gemm_kernel, which waits and then runs
@@ -153,14 +189,12 @@ void grouped_gemm_fp8_swap_n96(const Grouped& g, cudaStream_t stream);
 void grouped_gemm_fp8_swap_n192(const Grouped& g, cudaStream_t stream);
 }  // namespace detail
 
-// The experts a SwiGLU pass leaves alone: those whose row count lies in one of the n ranges
-// [lo, hi], whose GEMM1 launch (grouped_gemm_bf16_glu with rows_lo / rows_hi) wrote their
-// intermediate rows already. The pass then walks the experts' 128-row m-tiles (tiles, num_tiles:
-// launch_count's table at bm 128) instead of the rows, to know each row's expert.
+// The experts a SwiGLU pass leaves alone: those whose row count lies in `fused` (none by default),
+// whose GEMM1 launch (grouped_gemm_bf16_glu over those ranges) wrote their intermediate rows
+// already. The pass then walks the experts' 128-row m-tiles (tiles, num_tiles: launch_count's
+// table at bm 128) instead of the rows, to know each row's expert.
 struct SwigluSkip {
-  static constexpr int kMaxRanges = 4;
-  int n = 0;
-  int lo[kMaxRanges] = {}, hi[kMaxRanges] = {};
+  RowRanges fused = RowRanges::none();
   const MTile* tiles = nullptr;
   const int32_t* num_tiles = nullptr;
 };
@@ -169,8 +203,8 @@ struct SwigluSkip {
 // (read on the device), max_rows bounds it. Then, when fp8_round_trip, the fp8 block-128 round trip
 // of the runner's intermediate_quant = fp8 (a stays bf16). When a8 is non-null instead, a is
 // quantized to e4m3 [rows][I] with fp32 scales [rows][I/128] (same block rule) for the fp8 GEMM2.
-// With `skip` (n > 0; needs I % 8 == 0 and 16-byte aligned h and a) the rows of the experts it
-// names are neither read nor written; the others get the same bytes as without it.
+// With `skip` (skip.fused.n > 0; needs I % 8 == 0 and 16-byte aligned h and a) the rows of the
+// experts it names are neither read nor written; the others get the same bytes as without it.
 void swiglu(const bf16_raw* h, const int32_t* offsets, const int32_t* cnt, int E, int I, int64_t max_rows,
             bool fp8_round_trip, bool ue8m0, bf16_raw* a, uint8_t* a8, float* sfa8, cudaStream_t stream,
             const SwigluSkip& skip = {}, bool pdl = false);
@@ -271,8 +305,8 @@ struct Tables {
 };
 
 // One thread per group (an expert, or with `halves` a half of one): shapes (the expert's rows may
-// be 0: the scheduler gives it no tiles; an expert outside [rows_lo, rows_hi] is given 0 rows, so
-// that it runs in another launch), t.active (whether any group has rows),
+// be 0: the scheduler gives it no tiles; an expert outside `ranges` is given 0 rows, so that it
+// runs in another launch), t.active (whether any group has rows),
 // row-major A/D and K-major W pointers and strides, and the scale pointers. Swapped, the problem is
 // (N, rows, K) with the weights as CUTLASS's A, the rows as its B and D column-major (stride N
 // between rows), i.e. the same bytes.
@@ -281,7 +315,7 @@ struct Tables {
 constexpr int kFillOneBlock = 512;
 template <class T>
 __global__ void fill_tables(T t, int E, int N, int K, const int32_t* __restrict__ rows,
-                            const int32_t* __restrict__ offsets, int rows_lo, int rows_hi, const void* A,
+                            const int32_t* __restrict__ offsets, RowRanges ranges, const void* A,
                             const float* sfa, const void* W, int64_t w_stride, const float* sfw, const bf16_raw* src,
                             bf16_raw* out, bool halves, bool glu) {
   dev::pdl_enter();  // Grouped::pdl: the counts and, before the writes, the previous GEMM's reads of t
@@ -289,7 +323,7 @@ __global__ void fill_tables(T t, int E, int N, int K, const int32_t* __restrict_
   const bool in = grp < (halves ? 2 * E : E);
   const int e = halves ? grp >> 1 : grp, h = halves ? grp & 1 : 0;
   const int rows_e = in ? rows[e] : 0;
-  const int m = rows_e >= rows_lo && rows_e <= rows_hi ? rows_e : 0;
+  const int m = ranges.contains(rows_e) ? rows_e : 0;
   // One block sees every group (kFillOneBlock): whether any has rows. Several blocks cannot
   // tell without a second pass, so they keep the launch (1).
   if (gridDim.x == 1) {
@@ -462,7 +496,7 @@ void run(const Grouped& g, const char* what, cudaStream_t stream) {
   const dim3 fill_grid = one_block ? dim3(1) : dim3((groups + 127) / 128);
   const dim3 fill_block = one_block ? dim3((groups + 31) / 32 * 32) : dim3(128);
   launch_kernel(fill_tables<T>, fill_grid, fill_block, 0, stream, g.pdl, t, g.experts, g.N, g.K,
-                g.rows, g.offsets, g.rows_lo, g.rows_hi, g.A, g.sfa, g.W, w_stride, g.sfw, g.src, g.out, g.halves,
+                g.rows, g.offsets, g.ranges, g.A, g.sfa, g.W, w_stride, g.sfw, g.src, g.out, g.halves,
                 g.glu);
   const auto args = make_args<Gemm, kScaled, kSource, kSwap>(t, groups, g.sms, device, g.alpha);
   auto fail = [&](cutlass::Status s, const char* step) {

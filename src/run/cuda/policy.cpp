@@ -120,6 +120,26 @@ std::vector<int> bucket_order(const std::vector<RowBucket>& buckets, double expe
   return order;
 }
 
+std::vector<std::vector<int>> bucket_launches(const std::vector<RowBucket>& buckets, double expected_rows,
+                                              int max_ranges) {
+  if (max_ranges < 1) throw UsageError("bucket_launches: max_ranges=" + std::to_string(max_ranges) + " must be at least 1");
+  std::vector<std::vector<int>> launches;
+  std::vector<int> tile_of;  // tile_n of launches[i]
+  for (const int b : bucket_order(buckets, expected_rows)) {
+    size_t i = 0;
+    while (i < launches.size() &&
+           (tile_of[i] != buckets[b].tile_n || int(launches[i].size()) >= max_ranges))
+      ++i;
+    if (i == launches.size()) {
+      launches.emplace_back();
+      tile_of.push_back(buckets[b].tile_n);
+    }
+    launches[i].push_back(b);
+  }
+  for (std::vector<int>& l : launches) std::sort(l.begin(), l.end());
+  return launches;
+}
+
 void check_row_buckets(const std::vector<RowBucket>& buckets, bool fp8) {
   for (const RowBucket& b : buckets)
     if (b.tile_n != 0 && !cutlass_engine::swap_tile_exists(b.tile_n, fp8))
@@ -215,7 +235,7 @@ bool glu_in_split(const CutlassPlan& p, int intermediate, IntermediateQuant iq) 
     return false;
   int unswapped = 0;
   for (const RowBucket& b : p.buckets) unswapped += b.tile_n == 0;
-  return unswapped >= 1 && unswapped <= cutlass_engine::SwigluSkip::kMaxRanges;
+  return unswapped >= 1 && unswapped <= cutlass_engine::RowRanges::kMax;
 }
 
 void check_config(const MoeConfig& cfg, std::vector<ConfigIssue>& issues) {

@@ -100,7 +100,7 @@ class CudaRunner final : public Runner {
   // (tuning.cutlass_swap).
   void set_cutlass_swap(CutlassSwap s) { cutlass_swap_ = s; }
   CutlassSwap cutlass_swap() const { return cutlass_swap_; }
-  // The CUTLASS GEMMs' launches per row range on side streams, overlapping (tuning.concurrent_buckets;
+  // The CUTLASS GEMMs' launches per tile of the split on side streams, overlapping (tuning.concurrent_buckets;
   // the same bits).
   void set_concurrent_buckets(bool on) { concurrent_buckets_ = on; }
   bool concurrent_buckets() const { return concurrent_buckets_; }
@@ -142,7 +142,7 @@ class CudaRunner final : public Runner {
   int last_widen_chunks_ = 0;
   bool fused_swiglu_ = false, last_swiglu_fused_ = false, last_glu_split_ = false;
   bool concurrent_buckets_ = true;
-  StreamFork fork_;  // side streams of the concurrent launches per row range
+  StreamFork fork_;  // side streams of the concurrent launches of a split
   CutlassSwap cutlass_swap_ = CutlassSwap::automatic;
   std::vector<policy::RowBucket> row_buckets_;
   int last_swap_tile_n_ = 0;

@@ -2,7 +2,6 @@
 // the operand path of policy::cutlass_plan, widened weights in chunks through one scratch buffer.
 #include <algorithm>
 #include <string>
-#include <numeric>
 #include <vector>
 
 #include "epmoe/format.h"
@@ -41,33 +40,31 @@ void gemm1_swiglu(const cutlass_engine::Grouped& g, bf16_raw* gate, cudaStream_t
   cutlass_engine::grouped_gemm_bf16_swiglu(half, st);
 }
 
-// GEMM `g` as one launch per row bucket (policy::RowBucket): the bucket's row range and tile.
-// With `fork`, each launch goes on its own side stream with its own `ws_stride` bytes of g.workspace
-// (its tables), so that they overlap: the launches whose range no expert falls in (the device counts
-// decide, so the host launches them all) end at once instead of one after the other, and a launch's
-// last wave shares the GPU with the next one's first. Each expert's rows are in exactly one range,
-// so the launches write disjoint rows and the bytes are those of the sequential order. They are
-// issued in policy::bucket_order of `expected_rows` (the likely large range first).
-// With `glu_out` (bf16 GEMM1, policy::glu_in_split) the unswapped buckets run the one-GEMM SwiGLU
-// into glu_out [rows][N/2] instead of writing their rows of g.out.
+// GEMM `g` as one launch per tile of the split by rows (policy::bucket_launches: the ranges of one
+// tile in one launch, Grouped::ranges). With `fork`, each launch goes on its own side stream with
+// its own `ws_stride` bytes of g.workspace (its tables), so that they overlap: the launches no
+// expert falls in (the device counts decide, so the host launches them all) end at once instead of
+// one after the other, and a launch's last wave shares the GPU with the next one's first. Each
+// expert's rows are in exactly one range, so the launches write disjoint rows and the bytes are
+// those of the sequential order. They are issued in policy::bucket_order of `expected_rows` (the
+// likely large range first).
+// With `glu_out` (bf16 GEMM1, policy::glu_in_split) the unswapped launch runs the one-GEMM SwiGLU
+// into glu_out [rows][N/2] instead of writing its rows of g.out.
 void run_buckets(cutlass_engine::Grouped g, const std::vector<policy::RowBucket>& buckets, bool fp8,
                  cudaStream_t st, StreamFork* fork, size_t ws_stride, double expected_rows,
                  bf16_raw* glu_out = nullptr) {
-  const bool split = fork && buckets.size() > 1;
-  if (split) fork->fork(st, int(buckets.size()));
+  const std::vector<std::vector<int>> launches =
+      policy::bucket_launches(buckets, expected_rows, cutlass_engine::RowRanges::kMax);
+  const bool split = fork && launches.size() > 1;
+  if (split) fork->fork(st, int(launches.size()));
   uint8_t* const ws = static_cast<uint8_t*>(g.workspace);
-  std::vector<int> order(buckets.size());
-  if (split)
-    order = policy::bucket_order(buckets, expected_rows);
-  else
-    std::iota(order.begin(), order.end(), 0);  // one stream: the table's order
-  for (const int i : order) {
-    const policy::RowBucket& b = buckets[i];
-    g.rows_lo = b.lo;
-    g.rows_hi = b.hi;
-    g.swap_ab = b.tile_n != 0;
-    g.swap_tile_n = b.tile_n ? b.tile_n : 64;
-    cudaStream_t s = split ? fork->side(i) : st;
+  for (size_t i = 0; i < launches.size(); ++i) {
+    const int tile_n = buckets[launches[i].front()].tile_n;
+    g.ranges = cutlass_engine::RowRanges::none();
+    for (const int b : launches[i]) g.ranges.add(buckets[b].lo, buckets[b].hi);
+    g.swap_ab = tile_n != 0;
+    g.swap_tile_n = tile_n ? tile_n : 64;
+    cudaStream_t s = split ? fork->side(int(i)) : st;
     if (split) g.workspace = ws + i * ws_stride;
     if (fp8) {
       cutlass_engine::grouped_gemm_fp8(g, s);
@@ -158,8 +155,8 @@ int CudaRunner::run_widened(const cutlass_engine::Grouped& g, const MatrixView& 
 // existing instantiation), so it multiplies the fp32 accumulator before the one bf16 rounding,
 // exactly as the mma.sync and wgmma engines do; applying it later (in the SwiGLU pass, or in the
 // weighted sum, which would need each row's expert) would scale an already rounded value.
-// With cutlass_swap auto the bf16 and fp8 GEMMs run one launch per range of rows per expert
-// (policy::row_buckets), each on the tile that fits the range (swap-AB 64, 128 or 192: the same
+// With cutlass_swap auto the bf16 and fp8 GEMMs split by rows per expert (policy::row_buckets),
+// each range on the tile that fits it, one launch per tile (policy::bucket_launches) (swap-AB 64, 128 or 192: the same
 // operands and output bytes, the weights in the 128-row tile; or unswapped), which the device
 // counts decide, on side streams unless tuning.concurrent_buckets is off; widened chunks run one
 // swap-AB width (policy::swap_tile_n). A swapped GEMM1 is followed by the SwiGLU pass (the fused
@@ -206,7 +203,7 @@ void CudaRunner::run_cutlass(const DispatchOutput& in, const ExpertWeights& w, b
 
   if (sms_ == 0) EPMOE_CUDA_CHECK(cudaDeviceGetAttribute(&sms_, cudaDevAttrMultiProcessorCount, device_));
   // The GEMMs run one after the other on the stream, so they share one workspace (sized for a full
-  // group count; a chunk has fewer groups); a GEMM's concurrent launches per row range
+  // group count; a chunk has fewer groups); a GEMM's concurrent launches of a split
   // (concurrent_buckets) take one region each.
   const bool any_fp8 = p1 == CutlassPath::fp8 || p2 == CutlassPath::fp8;
   const bool any_bf16 = p1 == CutlassPath::bf16 || p2 == CutlassPath::bf16;
@@ -318,11 +315,7 @@ void CudaRunner::run_cutlass(const DispatchOutput& in, const ExpertWeights& w, b
     cutlass_engine::SwigluSkip skip;
     if (glu_split) {
       for (const policy::RowBucket& b : plan.buckets)
-        if (b.tile_n == 0) {
-          skip.lo[skip.n] = b.lo;
-          skip.hi[skip.n] = b.hi;
-          ++skip.n;
-        }
+        if (b.tile_n == 0) skip.fused.add(b.lo, b.hi);
       skip.tiles = tiles_.get<MTile>();
       skip.num_tiles = num_tiles_.get<int32_t>();
     }

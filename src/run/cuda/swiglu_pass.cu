@@ -218,8 +218,7 @@ __global__ void intermediate_vec_kernel(const bf16_raw* __restrict__ h, const in
         tile = r / 128;
         mt = skip.tiles[tile];
         const int rows_e = cnt[mt.expert];
-        fused = false;
-        for (int i = 0; i < skip.n; ++i) fused |= rows_e >= skip.lo[i] && rows_e <= skip.hi[i];
+        fused = skip.fused.contains(rows_e);
       }
       const int in_tile = int(r % 128);
       if (fused || in_tile >= mt.rows) {  // nothing left in this tile: on to the next one's first item
@@ -243,7 +242,7 @@ void launch_vec(int64_t warps, const bf16_raw* h, const int32_t* offsets, const 
                 const SwigluSkip& skip, bool pdl) {
   const int grid = static_cast<int>(std::min<int64_t>((warps + 7) / 8, 132 * 16));
   if constexpr (!kQuant) {
-    if (skip.n > 0) {
+    if (skip.fused.n > 0) {
       launch_kernel(intermediate_vec_kernel<false, true>, grid, 256, 0, stream, pdl, h, offsets, cnt, E, I,
                     round_trip, ue8m0, a, a8, sfa8, skip);
       return;
@@ -275,10 +274,10 @@ void swiglu(const bf16_raw* h, const int32_t* offsets, const int32_t* cnt, int E
   // Both fp8 forms take a partial last block (its lanes past I add 0 to the amax, in both kernels).
   if ((a8 || fp8_round_trip) && I % 16 != 0)
     throw UsageError("cutlass swiglu: the fp8 intermediate needs intermediate % 16 == 0, got " + std::to_string(I));
-  const bool skipping = skip.n > 0;
-  if (skipping && (skip.n > SwigluSkip::kMaxRanges || !skip.tiles || !skip.num_tiles))
-    throw UsageError("cutlass swiglu: skip needs 1.." + std::to_string(SwigluSkip::kMaxRanges) +
-                     " ranges and the m-tile table, got n=" + std::to_string(skip.n));
+  const bool skipping = skip.fused.n > 0;
+  if (skipping && (skip.fused.n > RowRanges::kMax || !skip.tiles || !skip.num_tiles))
+    throw UsageError("cutlass swiglu: skip needs 1.." + std::to_string(RowRanges::kMax) +
+                     " ranges and the m-tile table, got n=" + std::to_string(skip.fused.n));
   const int64_t warps = vec_warps(max_rows, E, I, skipping);
   const bool vec = I % 8 == 0 && reinterpret_cast<uintptr_t>(h) % 16 == 0 &&
                    (a8 ? reinterpret_cast<uintptr_t>(a8) % 8 == 0 : reinterpret_cast<uintptr_t>(a) % 16 == 0) &&

@@ -45,11 +45,12 @@ int sm_count() {
 // float64 product of the same operands: groups with 0 rows (first, middle and last), one row,
 // partial m/n tiles (33, 100, 130, 257 rows: partial 128-row tiles unswapped, partial token tiles
 // swapped); out rows outside the groups must stay untouched. A launch restricted to a row range
-// (Grouped::rows_lo / rows_hi, the runner's split by rows) writes exactly the experts in the range,
-// bitwise as the unrestricted launch with the same tile.
+// (Grouped::ranges, the runner's split by rows; one range or several in one launch) writes exactly
+// the experts in the ranges, bitwise as the unrestricted launch with the same tile.
 TEST(CutlassEngine, GroupedGemmDirect) {
   EPMOE_REQUIRE_GPU();
   EPMOE_REQUIRE_CUTLASS();
+  namespace ce = cuda::cutlass_engine;
   std::mt19937 rng(11);
   std::normal_distribution<float> nd(0.f, 1.f);
   std::uniform_real_distribution<float> us(0.5f, 2.f);
@@ -94,10 +95,9 @@ TEST(CutlassEngine, GroupedGemmDirect) {
     Dev<float> dsa(sa), dsw(sw);
     Dev<bf16_raw> out(size_t(total + 8) * N);
     out.poison();
-    // One grouped GEMM with token tile `tile_n` (0 = unswapped) over the experts with lo <= rows <=
-    // hi, into the poisoned `out`; returns `out`.
-    auto launch = [&](int tile_n, int lo, int hi) {
-      namespace ce = cuda::cutlass_engine;
+    // One grouped GEMM with token tile `tile_n` (0 = unswapped) over the experts whose rows fall in
+    // `ranges`, into the poisoned `out`; returns `out`.
+    auto launch = [&](int tile_n, const ce::RowRanges& ranges) {
       const bool swap = tile_n != 0;
       out.poison();
       ce::Grouped g;
@@ -114,8 +114,7 @@ TEST(CutlassEngine, GroupedGemmDirect) {
       g.sms = sms;
       g.swap_ab = swap;
       g.swap_tile_n = swap ? tile_n : 64;
-      g.rows_lo = lo;
-      g.rows_hi = hi;
+      g.ranges = ranges;
       const size_t ws = fp8 ? (swap ? ce::fp8_swap_workspace_bytes(E, sms, tile_n) : ce::fp8_workspace_bytes(E, sms))
                             : (swap ? ce::bf16_swap_workspace_bytes(E, sms, tile_n) : ce::bf16_workspace_bytes(E, sms));
       cuda::DeviceBuffer wsb(ws);
@@ -130,11 +129,11 @@ TEST(CutlassEngine, GroupedGemmDirect) {
     std::vector<bf16_raw> outs[4];  // by tile_n / 64 (96: fp8 only, checked against the product, not kept)
     for (const int tile_n : {0, 64, 96, 128, 192}) {
       if (tile_n == 96 && !fp8) {
-        EXPECT_THROW(launch(96, 0, 0x7fffffff), UsageError) << "bf16 has no 96-wide swap-AB tile";
+        EXPECT_THROW(launch(96, ce::RowRanges{}), UsageError) << "bf16 has no 96-wide swap-AB tile";
         continue;
       }
       SCOPED_TRACE("swap_tile_n " + std::to_string(tile_n));
-      const auto o = launch(tile_n, 0, 0x7fffffff);
+      const auto o = launch(tile_n, ce::RowRanges{});
       if (tile_n != 96) outs[tile_n / 64] = o;
       double worst = 0, scale = 0;
       for (int e = 0; e < E; ++e)
@@ -167,18 +166,24 @@ TEST(CutlassEngine, GroupedGemmDirect) {
       std::printf("[cutlass] grouped %s swap-AB %d vs unswapped: %zu of %zu outputs identical\n", fp8 ? "fp8" : "bf16",
                   64 * t, same, size_t(total) * N);
     }
-    // Row ranges: [33, 100] on the 128-wide tiles and [101, max] unswapped write exactly their experts
-    // (33, 64, 100 rows; then 130, 257), each bitwise as that tile's launch over all experts.
+    // Row ranges: [33, 100] on the 128-wide tiles, [101, max] unswapped, [0, 1] on 192, and [0, 1] +
+    // [65, 130] (1, 100, 130 rows) in one 64-wide launch write exactly their experts (33, 64, 100
+    // rows; then 130, 257; ...), each bitwise as that tile's launch over all experts.
     struct Range {
-      int lo, hi, tile_n;
+      ce::RowRanges ranges;
+      int tile_n;
     };
-    for (const Range rg : {Range{33, 100, 128}, Range{101, 0x7fffffff, 0}, Range{0, 1, 192}}) {
-      SCOPED_TRACE("rows " + std::to_string(rg.lo) + ".." + std::to_string(rg.hi) + " tile " + std::to_string(rg.tile_n));
-      const auto o = launch(rg.tile_n, rg.lo, rg.hi);
+    ce::RowRanges two = ce::RowRanges::one(0, 1);
+    two.add(65, 130);
+    for (const Range& rg : {Range{ce::RowRanges::one(33, 100), 128}, Range{ce::RowRanges::one(101, 0x7fffffff), 0},
+                            Range{ce::RowRanges::one(0, 1), 192}, Range{two, 64}}) {
+      SCOPED_TRACE("ranges " + std::to_string(rg.ranges.n) + " from " + std::to_string(rg.ranges.lo[0]) + " tile " +
+                   std::to_string(rg.tile_n));
+      const auto o = launch(rg.tile_n, rg.ranges);
       const auto& full = outs[rg.tile_n / 64];
       int wrong = 0, ran = 0;
       for (int e = 0; e < E; ++e) {
-        const bool in = rows[e] >= rg.lo && rows[e] <= rg.hi;
+        const bool in = rg.ranges.contains(rows[e]);
         ran += in && rows[e] > 0;
         for (size_t i = size_t(offs[e]) * N; i < size_t(offs[e] + rows[e]) * N; ++i)
           wrong += in ? o[i] != full[i] : o[i] != 0xffff;
@@ -281,7 +286,7 @@ TEST(CutlassEngine, GluEqualsGemmAndPass) {
 }
 
 // GEMM1 split by rows with SwiGLU fused where the launch is unswapped (policy::glu_in_split): the
-// one-GEMM SwiGLU on two row ranges (rows_lo / rows_hi), the plain GEMM1 on the others and the
+// one-GEMM SwiGLU on two row ranges in one launch (Grouped::ranges), the plain GEMM1 on the others and the
 // SwiGLU pass told to leave the fused ranges' experts (SwigluSkip) give, together, every row
 // bitwise as GEMM1 over all experts followed by the whole pass; nothing is written past the rows.
 TEST(CutlassEngine, GluSplitEqualsGemmAndPass) {
@@ -299,9 +304,8 @@ TEST(CutlassEngine, GluSplitEqualsGemmAndPass) {
   Dev<cuda::MTile> dtiles(tiles);
   // Fused on [1, 1] and [129, 200] (experts of 1, 130, 200 and 129 rows); GEMM1 + pass elsewhere.
   ce::SwigluSkip skip;
-  skip.n = 2;
-  skip.lo[0] = 1, skip.hi[0] = 1;
-  skip.lo[1] = 129, skip.hi[1] = 200;
+  skip.fused = ce::RowRanges::one(1, 1);
+  skip.fused.add(129, 200);
   skip.tiles = dtiles.get();
   skip.num_tiles = dnt.get();
   Dev<bf16_raw> h2(size_t(c.total) * 2 * I), out = c.poisoned_out();
@@ -309,19 +313,15 @@ TEST(CutlassEngine, GluSplitEqualsGemmAndPass) {
   const int64_t edges[][2] = {{0, 0}, {2, 128}, {201, 0x7fffffff}};
   for (const auto& r : edges) {
     ce::Grouped part = c.g;
-    part.rows_lo = int(r[0]);
-    part.rows_hi = int(r[1]);
+    part.ranges = ce::RowRanges::one(int(r[0]), int(r[1]));
     part.out = h2.get();
     ce::grouped_gemm_bf16(part, nullptr);
   }
-  for (int i = 0; i < skip.n; ++i) {
-    ce::Grouped glu = c.g;
-    glu.N = I;
-    glu.rows_lo = skip.lo[i];
-    glu.rows_hi = skip.hi[i];
-    glu.out = out.get();
-    ce::grouped_gemm_bf16_glu(glu, nullptr);
-  }
+  ce::Grouped glu = c.g;
+  glu.N = I;
+  glu.ranges = skip.fused;
+  glu.out = out.get();
+  ce::grouped_gemm_bf16_glu(glu, nullptr);
   ce::swiglu(h2.get(), c.doffs.get(), c.drows.get(), c.E, I, c.total, false, false, out.get(), nullptr, nullptr,
              nullptr, skip);
   c.expect_same(out, "glu split");

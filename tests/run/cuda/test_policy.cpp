@@ -240,6 +240,33 @@ TEST(CudaPolicy, BucketOrderFromTheMean) {
   EXPECT_EQ(pol::bucket_order(pol::parse_row_buckets("0-:0"), 7.0), (std::vector<int>{0}));
 }
 
+// One launch per tile: the ranges of a tile together (ascending), launches in the order of their
+// nearest range, never more than max_ranges ranges in one; every range in exactly one launch.
+TEST(CudaPolicy, BucketLaunchesOnePerTile) {
+  namespace pol = cuda::policy;
+  using V = std::vector<std::vector<int>>;
+  const auto b = pol::parse_row_buckets("0-64:64,65-128:128,129-192:192,193-256:0,257-384:192,385-:0");
+  EXPECT_EQ(pol::bucket_launches(b, 256.0, 8), (V{{3, 5}, {2, 4}, {1}, {0}}));
+  EXPECT_EQ(pol::bucket_launches(b, 32.0, 8), (V{{0}, {1}, {2, 4}, {3, 5}}));
+  EXPECT_EQ(pol::bucket_launches(b, 256.0, 1), (V{{3}, {4}, {2}, {1}, {5}, {0}}));  // bucket_order
+  // The automatic tables: fp8's 7 ranges in 4 launches, bf16's 8 in 4, one tile each.
+  for (const bool fp8 : {true, false}) {
+    const auto a = pol::row_buckets(CutlassSwap::byrows, 256.0, fp8);
+    const V l = pol::bucket_launches(a, 256.0, 8);
+    EXPECT_EQ(l.size(), 4u) << fp8;
+    std::vector<int> seen(a.size(), 0);
+    for (const auto& launch : l)
+      for (const int i : launch) {
+        ++seen[size_t(i)];
+        EXPECT_EQ(a[size_t(i)].tile_n, a[size_t(launch.front())].tile_n);
+      }
+    EXPECT_EQ(seen, std::vector<int>(a.size(), 1));
+  }
+  const auto many = pol::parse_row_buckets("0-1:0,2-3:0,4-5:0,6-:0");
+  EXPECT_EQ(pol::bucket_launches(many, 0.0, 3), (V{{0, 1, 2}, {3}}));
+  EXPECT_THROW(pol::bucket_launches(many, 0.0, 0), UsageError);
+}
+
 // The one-GEMM SwiGLU (engine_cutlass_glu.cu) is chosen without being asked exactly where GEMM1 is
 // one unswapped launch of bf16 weights with I % 128 == 0, so it never takes a split away;
 // fused_swiglu on fuses every unswapped bf16 GEMM1 and gives the split up above 192 rows.
@@ -299,7 +326,9 @@ TEST(CudaPolicy, OneGemmSwigluWhereOneLaunch) {
   split.buckets = pol::parse_row_buckets("0-64:64,65-:0");
   EXPECT_TRUE(pol::glu_in_split(split, 2048, IntermediateQuant::none));
   split.buckets = pol::parse_row_buckets("0-1:0,2-3:64,4-5:0,6-7:0,8-9:0,10-:0");
-  EXPECT_FALSE(pol::glu_in_split(split, 2048, IntermediateQuant::none));  // five unswapped ranges
+  EXPECT_TRUE(pol::glu_in_split(split, 2048, IntermediateQuant::none));  // five unswapped ranges
+  split.buckets = pol::parse_row_buckets("0-1:0,2-3:0,4-5:0,6-7:0,8-9:0,10-11:0,12-13:0,14-15:0,16-17:64,18-:0");
+  EXPECT_FALSE(pol::glu_in_split(split, 2048, IntermediateQuant::none));  // nine: more than the pass can skip
 }
 
 // The fp8 one-GEMM SwiGLU (engine_cutlass_glu_fp8.cu) replaces GEMM1 + the pass exactly where both
