@@ -100,11 +100,11 @@ envs=""
 expect 2 "--engine=fast is not an engine|unknown subcommand 'runner'" -- bench runner --engine fast
 expect 2 "--combine-mode=dma is not a combine mode|needs at least 2 GPUs|unknown subcommand 'a2a'" -- bench a2a --combine-mode dma
 # bench runner --dry-run (CUDA builds): the plan of rows and tiles, without a GPU. Uniform rows fill
-# the tiles exactly, and of the split's ranges (8 bf16, 7 fp8) only one has rows; the router's
-# spread pads the tiles. Few experts (Mixtral's 4) run one launch.
+# the tiles exactly, and of the split's launches (one per tile: 4, or 2 at a mean of up to 64 rows)
+# only one has rows; the router's spread pads the tiles. Few experts (Mixtral's 4) run one launch.
 if "$epmoe" bench runner --help >/dev/null 2>&1; then
   expect 0 '^\| 32768 \| 256\.0 \| 128 \| 256\.\.256 \| 1\.00 \| 1\.00 \| 1\.00 \| 1 of 4 / 1 of 4 \|$' -- bench runner --dry-run --preset deepseek-v3 --m 32768
-  expect 0 '^\| 4096 \| 32\.0 \| 128 \| [0-9]+\.\.[0-9]+ \| 1\.[0-9][0-9] \| [0-9.]+ \| [0-9.]+ \| [1-4] of 4 / [1-4] of 4 \|$' -- bench runner --dry-run --preset deepseek-v3 --m 4096 --routing router
+  expect 0 '^\| 4096 \| 32\.0 \| 128 \| [0-9]+\.\.[0-9]+ \| 1\.[0-9][0-9] \| [0-9.]+ \| [0-9.]+ \| [1-2] of 2 / [1-2] of 2 \|$' -- bench runner --dry-run --preset deepseek-v3 --m 4096 --routing router
   expect 0 '^\| 2048 \| 512\.0 \| 4 \| 512\.\.512 \| 1\.00 \| 1\.00 \| 1\.00 \| 1 of 1 / 1 of 1 \|$' -- bench runner --dry-run --preset mixtral-8x7b --m 2048
   expect 0 'routing skewed' -- bench runner --dry-run --preset mixtral-8x7b --skew --m 128
 fi

@@ -54,6 +54,7 @@ std::vector<RowBucket> row_buckets(CutlassSwap swap, double expected_rows, bool 
   if (swap == CutlassSwap::automatic &&
       (weight_bytes < kSplitMinWeightBytes || experts < kSplitMinExperts || expected_rows > split_max_rows(fp8)))
     return {RowBucket{0, kAll, single_tile_n(expected_rows)}};
+  if (swap == CutlassSwap::automatic && expected_rows <= kSplitNarrowMaxRows) return {{0, 64, 64}, {65, kAll, 128}};
   if (swap == CutlassSwap::automatic || swap == CutlassSwap::byrows) {
     if (fp8)
       return {{0, 64, 64},   {65, 128, 128}, {129, 192, 96}, {193, 256, 0},

@@ -116,7 +116,16 @@ struct RowBucket {
 //   DeepSeek-V3 M 65536 10.097 / 11.209; uniform +0.8-1.1%). fp8 has no 192-wide tile, and its
 //   split at 512 (six 96-wide tiles for [513, 576]) was 3.6-9.3% slower on Qwen3-235B and gpt-oss,
 //   router included (session 23). At a 256-row mean both split (router: three-m-tile experts).
-// `cutlass_swap = byrows` splits whatever the size.
+// - a small mean (up to kSplitNarrowMaxRows = 64 expected rows per expert): two tiles only, [0, 64]
+//   swap-AB 64 and above swap-AB 128 (bf16 and fp8), i.e. two launches per GEMM instead of four.
+//   Every tile of the full table costs its launch even with no expert in its ranges, and at this
+//   mean the other tiles hold only the outliers of uneven loads, which the 128-wide tile pads
+//   little more (a skewed expert of 320 rows: 384 rows of MMA on either table). Measured ABBA
+//   against the full table (H200, session 34, call 8): gpt-oss-120b and Qwen3-235B fp8 M 4096
+//   -2.9 / -3.2% uniform, -4.9 / -4.2% router, -4.2 / -4.6% skewed; DeepSeek-V3 fp8 M 8192 -1.5 /
+//   -1.8 / -0.7%; Qwen3-235B bf16 M 4096 -2.5 / -2.6 / -1.4%. At a 128-row mean the analogous
+//   cut (129 and up on 96-wide tiles) lost 7-9% on skewed loads, so the full table stays there.
+// `cutlass_swap = byrows` splits on the full table whatever the size.
 std::vector<RowBucket> row_buckets(CutlassSwap swap, double expected_rows, bool fp8 = false,
                                    double weight_bytes = 1e30, int experts = 1 << 30);
 constexpr double kSplitMinWeightBytes = 1024.0 * 1024 * 1024;
@@ -124,6 +133,7 @@ constexpr double kSplitMinWeightBytes = 1024.0 * 1024 * 1024;
 // weight, else bf16's two; nvfp4 is widened, unsplit).
 inline double split_weight_bytes(int E, int H, int I, bool fp8) { return double(E) * 3.0 * H * I * (fp8 ? 1 : 2); }
 constexpr int kSplitMinExperts = 16;
+constexpr double kSplitNarrowMaxRows = 64.0;
 constexpr double kSplitMaxRowsFp8 = 384.0;
 constexpr double kSplitMaxRowsBf16 = 576.0;
 inline double split_max_rows(bool fp8) { return fp8 ? kSplitMaxRowsFp8 : kSplitMaxRowsBf16; }

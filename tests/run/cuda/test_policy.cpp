@@ -102,6 +102,12 @@ TEST(CudaPolicy, SwapAndCrossoverRules) {
       // byrows still splits.
       const bool one8 = sw == CutlassSwap::automatic && rows > pol::split_max_rows(true);
       const bool one16 = sw == CutlassSwap::automatic && rows > pol::split_max_rows(false);
+      // Up to kSplitNarrowMaxRows automatic keeps two tiles, bf16 and fp8 alike.
+      if (sw == CutlassSwap::automatic && rows <= pol::kSplitNarrowMaxRows) {
+        for (const bool fp8 : {false, true})
+          same(pol::row_buckets(sw, rows, fp8, bytes), {{0, 64, 64}, {65, kAll, 128}});
+        continue;
+      }
       if (one16)
         same(pol::row_buckets(sw, rows, false, bytes), {{0, kAll, 0}});
       else
