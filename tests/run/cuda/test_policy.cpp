@@ -6,6 +6,7 @@
 
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "epmoe/options.h"
@@ -244,6 +245,32 @@ TEST(CudaPolicy, BucketOrderFromTheMean) {
   EXPECT_EQ(pol::bucket_order(b, 128.5).front(), 1);
   EXPECT_EQ(pol::bucket_order(pol::parse_row_buckets("0-10:64,11-:0"), 10.5), (std::vector<int>{0, 1}));
   EXPECT_EQ(pol::bucket_order(pol::parse_row_buckets("0-:0"), 7.0), (std::vector<int>{0}));
+}
+
+// The ranges of one launch (Grouped::ranges) and of a SwiGLU skip: every expert by default, none
+// from none(), inclusive bounds, at most kMax ranges (one more is refused naming the limit).
+TEST(CudaPolicy, RowRangesContainTheirRows) {
+  namespace ce = cuda::cutlass_engine;
+  const ce::RowRanges all;
+  EXPECT_TRUE(all.contains(0));
+  EXPECT_TRUE(all.contains(0x7fffffff));
+  EXPECT_FALSE(ce::RowRanges::none().contains(0));
+  ce::RowRanges r = ce::RowRanges::one(1, 1);
+  r.add(129, 200);
+  for (const auto& [rows, in] : {std::pair{0, false}, std::pair{1, true}, std::pair{2, false},
+                                 std::pair{128, false}, std::pair{129, true}, std::pair{200, true},
+                                 std::pair{201, false}})
+    EXPECT_EQ(r.contains(rows), in) << rows;
+  ce::RowRanges full = ce::RowRanges::none();
+  for (int i = 0; i < ce::RowRanges::kMax; ++i) full.add(2 * i, 2 * i);
+  EXPECT_TRUE(full.contains(2 * (ce::RowRanges::kMax - 1)));
+  EXPECT_FALSE(full.contains(1));
+  try {
+    full.add(100, 101);
+    ADD_FAILURE() << "a ninth range was accepted";
+  } catch (const UsageError& e) {
+    EXPECT_NE(std::string(e.what()).find(std::to_string(ce::RowRanges::kMax)), std::string::npos) << e.what();
+  }
 }
 
 // One launch per tile: the ranges of a tile together (ascending), launches in the order of their
