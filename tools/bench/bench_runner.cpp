@@ -332,9 +332,9 @@ void bench_preset(const Opts& o, const ModelPreset& given, double hbm_gbs, const
 // --row-buckets) on bf16 and on fp8 weights. A swap-AB tile t does ceil(rows / t) * t rows; the
 // unswapped 128-row m-tiles come in pairs (2x1 clusters). Which engine a point runs on is the
 // runner's choice (RUNNER.md); this shows what each would compute, without a GPU. The last column
-// counts the split's launches per GEMM that have rows, of all it makes: every range is launched
-// (the host never sees the counts), and one without rows still costs a table fill and a GEMM
-// launch that returns at once (~2.3 + ~2.5 us, session 33).
+// counts the split's launches per GEMM (one per tile over its ranges) that have rows, of all it
+// makes: every tile is launched (the host never sees the counts), and a launch without rows still
+// costs a table fill and a GEMM launch that returns at once (~2.3 + ~2.5 us, session 33).
 void print_plan(const Opts& o) {
   const long long maxM = *std::max_element(o.Ms.begin(), o.Ms.end());
   for (const ModelPreset* given : o.presets) {

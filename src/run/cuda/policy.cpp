@@ -123,18 +123,15 @@ std::vector<int> bucket_order(const std::vector<RowBucket>& buckets, double expe
 
 std::vector<std::vector<int>> bucket_launches(const std::vector<RowBucket>& buckets, double expected_rows,
                                               int max_ranges) {
-  if (max_ranges < 1) throw UsageError("bucket_launches: max_ranges=" + std::to_string(max_ranges) + " must be at least 1");
+  if (max_ranges < 1)
+    throw UsageError("bucket_launches: max_ranges=" + std::to_string(max_ranges) + " must be at least 1");
   std::vector<std::vector<int>> launches;
-  std::vector<int> tile_of;  // tile_n of launches[i]
   for (const int b : bucket_order(buckets, expected_rows)) {
     size_t i = 0;
-    while (i < launches.size() &&
-           (tile_of[i] != buckets[b].tile_n || int(launches[i].size()) >= max_ranges))
+    while (i < launches.size() && (buckets[launches[i].front()].tile_n != buckets[b].tile_n ||
+                                   int(launches[i].size()) >= max_ranges))
       ++i;
-    if (i == launches.size()) {
-      launches.emplace_back();
-      tile_of.push_back(buckets[b].tile_n);
-    }
+    if (i == launches.size()) launches.emplace_back();
     launches[i].push_back(b);
   }
   for (std::vector<int>& l : launches) std::sort(l.begin(), l.end());

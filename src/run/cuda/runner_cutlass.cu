@@ -156,12 +156,13 @@ int CudaRunner::run_widened(const cutlass_engine::Grouped& g, const MatrixView& 
 // exactly as the mma.sync and wgmma engines do; applying it later (in the SwiGLU pass, or in the
 // weighted sum, which would need each row's expert) would scale an already rounded value.
 // With cutlass_swap auto the bf16 and fp8 GEMMs split by rows per expert (policy::row_buckets),
-// each range on the tile that fits it, one launch per tile (policy::bucket_launches) (swap-AB 64, 128 or 192: the same
-// operands and output bytes, the weights in the 128-row tile; or unswapped), which the device
-// counts decide, on side streams unless tuning.concurrent_buckets is off; widened chunks run one
-// swap-AB width (policy::swap_tile_n). A swapped GEMM1 is followed by the SwiGLU pass (the fused
-// epilogue has no swapped form); split by rows with bf16 weights (policy::glu_in_split), the
-// unswapped launches run the one-GEMM SwiGLU and the pass covers only the swapped ones' experts.
+// one launch per tile over its ranges (policy::bucket_launches), each range on the tile that fits
+// it (swap-AB 64, 128 or 192: the same operands and output bytes, the weights in the 128-row tile;
+// or unswapped), which the device counts decide, on side streams unless
+// tuning.concurrent_buckets is off; widened chunks run one swap-AB width (policy::swap_tile_n). A
+// swapped GEMM1 is followed by the SwiGLU pass (the fused epilogue has no swapped form); split by
+// rows with bf16 weights (policy::glu_in_split), the unswapped launch runs the one-GEMM SwiGLU and
+// the pass covers only the swapped ones' experts.
 // Widened GEMMs run as all GEMM1 chunks, the SwiGLU pass once over all rows, then all GEMM2 chunks:
 // the SwiGLU pass and the intermediate's fp8 quantization stay one launch each, and both GEMMs
 // share one scratch buffer (W13 chunks, then W2 chunks).
