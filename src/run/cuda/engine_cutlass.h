@@ -126,6 +126,14 @@ struct Grouped {
   // before its first global access (the GEMM through detail::gemm_kernel, which waits and then runs
   // CUTLASS's kernel). The same bits. The runner sets it from tuning.pdl.
   bool pdl = false;
+  // Also write the tables of `pair` in this call's table fill: another GEMM of the same
+  // instantiation (the same entry point, flags and tile; its own workspace, rows and pointers),
+  // whose own call then sets tables_filled and launches only its GEMM. The runner pairs each
+  // launch of a split GEMM2 with GEMM1's launch of the same tile: GEMM2's tables depend only on
+  // the counts and its pointers, so one fill kernel per tile writes both (runner_cutlass.cu).
+  const Grouped* pair = nullptr;
+  // The tables in `workspace` were written by an earlier call's fill (as its `pair`): no fill.
+  bool tables_filled = false;
 };
 
 size_t bf16_workspace_bytes(int experts, int sms);
@@ -220,6 +228,7 @@ void quantize_intermediate(const bf16_raw* h, const int32_t* offsets, const int3
 // ---- shared implementation of the two instantiations (engine_cutlass_bf16.cu, engine_cutlass_fp8.cu) ----
 // Only those files define EPMOE_CUTLASS_GROUPED_IMPL (and have the CUTLASS include directory).
 #if defined(EPMOE_CUTLASS_GROUPED_IMPL) && defined(EPMOE_WITH_CUTLASS)
+#include <algorithm>
 #include <array>
 #include <memory>
 #include <mutex>
@@ -313,12 +322,41 @@ struct Tables {
 // Up to this many groups fill_tables runs as one block (DeepSeek-V3's 256 experts as halves), so
 // that it can tell whether any group of the launch has rows.
 constexpr int kFillOneBlock = 512;
+// What fill_tables writes one launch's tables from (a Grouped, on the device).
+struct FillArgs {
+  int E, N, K;
+  const int32_t* rows;
+  const int32_t* offsets;
+  RowRanges ranges;
+  const void* A;
+  const float* sfa;
+  const void* W;
+  int64_t w_stride;
+  const float* sfw;
+  const bf16_raw* src;
+  bf16_raw* out;
+  bool halves, glu;
+};
+inline FillArgs fill_args(const Grouped& g) {
+  const int64_t w_stride =
+      g.w_expert_stride ? g.w_expert_stride : int64_t(g.N) * g.K * (g.halves || g.glu ? 2 : 1);
+  return FillArgs{g.experts, g.N,  g.K,   g.rows, g.offsets, g.ranges, g.A,      g.sfa,
+                  g.W,       w_stride, g.sfw, g.src,  g.out,     g.halves, g.glu};
+}
 template <class T>
-__global__ void fill_tables(T t, int E, int N, int K, const int32_t* __restrict__ rows,
-                            const int32_t* __restrict__ offsets, RowRanges ranges, const void* A,
-                            const float* sfa, const void* W, int64_t w_stride, const float* sfw, const bf16_raw* src,
-                            bf16_raw* out, bool halves, bool glu) {
-  dev::pdl_enter();  // Grouped::pdl: the counts and, before the writes, the previous GEMM's reads of t
+__device__ void fill_one(const T& t, const FillArgs& a) {
+  const int E = a.E, N = a.N, K = a.K;
+  const int32_t* __restrict__ rows = a.rows;
+  const int32_t* __restrict__ offsets = a.offsets;
+  const RowRanges& ranges = a.ranges;
+  const void* A = a.A;
+  const float* sfa = a.sfa;
+  const void* W = a.W;
+  const int64_t w_stride = a.w_stride;
+  const float* sfw = a.sfw;
+  const bf16_raw* src = a.src;
+  bf16_raw* out = a.out;
+  const bool halves = a.halves, glu = a.glu;
   const int grp = blockIdx.x * blockDim.x + threadIdx.x;
   const bool in = grp < (halves ? 2 * E : E);
   const int e = halves ? grp >> 1 : grp, h = halves ? grp & 1 : 0;
@@ -364,6 +402,18 @@ __global__ void fill_tables(T t, int E, int N, int K, const int32_t* __restrict_
     t.c[grp] = reinterpret_cast<const typename T::EC*>(src) + off * N;
     t.sc[grp] = cute::make_stride(int64_t(N), cute::Int<1>{}, cute::Int<0>{});
   }
+}
+
+// One launch's tables (blockIdx.y 0) and, where the grid has a second row, its Grouped::pair's.
+template <class T>
+struct FillPair {
+  T t[2];
+  FillArgs a[2];
+};
+template <class T>
+__global__ void fill_tables(const FillPair<T> p) {
+  dev::pdl_enter();  // Grouped::pdl: the counts and, before the writes, the previous GEMM's reads of t
+  fill_one(p.t[blockIdx.y], p.a[blockIdx.y]);
 }
 
 template <class Gemm, bool kScaled, bool kSource = false, bool kSwap = false>
@@ -490,14 +540,28 @@ void run(const Grouped& g, const char* what, cudaStream_t stream) {
     throw UsageError(std::string("cutlass ") + what + ": halves take no alpha and no source");
   const T t = T::carve(g.workspace, groups);
   if (kSource && !g.src) throw UsageError(std::string("cutlass ") + what + ": the source (gate) is null");
-  const int64_t w_stride =
-      g.w_expert_stride ? g.w_expert_stride : int64_t(g.N) * g.K * (g.halves || g.glu ? 2 : 1);
-  const bool one_block = groups <= kFillOneBlock;
-  const dim3 fill_grid = one_block ? dim3(1) : dim3((groups + 127) / 128);
-  const dim3 fill_block = one_block ? dim3((groups + 31) / 32 * 32) : dim3(128);
-  launch_kernel(fill_tables<T>, fill_grid, fill_block, 0, stream, g.pdl, t, g.experts, g.N, g.K,
-                g.rows, g.offsets, g.ranges, g.A, g.sfa, g.W, w_stride, g.sfw, g.src, g.out, g.halves,
-                g.glu);
+  if (!g.tables_filled) {
+    FillPair<T> fp{};
+    fp.t[0] = t;
+    fp.a[0] = fill_args(g);
+    int most = groups;
+    if (const Grouped* q = g.pair) {
+      // The pair runs this same instantiation later (its own call, tables_filled).
+      if (q->swap_ab != g.swap_ab || (g.swap_ab && q->swap_tile_n != g.swap_tile_n) || q->glu != g.glu ||
+          bool(q->src) != bool(g.src) || bool(q->sfw) != bool(g.sfw) || !q->workspace || q->workspace == g.workspace ||
+          (q->halves && q->alpha))
+        throw UsageError(std::string("cutlass ") + what +
+                         ": the pair must be a GEMM of the same kind and tile with a workspace of its own");
+      const int q_groups = q->halves ? 2 * q->experts : q->experts;
+      fp.t[1] = T::carve(q->workspace, q_groups);
+      fp.a[1] = fill_args(*q);
+      most = std::max(most, q_groups);
+    }
+    const bool one_block = most <= kFillOneBlock;
+    const dim3 fill_grid(one_block ? 1 : (most + 127) / 128, g.pair ? 2 : 1);
+    const dim3 fill_block = one_block ? dim3((most + 31) / 32 * 32) : dim3(128);
+    launch_kernel(fill_tables<T>, fill_grid, fill_block, 0, stream, g.pdl, fp);
+  }
   const auto args = make_args<Gemm, kScaled, kSource, kSwap>(t, groups, g.sms, device, g.alpha);
   auto fail = [&](cutlass::Status s, const char* step) {
     throw BackendError(std::string("cutlass ") + what + " grouped GEMM: " + step + " failed: " +

@@ -50,14 +50,28 @@ void gemm1_swiglu(const cutlass_engine::Grouped& g, bf16_raw* gate, cudaStream_t
 // likely large range first).
 // With `glu_out` (bf16 GEMM1, policy::glu_in_split) the unswapped launch runs the one-GEMM SwiGLU
 // into glu_out [rows][N/2] instead of writing its rows of g.out.
+// Launch i takes region i of the workspace (ws_stride bytes), or with `pairing` as GEMM2
+// (`second`) region pairing->regions + i. GEMM1's call with pairing->gemm2 set also writes GEMM2's
+// tables of the same tile in each launch's fill (Grouped::pair) where GEMM2 runs the same
+// instantiation (all but GEMM1's one-GEMM SwiGLU launch), recording which in pairing->filled, and
+// GEMM2's call then launches those GEMMs without a fill: one table fill per tile and call
+// instead of two.
+struct Pairing {
+  const cutlass_engine::Grouped* gemm2 = nullptr;
+  size_t regions = 0;
+  std::vector<char> filled;
+};
 void run_buckets(cutlass_engine::Grouped g, const std::vector<policy::RowBucket>& buckets, bool fp8,
                  cudaStream_t st, StreamFork* fork, size_t ws_stride, double expected_rows,
-                 bf16_raw* glu_out = nullptr) {
+                 bf16_raw* glu_out = nullptr, Pairing* pairing = nullptr, bool second = false) {
   const std::vector<std::vector<int>> launches =
       policy::bucket_launches(buckets, expected_rows, cutlass_engine::RowRanges::kMax);
   const bool split = fork && launches.size() > 1;
   if (split) fork->fork(st, int(launches.size()));
   uint8_t* const ws = static_cast<uint8_t*>(g.workspace);
+  const size_t first = pairing && second ? pairing->regions : 0;
+  const bool pairs = pairing && !second && pairing->gemm2;
+  if (pairs) pairing->filled.assign(launches.size(), 0);
   for (size_t i = 0; i < launches.size(); ++i) {
     const int tile_n = buckets[launches[i].front()].tile_n;
     g.ranges = cutlass_engine::RowRanges::none();
@@ -65,7 +79,19 @@ void run_buckets(cutlass_engine::Grouped g, const std::vector<policy::RowBucket>
     g.swap_ab = tile_n != 0;
     g.swap_tile_n = tile_n ? tile_n : 64;
     cudaStream_t s = split ? fork->side(int(i)) : st;
-    if (split) g.workspace = ws + i * ws_stride;
+    g.workspace = ws + (first + i) * ws_stride;
+    g.tables_filled = second && pairing && i < pairing->filled.size() && pairing->filled[i];
+    cutlass_engine::Grouped q;
+    g.pair = nullptr;
+    if (pairs && !(glu_out && !g.swap_ab)) {
+      q = *pairing->gemm2;
+      q.ranges = g.ranges;
+      q.swap_ab = g.swap_ab;
+      q.swap_tile_n = g.swap_tile_n;
+      q.workspace = ws + (pairing->regions + i) * ws_stride;
+      g.pair = &q;
+      pairing->filled[i] = 1;
+    }
     if (fp8) {
       cutlass_engine::grouped_gemm_fp8(g, s);
     } else if (glu_out && !g.swap_ab) {
@@ -85,10 +111,10 @@ void run_buckets(cutlass_engine::Grouped g, const std::vector<policy::RowBucket>
 // written into the two column halves of g.out [rows][2I]; the result is the [rows][2I] the single
 // GEMM writes where I % 128 == 0.
 void run_fp8_halves(cutlass_engine::Grouped g, const std::vector<policy::RowBucket>& buckets, cudaStream_t st,
-                    StreamFork* fork, size_t ws_stride, double expected_rows) {
+                    StreamFork* fork, size_t ws_stride, double expected_rows, Pairing* pairing) {
   g.N /= 2;
   g.halves = true;
-  run_buckets(g, buckets, true, st, fork, ws_stride, expected_rows);
+  run_buckets(g, buckets, true, st, fork, ws_stride, expected_rows, nullptr, pairing);
 }
 
 // The workspace one launch of `buckets` (fp8 or bf16 GEMMs; `glu`: the unswapped bf16 ones on the
@@ -216,7 +242,8 @@ void CudaRunner::run_cutlass(const DispatchOutput& in, const ExpertWeights& w, b
                                             : 0,
                                     any_bf16 ? bucket_workspace(plan.buckets, false, E, sms_, glu_split) : 0);
   StreamFork* const fork = concurrent_buckets_ && plan.buckets.size() > 1 ? &fork_ : nullptr;
-  cws_.reserve(std::max({ws_stride * (fork ? plan.buckets.size() : 1),
+  // One region per launch of each GEMM (run_buckets: GEMM1's fills also write GEMM2's tables).
+  cws_.reserve(std::max({ws_stride * 2 * plan.buckets.size(),
                          any_widened ? bucket_workspace({policy::RowBucket{0, policy::RowBucket{}.hi, sw}}, false, E,
                                                         sms_)
                                      : 0,
@@ -273,6 +300,19 @@ void CudaRunner::run_cutlass(const DispatchOutput& in, const ExpertWeights& w, b
   g1.swap_tile_n = sw ? sw : 64;
   // Launches on the fork's side streams follow an event, not the kernel before them: plain there.
   g1.pdl = pdl_ && !fork;
+  cutlass_engine::Grouped g2 = g1;
+  g2.N = H;
+  g2.K = I;
+  g2.W = w.w2.data;
+  g2.out = o_.get<bf16_raw>();
+  g2.A = p2 == CutlassPath::fp8 ? static_cast<const void*>(h8_.get<uint8_t>()) : h_.get<bf16_raw>();
+  g2.sfa = p2 == CutlassPath::fp8 ? hs_.get<float>() : nullptr;
+  g2.sfw = p2 == CutlassPath::fp8 ? static_cast<const float*>(w.w2.scales) : nullptr;
+  // Both GEMMs split on the same instantiations (fp8 and fp8, or bf16 and bf16 with GEMM1 not
+  // fused whole): GEMM1's table fills write GEMM2's too, into regions nb.. (run_buckets).
+  Pairing pairing{&g2, plan.buckets.size(), {}};
+  const bool paired = p1 == p2 && ((p1 == CutlassPath::fp8 && !fp8_glu) || (p1 == CutlassPath::bf16 && !fuse));
+  Pairing* const pair = paired ? &pairing : nullptr;
   if (p1 == CutlassPath::fp8) {
     g1.A = a8_.get<uint8_t>();
     g1.sfa = as_.get<float>();
@@ -288,9 +328,9 @@ void CudaRunner::run_cutlass(const DispatchOutput& in, const ExpertWeights& w, b
       glu.out = h_.get<bf16_raw>();
       cutlass_engine::grouped_gemm_fp8_glu(glu, st);
     } else if (plan.split_w13)
-      run_fp8_halves(g1, plan.buckets, st, fork, ws_stride, er);
+      run_fp8_halves(g1, plan.buckets, st, fork, ws_stride, er, pair);
     else
-      run_buckets(g1, plan.buckets, true, st, fork, ws_stride, er);
+      run_buckets(g1, plan.buckets, true, st, fork, ws_stride, er, nullptr, pair);
   } else if (fuse) {
     // gu_ holds the gate half [rows][I]; the up half's epilogue writes the intermediate into h_.
     g1.A = a_.get<bf16_raw>();
@@ -303,7 +343,7 @@ void CudaRunner::run_cutlass(const DispatchOutput& in, const ExpertWeights& w, b
   } else {
     g1.A = a_.get<bf16_raw>();
     if (p1 == CutlassPath::bf16)
-      run_buckets(g1, plan.buckets, false, st, fork, ws_stride, er, glu_split ? h_.get<bf16_raw>() : nullptr);
+      run_buckets(g1, plan.buckets, false, st, fork, ws_stride, er, glu_split ? h_.get<bf16_raw>() : nullptr, pair);
     else
       last_widen_chunks_ += run_widened(g1, w.w13, nvfp4 ? inv_gs_.get<float>() : nullptr, chunk1, st);
   }
@@ -326,22 +366,11 @@ void CudaRunner::run_cutlass(const DispatchOutput& in, const ExpertWeights& w, b
                            pdl_);
   }
 
-  cutlass_engine::Grouped g2 = g1;
-  g2.N = H;
-  g2.K = I;
-  g2.W = w.w2.data;
-  g2.out = o_.get<bf16_raw>();
   if (p2 == CutlassPath::fp8) {
-    g2.A = h8_.get<uint8_t>();
-    g2.sfa = hs_.get<float>();
-    g2.sfw = static_cast<const float*>(w.w2.scales);
-    run_buckets(g2, plan.buckets, true, st, fork, ws_stride, er);
+    run_buckets(g2, plan.buckets, true, st, fork, ws_stride, er, nullptr, pair, true);
   } else {
-    g2.A = h_.get<bf16_raw>();
-    g2.sfa = nullptr;
-    g2.sfw = nullptr;
     if (p2 == CutlassPath::bf16)
-      run_buckets(g2, plan.buckets, false, st, fork, ws_stride, er);
+      run_buckets(g2, plan.buckets, false, st, fork, ws_stride, er, nullptr, pair, true);
     else
       last_widen_chunks_ += run_widened(g2, w.w2, nvfp4 ? inv_gs_.get<float>() + E : nullptr, chunk2, st);
   }

@@ -334,6 +334,65 @@ TEST(CutlassEngine, GluSplitEqualsGemmAndPass) {
 }
 
 
+// A launch's table fill also writing its pair's tables (Grouped::pair: the runner's GEMM1 launch
+// filling GEMM2's of the same tile): the pair, launched later with tables_filled, writes exactly
+// what it writes with its own fill, here over other row ranges and into another output, unswapped
+// and swap-AB 128; the first launch is unchanged by carrying the pair. A pair of another tile, or
+// one sharing the workspace, is refused before any launch.
+TEST(CutlassEngine, PairedTableFill) {
+  EPMOE_REQUIRE_GPU();
+  EPMOE_REQUIRE_CUTLASS();
+  namespace ce = cuda::cutlass_engine;
+  const GluCase c({0, 130, 1, 33, 257, 0, 64}, 192, 256, 37);
+  const int N = 2 * c.I;
+  const int sms = sm_count();
+  const size_t elems = size_t(c.total + 8) * N;
+  auto differ = [](const Dev<bf16_raw>& x, const Dev<bf16_raw>& y) {
+    EPMOE_CUDA_CHECK(cudaDeviceSynchronize());
+    const std::vector<bf16_raw> a = x.download(), b = y.download();
+    size_t n = 0;
+    for (size_t i = 0; i < a.size(); ++i) n += a[i] != b[i];
+    return n;
+  };
+  for (const int tile : {0, 128}) {
+    SCOPED_TRACE("swap_tile_n " + std::to_string(tile));
+    const size_t ws = tile ? ce::bf16_swap_workspace_bytes(c.E, sms, tile) : ce::bf16_workspace_bytes(c.E, sms);
+    cuda::DeviceBuffer w0(ws), w1(ws), w2(ws);
+    auto make = [&](void* workspace, Dev<bf16_raw>& out) {
+      out.poison();
+      ce::Grouped g = c.g;
+      g.workspace = workspace;
+      g.out = out.get();
+      g.swap_ab = tile != 0;
+      g.swap_tile_n = tile ? tile : 64;
+      return g;
+    };
+    Dev<bf16_raw> own_all(elems), own_part(elems), first(elems), second(elems);
+    ce::grouped_gemm_bf16(make(w0.get(), own_all), nullptr);
+    ce::Grouped part = make(w0.get(), own_part);
+    part.ranges = ce::RowRanges::one(1, 130);  // experts of 1, 130 and 33 rows
+    ce::grouped_gemm_bf16(part, nullptr);
+    ce::Grouped a = make(w1.get(), first);
+    ce::Grouped b = make(w2.get(), second);
+    b.ranges = part.ranges;
+    a.pair = &b;
+    ce::grouped_gemm_bf16(a, nullptr);
+    b.tables_filled = true;
+    ce::grouped_gemm_bf16(b, nullptr);
+    EXPECT_EQ(differ(first, own_all), 0u) << "the launch carrying the pair";
+    EXPECT_EQ(differ(second, own_part), 0u) << "the pair on the tables written for it";
+  }
+  ce::Grouped a = c.g, b = c.g;
+  Dev<bf16_raw> out(elems);
+  a.out = b.out = out.get();
+  b.swap_ab = true;
+  b.swap_tile_n = 128;
+  a.pair = &b;
+  EXPECT_THROW(ce::grouped_gemm_bf16(a, nullptr), UsageError) << "a pair of another tile";
+  b.swap_ab = false;
+  EXPECT_THROW(ce::grouped_gemm_bf16(a, nullptr), UsageError) << "a pair on the same workspace";
+}
+
 // GEMM1 with SwiGLU as one fp8 GEMM (engine_cutlass_glu_fp8.cu, W13's scales reordered by
 // glu_fp8_scales) and quantize_intermediate after it, bitwise as the fp8 GEMM1 over 2I columns
 // (as its two halves where I % 128 != 0, as the runner runs it) followed by the SwiGLU pass: the
