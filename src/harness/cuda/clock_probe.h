@@ -9,8 +9,9 @@
 namespace epmoe::harness::cuda {
 
 // One CTA spins for N and then 3N of its own clock cycles, each between a pair of events on
-// `stream` (after one untimed spin); MHz = 2N cycles over the difference of the two times, which
-// cancels the launch and event overheads both share. Takes ~0.3 ms; waits for `stream`.
+// `stream` (after one untimed spin), three times; MHz = 2N cycles over the difference of the least
+// times of each length, which cancels the launch and event overheads both share. Takes ~0.8 ms;
+// waits for `stream`.
 double sm_clock_mhz(cudaStream_t stream);
 
 }  // namespace epmoe::harness::cuda
