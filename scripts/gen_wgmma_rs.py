@@ -1,19 +1,21 @@
 #!/usr/bin/env python3
-"""Writes src/run/cuda/wgmma_rs.cuh: wgmma m64nNk16 bf16 with register A for N = 32, 64, 96, 128, 160.
+"""Writes src/run/cuda/wgmma_rs.cuh: wgmma m64nNk16 bf16 with register A for N = 8, 16, 32, 64, 96, 128, 160.
 
 Inline PTX needs literal operand lists (N / 2 accumulators each), so they are generated rather
 than typed. Run from the repository root after changing the widths; the output is committed.
 """
 
-WIDTHS = (32, 64, 96, 128, 160)
+WIDTHS = (8, 16, 32, 64, 96, 128, 160)
 
 HEAD = """// Hopper wgmma m64nNk16 bf16 x bf16 -> f32 with the A operand from registers (the nvfp4 engines'
 // decoded weights) and B (tokens) from a shared-memory descriptor, for the token-tile widths the
-// nvfp4 engines run (N = 32, 64, 96, 128, 160). d holds the first N / 2 accumulators of
-// the m64n160 fragment, whose layout is the same for every N (register i: row 16 w + l / 4 +
-// 8 ((i >> 1) & 1), column 8 (i >> 2) + 2 (l % 4) + (i & 1)). Always accumulates (scale-d = 1);
-// the caller zeroes d. Written by scripts/gen_wgmma_rs.py (inline PTX needs literal operand lists);
-// the 32-row nvfp4 engines use N = 32.
+// nvfp4 engines run (N = 32, 64, 96, 128, 160; 8 and 16 for a micro-benchmark). d holds the first
+// N / 2 accumulators of the m64n160 fragment, whose layout is the same for every N (register i:
+// row 16 w + l / 4 + 8 ((i >> 1) & 1), column 8 (i >> 2) + 2 (l % 4) + (i & 1)). Always
+// accumulates (scale-d = 1); the caller zeroes d. Written by scripts/gen_wgmma_rs.py (inline PTX
+// needs literal operand lists). The 32-row nvfp4 engines use N = 32; N = 8 and 16 only
+// bench/micro/wgmma_width.cu (narrower wgmmas in those engines measured slower,
+// bench/results/designs-not-kept.md).
 #pragma once
 #include <cstdint>
 

@@ -1,10 +1,12 @@
 // Hopper wgmma m64nNk16 bf16 x bf16 -> f32 with the A operand from registers (the nvfp4 engines'
 // decoded weights) and B (tokens) from a shared-memory descriptor, for the token-tile widths the
-// nvfp4 engines run (N = 32, 64, 96, 128, 160). d holds the first N / 2 accumulators of
-// the m64n160 fragment, whose layout is the same for every N (register i: row 16 w + l / 4 +
-// 8 ((i >> 1) & 1), column 8 (i >> 2) + 2 (l % 4) + (i & 1)). Always accumulates (scale-d = 1);
-// the caller zeroes d. Written by scripts/gen_wgmma_rs.py (inline PTX needs literal operand lists);
-// the 32-row nvfp4 engines use N = 32.
+// nvfp4 engines run (N = 32, 64, 96, 128, 160; 8 and 16 for a micro-benchmark). d holds the first
+// N / 2 accumulators of the m64n160 fragment, whose layout is the same for every N (register i:
+// row 16 w + l / 4 + 8 ((i >> 1) & 1), column 8 (i >> 2) + 2 (l % 4) + (i & 1)). Always
+// accumulates (scale-d = 1); the caller zeroes d. Written by scripts/gen_wgmma_rs.py (inline PTX
+// needs literal operand lists). The 32-row nvfp4 engines use N = 32; N = 8 and 16 only
+// bench/micro/wgmma_width.cu (narrower wgmmas in those engines measured slower,
+// bench/results/designs-not-kept.md).
 #pragma once
 #include <cstdint>
 
@@ -12,6 +14,26 @@ namespace epmoe::cuda::wgrs {
 
 template <int N>
 __device__ __forceinline__ void wgmma_bf16_rA(float* d, const uint32_t (&a)[4], uint64_t db);
+
+template <>
+__device__ __forceinline__ void wgmma_bf16_rA<8>(float* d, const uint32_t (&a)[4], uint64_t db) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %9, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n8k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3}, {%4, %5, %6, %7}, %8, p, 1, 1, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
+}
+
+template <>
+__device__ __forceinline__ void wgmma_bf16_rA<16>(float* d, const uint32_t (&a)[4], uint64_t db) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %13, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7}, {%8, %9, %10, %11}, %12, p, 1, 1, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
+}
 
 template <>
 __device__ __forceinline__ void wgmma_bf16_rA<32>(float* d, const uint32_t (&a)[4], uint64_t db) {
