@@ -9,7 +9,9 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <string>
 
+#include "epmoe/error.h"
 #include "epmoe/quant.h"
 #include "epmoe/tensor.h"
 
@@ -38,6 +40,11 @@ struct GemmArgs {
   const uint8_t* A8 = nullptr;
   const float* a_scales = nullptr;
   int64_t a_scales_ld = 0;
+  // Decode wgmma engine (bf16, fp8) only: token row r (of rows [0, num rows)) is row a_rows[r] of A
+  // / A8, e.g. the dispatch buffer itself with launch_count_claim's src_rows, instead of row r of a
+  // permuted copy; with A8 its scales are then the dispatch's row-major ones, a_scales[a_rows[r] *
+  // a_scales_ld + kb]. The other engines reject it.
+  const int32_t* a_rows = nullptr;
   // nvfp4 decode engine, fused GEMM1: write the output in that engine's K order (kperm_nvfp4_tokens)
   // because GEMM2 runs on it too.
   bool out_kperm = false;
@@ -48,6 +55,14 @@ struct GemmArgs {
   // core/cuda/pdl.cuh); the other engines ignore it. The same results.
   bool pdl = false;
 };
+
+// The engines that read A by row index (all but the decode wgmma bf16 / fp8 ones) call this:
+// UsageError where a.a_rows is set.
+inline void check_no_a_rows(const GemmArgs& a, const char* engine) {
+  if (a.a_rows)
+    throw UsageError(std::string(engine) + ": GemmArgs::a_rows is read by the decode wgmma bf16 / fp8 engines only; " +
+                     "give this engine a permuted A");
+}
 
 // BM = rows per m-tile: 32 (decode: few rows per expert) or 128.
 void launch_grouped_gemm_bf16(const GemmArgs& a, int bm, cudaStream_t stream);

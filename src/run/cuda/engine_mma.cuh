@@ -337,6 +337,7 @@ void launch_bm(const GemmArgs& a, cudaStream_t stream) {
 
 template <WeightFormat WF>
 void launch(const GemmArgs& a, int bm, cudaStream_t stream) {
+  check_no_a_rows(a, "cuda runner (mma.sync)");
   if (a.K % kBK != 0)
     throw UsageError("cuda runner: GEMM K=" + std::to_string(a.K) + " is not a multiple of 64; the CUDA runner needs "
                      "hidden and intermediate sizes that are");

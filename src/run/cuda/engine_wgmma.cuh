@@ -349,6 +349,16 @@ __global__ void __launch_bounds__(kThreads) wgmma_gemm_kernel(GemmArgs p) {
   const uint8_t* lw_masked = nullptr;         // row 0 of the expert: the ignored source of a masked chunk
   const uint8_t* la[2] = {nullptr, nullptr};  // A chunks 0 / 1 at k = 0
   const float* lsa = nullptr;                 // fp8, tid < 32: this token's activation scales at kt = 0
+  // GemmArgs::a_rows: the source rows of the tile the cursor enters next (A chunks j, the scale
+  // row), read a stage after that tile's table entry (fetch_rows below) so that neither load is
+  // waited for where it is issued; the scales of a source row are row-major (kt stride 1).
+  int32_t src_a[2] = {0, 0}, src_s = 0;
+  const int64_t sa_kt = p.a_rows ? 1 : p.a_scales_ld;
+  auto fetch_rows = [&](const Cur& c) {
+#pragma unroll
+    for (int j = 0; j < 2; ++j) src_a[j] = rq + 16 * j < c.mt.rows ? p.a_rows[c.mt.row0 + rq + 16 * j] : 0;
+    if constexpr (FP8) src_s = tid < min(c.mt.rows, kBT) ? p.a_rows[c.mt.row0 + tid] : 0;
+  };
   const float* lsw = nullptr;                 // fp8, tid 32/33: the half's weight-scale row at kt = 0
   uint32_t lok = 0;                           // bits 0-7: W chunk j valid; 8-9: A chunk j; 10: scale
   auto enter_tile = [&](const Cur& c) {
@@ -364,13 +374,14 @@ __global__ void __launch_bounds__(kThreads) wgmma_gemm_kernel(GemmArgs p) {
     for (int j = 0; j < 2; ++j) {
       const bool v = rq + 16 * j < c.mt.rows;
       ok |= uint32_t(v) << (8 + j);
-      la[j] = Abytes + int64_t(c.mt.row0 + (v ? rq + 16 * j : 0)) * a_row_bytes + ch * 16;
+      const int64_t src = p.a_rows ? int64_t(src_a[j]) : int64_t(c.mt.row0 + (v ? rq + 16 * j : 0));
+      la[j] = Abytes + src * a_row_bytes + ch * 16;
     }
     if constexpr (FP8) {
       if (tid < kBT) {
         const bool v = tid < c.mt.rows;
         ok |= uint32_t(v) << 10;
-        lsa = p.a_scales + c.mt.row0 + (v ? tid : 0);
+        lsa = p.a_rows ? p.a_scales + int64_t(src_s) * p.a_scales_ld : p.a_scales + c.mt.row0 + (v ? tid : 0);
       } else if (tid < kBT + 2) {
         const int wr = min(walk.w_row(c.n0, (tid - kBT) * 64), rows_w - 1);
         lsw = static_cast<const float*>(p.W.scales) + (int64_t(e) * rb + fp8_tile_row(wr, p.W.row_split)) * cb;
@@ -379,7 +390,13 @@ __global__ void __launch_bounds__(kThreads) wgmma_gemm_kernel(GemmArgs p) {
     lok = ok;
   };
   LoadCursor lc;
+  if (p.a_rows && my_tiles > 0) fetch_rows(walk.at(0));
   lc.start(walk, enter_tile);
+  // The stage after which the next tile's source rows are fetched: one stage after the cursor read
+  // its table entry (at the tile change), or at once where a tile is a single stage (then the
+  // second tile's too, before the first stage's advance enters it).
+  const int fetch_kt = KT > 1 ? 1 : 0;
+  if (p.a_rows && KT == 1 && my_tiles > 1) fetch_rows(lc.next);
   auto load_next = [&]() {
     const uint32_t st = base + uint32_t(lc.slot) * Layout::STAGE;
     const int64_t k0 = int64_t(lc.kt) * kRowBytes;
@@ -397,11 +414,12 @@ __global__ void __launch_bounds__(kThreads) wgmma_gemm_kernel(GemmArgs p) {
     }
     if constexpr (FP8) {
       if (tid < kBT)
-        cp_async4(st + Layout::SA + tid * 4, lsa + int64_t(lc.kt) * p.a_scales_ld, (lok >> 10) & 1u);
+        cp_async4(st + Layout::SA + tid * 4, lsa + int64_t(lc.kt) * sa_kt, (lok >> 10) & 1u);
       else if (tid < kBT + 2)
         cp_async4(st + Layout::SW + (tid - kBT) * 4, lsw + lc.kt, true);
     }
     lc.advance(KT, kSlots, walk, enter_tile);
+    if (p.a_rows && lc.kt == fetch_kt && lc.local + 1 < my_tiles) fetch_rows(lc.next);
   };
 
   float acc[2][16], part[2][16];
@@ -521,6 +539,9 @@ void launch(const GemmArgs& a, cudaStream_t stream) {
   if (FP8 ? (!a.A8 || !a.a_scales || a.a_scales_ld <= 0 || !a.W.scales) : !a.A)
     throw UsageError(std::string(what) + ": missing operand (fp8 needs A8, a_scales with a_scales_ld > 0 and "
                      "weight scales; bf16 needs A)");
+  if (a.a_rows && reinterpret_cast<uintptr_t>(FP8 ? static_cast<const void*>(a.A8) : a.A) % 16 != 0)
+    throw UsageError(std::string(what) + ": A read through a_rows must be 16-byte aligned (its rows are copied in "
+                     "16-byte chunks); give a permuted copy instead");
   constexpr int smem = Layout::total(DEFER);
   const int grid = persistent_grid(a, reinterpret_cast<const void*>(wgmma_gemm_kernel<FP8, DEFER>), smem);
   if (grid <= 0) return;

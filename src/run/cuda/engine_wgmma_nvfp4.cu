@@ -281,6 +281,7 @@ void kperm_nvfp4_tokens(bf16_raw* A, const int32_t* offsets, const int32_t* cnt,
 void launch_grouped_gemm_wgmma_nvfp4(const GemmArgs& a, cudaStream_t stream) {
   using namespace wgf4;
   const char* what = "cuda runner (wgmma nvfp4)";
+  check_no_a_rows(a, what);
   if (a.K % kKS != 0)
     throw UsageError(std::string(what) + ": GEMM K=" + std::to_string(a.K) + " is not a multiple of " +
                      std::to_string(kKS) + "; use the mma.sync engine for this shape");

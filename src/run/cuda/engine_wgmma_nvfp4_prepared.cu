@@ -270,6 +270,7 @@ void prepare_nvfp4_weights(const MatrixView& m, bool fused, int N, void* out, cu
 
 void launch_grouped_gemm_wgmma_nvfp4_prepared(const GemmArgs& a, cudaStream_t stream) {
   using namespace wgf4p;
+  check_no_a_rows(a, "cuda runner (wgmma nvfp4, prepared)");
   if (!a.W.prepared || !a.W.global_scale || !a.A)
     throw UsageError("cuda runner (wgmma nvfp4, prepared): needs prepared weights, global_scale and bf16 A");
   const int grid = wg::persistent_grid(a, reinterpret_cast<const void*>(nvfp4_prepared_kernel), kSmem);

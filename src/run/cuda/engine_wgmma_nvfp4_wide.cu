@@ -358,6 +358,7 @@ void launch_wide(const GemmArgs& a, cudaStream_t stream) {
 }  // namespace
 
 void launch_grouped_gemm_wgmma_nvfp4_wide(const GemmArgs& a, int tile_rows, cudaStream_t stream) {
+  check_no_a_rows(a, "cuda runner (wgmma nvfp4, wide)");
   if (!a.W.prepared || !a.W.global_scale || !a.A)
     throw UsageError("cuda runner (wgmma nvfp4, wide): needs prepared weights, global_scale and bf16 A");
   // The staged GEMM2 epilogue writes 8 output columns with one 16-byte store.

@@ -384,34 +384,52 @@ __global__ void __launch_bounds__(kScanThreads) offsets_kernel(const int32_t* __
 // Qwen3-30B M 32768 count + offsets 20.2 -> 9.7 us.
 constexpr int64_t kFusedCountPairs = 1 << 13;
 constexpr int kCountBatch = 8;
+static_assert(kFusedCountPairs == int64_t(kCountBatch) * kScanThreads, "each thread holds its pairs' ids once");
+// With pair_pos (launch_count_claim) the CTA then claims every pair's row as the permutes do
+// (permute.cuh, claim_rows: offsets[e] + a per-expert counter), from the ids it already holds, and
+// records each row's slot in src_rows, so that the decode GEMM1 reads its rows from the dispatch
+// buffer and no permute runs.
 __global__ void __launch_bounds__(kScanThreads)
     count_offsets_kernel(const int32_t* __restrict__ ids, const int32_t* __restrict__ counts, int64_t S, int C, int K,
                          int E, TileTables t, int32_t* __restrict__ cnt, int32_t* __restrict__ offsets,
-                         int32_t* __restrict__ fill) {
+                         int32_t* __restrict__ fill, int32_t* __restrict__ pair_pos, int32_t* __restrict__ src_rows) {
   dev::pdl_enter();
   extern __shared__ int32_t s_cnt[];
   for (int e = threadIdx.x; e < E; e += blockDim.x) s_cnt[e] = 0;
   __syncthreads();
-  // Pairs, kCountBatch ids loaded before their atomics: one id per step left a whole global-load
-  // latency per step in this single CTA (27 us for 32768 pairs, Qwen3-30B M 32768, session 22).
-  // 32-bit indices (P <= kFusedCountPairs), and each pair's id loaded independently of its
-  // slot's validity, which is applied after both arrive.
+  // kCountBatch ids per thread, all loaded before their atomics: one id per step left a whole
+  // global-load latency per step in this single CTA (27 us for 32768 pairs, Qwen3-30B M 32768,
+  // session 22). 32-bit indices (P <= kFusedCountPairs), and each pair's id loaded independently
+  // of its slot's validity, which is applied after both arrive.
   const int P = int(S) * K;
-  for (int p0 = threadIdx.x; p0 < P; p0 += kCountBatch * blockDim.x) {
-    int32_t e[kCountBatch];
-    bool valid[kCountBatch];
+  int32_t e[kCountBatch];
+  bool valid[kCountBatch];
 #pragma unroll
-    for (int b = 0; b < kCountBatch; ++b) {
-      const int p = p0 + b * blockDim.x;
-      e[b] = p < P ? ids[p] : -1;
-      valid[b] = p < P && slot_valid(p / K, C, counts);
-    }
-#pragma unroll
-    for (int b = 0; b < kCountBatch; ++b) count_id(valid[b] ? e[b] : -1, E, s_cnt);
+  for (int b = 0; b < kCountBatch; ++b) {
+    const int p = int(threadIdx.x) + b * kScanThreads;
+    e[b] = p < P ? ids[p] : -1;
+    valid[b] = p < P && slot_valid(p / K, C, counts);
   }
+#pragma unroll
+  for (int b = 0; b < kCountBatch; ++b) count_id(valid[b] ? e[b] : -1, E, s_cnt);
   __syncthreads();
-  for (int e = threadIdx.x; e < E; e += blockDim.x) cnt[e] = s_cnt[e];
+  for (int x = threadIdx.x; x < E; x += blockDim.x) cnt[x] = s_cnt[x];
   scan_offsets(s_cnt, E, t, offsets, fill);
+  if (!pair_pos) return;
+  __syncthreads();  // every thread's offsets written, and scan_offsets done reading s_cnt
+  for (int x = threadIdx.x; x < E; x += blockDim.x) s_cnt[x] = 0;
+  __syncthreads();
+#pragma unroll
+  for (int b = 0; b < kCountBatch; ++b) {
+    if (!valid[b]) continue;  // as the permutes: an invalid slot's entries are not written
+    const int p = int(threadIdx.x) + b * kScanThreads;
+    int32_t q = -1;
+    if (e[b] >= 0 && e[b] < E) {
+      q = offsets[e[b]] + atomicAdd(&s_cnt[e[b]], 1);
+      src_rows[q] = p / K;
+    }
+    pair_pos[p] = q;
+  }
 }
 
 // fp8 dispatch into the fp8 GEMMs (wgmma decode engine and CUTLASS): a slot's e4m3 codes are
@@ -558,12 +576,23 @@ void launch_count(const DispatchOutput& in, int bm, int32_t* cnt, int32_t* offse
   const TileTables t{bm, bm2 > 0 && tiles2 ? bm2 : 0, tiles, tiles2, num_tiles};
   if (S * K <= kFusedCountPairs && size_t(E) * 4 <= 32 * 1024) {
     launch_kernel(count_offsets_kernel, 1, kScanThreads, size_t(E) * 4, st, pdl, in.local_ids, in.counts, S, C, K, E,
-                  t, cnt, offsets, fill);
+                  t, cnt, offsets, fill, static_cast<int32_t*>(nullptr), static_cast<int32_t*>(nullptr));
     return;
   }
   EPMOE_CUDA_CHECK(cudaMemsetAsync(cnt, 0, size_t(E) * 4, st));
   launch_kernel(count_kernel, unsigned((S + 255) / 256), 256, 0, st, pdl, in.local_ids, in.counts, S, C, K, E, cnt);
   launch_kernel(offsets_kernel, 1, kScanThreads, 0, st, pdl, cnt, E, t, offsets, fill);
+}
+
+bool launch_count_claim(const DispatchOutput& in, int bm, int32_t* cnt, int32_t* offsets, int32_t* fill, MTile* tiles,
+                        int32_t* num_tiles, int32_t* pair_pos, int32_t* src_rows, cudaStream_t st, bool pdl) {
+  const int64_t S = in.slots();
+  const int C = in.capacity, K = in.top_k, E = in.num_local_experts;
+  if (!(S * K <= kFusedCountPairs && size_t(E) * 4 <= 32 * 1024)) return false;
+  const TileTables t{bm, 0, tiles, nullptr, num_tiles};
+  launch_kernel(count_offsets_kernel, 1, kScanThreads, size_t(E) * 4, st, pdl, in.local_ids, in.counts, S, C, K, E, t,
+                cnt, offsets, fill, pair_pos, src_rows);
+  return true;
 }
 
 void launch_permute_fp8_rows(const DispatchOutput& in, const int32_t* offsets, int32_t* fill, int32_t* pair_pos,

@@ -22,6 +22,15 @@ namespace epmoe::cuda {
 // rows in tiles2 / num_tiles[1] instead (the wide nvfp4 engine's two heights, one launch each).
 void launch_count(const DispatchOutput& in, int bm, int32_t* cnt, int32_t* offsets, int32_t* fill, MTile* tiles,
                   int32_t* num_tiles, cudaStream_t st, bool pdl = false, int bm2 = 0, MTile* tiles2 = nullptr);
+// launch_count (one table) where its single-CTA form applies (S*K <= 8192, E <= 8192), which then
+// also claims every pair's row as the permutes do: pair_pos[i*K + k] = the row of valid slot i's
+// pair k, or -1 for an id of no local expert (an invalid slot's entries are not written), and
+// src_rows[row] = the slot the row comes from (rows [0, offsets[E-1] + cnt[E-1])). A decode GEMM1
+// then reads its rows from the dispatch buffer through src_rows (GemmArgs::a_rows) and no permute
+// runs. Returns false, launching nothing, where the pairs do not fit: use launch_count and a
+// permute.
+bool launch_count_claim(const DispatchOutput& in, int bm, int32_t* cnt, int32_t* offsets, int32_t* fill, MTile* tiles,
+                        int32_t* num_tiles, int32_t* pair_pos, int32_t* src_rows, cudaStream_t st, bool pdl = false);
 
 // fp8 dispatch into the fp8 GEMMs: the rows' e4m3 codes as they are into A8 [rows][H], their
 // block-128 scales into sf[row * sf_row + kb * sf_block] (the wgmma engine's transposed matrix:

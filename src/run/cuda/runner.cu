@@ -135,6 +135,7 @@ void CudaRunner::run(const DispatchOutput& in, const ExpertWeights& w, bf16_raw*
   const int64_t max_tiles = (max_rows + bm - 1) / bm + E;
   const int64_t max_tiles2 = split ? (max_rows + kWgmmaWide160BlockM - 1) / kWgmmaWide160BlockM + E : 0;
   if (max_rows > INT32_MAX) throw UsageError("runner cuda: R*C*K=" + std::to_string(max_rows) + " rows exceed 2^31");
+  last_direct_rows_ = false;
   if (!wide && policy::use_cutlass(engine_, w.w13.format, avg, decode_limit)) return run_cutlass(in, w, y, st);
   last_swap_tile_n_ = 0;
   last_swiglu_fused_ = last_glu_split_ = false;
@@ -168,22 +169,42 @@ void CudaRunner::run(const DispatchOutput& in, const ExpertWeights& w, bf16_raw*
     engines_ = std::string(name(d.nvfp4_1, w.w13)) + "/" + name(d.nvfp4_2, w.w2);
     last_engines_ = engines_.c_str();
   }
-  if (d.fp8_1) {
-    a8_.reserve(size_t(max_rows) * H);
-    as_.reserve(size_t(max_rows) * fp8_blocks(H) * 4);
-  }
   if (d.fp8_2) {
     h8_.reserve(size_t(max_rows) * I);
     hs_.reserve(size_t(max_rows) * fp8_blocks(I) * 4);
   }
 
-  launch_count(in, bm, cnt_.get<int32_t>(), offsets_.get<int32_t>(), fill_.get<int32_t>(), tiles_.get<MTile>(),
-               num_tiles_.get<int32_t>(), st, pdl_, split ? kWgmmaWide160BlockM : 0, tiles2);
+  // GEMM1 on the wgmma bf16 engine with a bf16 dispatch, or on the wgmma fp8 engine with an fp8
+  // one, takes the dispatched rows as they are: where the count's single CTA also claims the rows
+  // (launch_count_claim), GEMM1 reads them from the dispatch buffer through src_rows_ and no
+  // permute runs (one launch fewer at decode sizes: the permute was 4-7 us of a 0.1 ms Qwen3-30B
+  // call, ncu, session 32).
+  const bool fp8_in = in.format == ActFormat::fp8;
+  const bool direct_ok = direct_rows_ && bm == kWgmmaBlockM && !wide && !d.nvfp4_1 &&
+                         (d.fp8_1 ? fp8_in : d.bf16 && in.format == ActFormat::bf16) &&
+                         reinterpret_cast<uintptr_t>(in.payload) % 16 == 0 &&
+                         in.payload_stride() == size_t(H) * (fp8_in ? 1 : 2) &&
+                         (!fp8_in || in.scale_stride() == size_t(fp8_blocks(H)) * 4);
+  if (direct_ok) src_rows_.reserve(size_t(max_rows) * 4);
+  const bool direct =
+      direct_ok && launch_count_claim(in, bm, cnt_.get<int32_t>(), offsets_.get<int32_t>(), fill_.get<int32_t>(),
+                                      tiles_.get<MTile>(), num_tiles_.get<int32_t>(), pair_pos_.get<int32_t>(),
+                                      src_rows_.get<int32_t>(), st, pdl_);
+  last_direct_rows_ = direct;
+  if (!direct)
+    launch_count(in, bm, cnt_.get<int32_t>(), offsets_.get<int32_t>(), fill_.get<int32_t>(), tiles_.get<MTile>(),
+                 num_tiles_.get<int32_t>(), st, pdl_, split ? kWgmmaWide160BlockM : 0, tiles2);
+  if (d.fp8_1 && !direct) {
+    a8_.reserve(size_t(max_rows) * H);
+    as_.reserve(size_t(max_rows) * fp8_blocks(H) * 4);
+  }
   // The nvfp4 engine reads its tokens K-permuted: the permute writes GEMM1's rows that way where it
   // can (else they are rewritten in place below); GEMM2's come that way out of GEMM1 when it ran on
   // the same engine, else they are rewritten too.
   bool a_korder = false;
-  if (d.fp8_1) {
+  if (direct) {
+    // GEMM1 reads the dispatch buffer (below); pair_pos_ was written with the counts.
+  } else if (d.fp8_1) {
     launch_permute_fp8_rows(in, offsets_.get<int32_t>(), fill_.get<int32_t>(), pair_pos_.get<int32_t>(),
                             a8_.get<uint8_t>(), as_.get<float>(), 1, max_rows, st, pdl_);
   } else {
@@ -208,6 +229,16 @@ void CudaRunner::run(const DispatchOutput& in, const ExpertWeights& w, bf16_raw*
     g1.a_scales = as_.get<float>();
     g1.a_scales_ld = max_rows;
   }
+  if (direct) {
+    g1.a_rows = src_rows_.get<int32_t>();
+    if (d.fp8_1) {
+      g1.A8 = in.payload;
+      g1.a_scales = reinterpret_cast<const float*>(in.scales);
+      g1.a_scales_ld = fp8_blocks(H);
+    } else {
+      g1.A = reinterpret_cast<const bf16_raw*>(in.payload);
+    }
+  }
   if (d.nvfp4_1 && !a_korder)
     kperm_nvfp4_tokens(a_.get<bf16_raw>(), offsets_.get<int32_t>(), cnt_.get<int32_t>(), E, H, max_rows, st);
   g1.out_kperm = d.nvfp4_1 && d.nvfp4_2;
@@ -222,6 +253,7 @@ void CudaRunner::run(const DispatchOutput& in, const ExpertWeights& w, bf16_raw*
   }
 
   GemmArgs g2 = g1;
+  g2.a_rows = nullptr;
   g2.A = h_.get<bf16_raw>();
   g2.K = I;
   g2.W = w.w2;

@@ -75,6 +75,8 @@ class CudaRunner final : public Runner {
   // rows (policy::row_buckets: swap-AB for some experts, perhaps not for all).
   bool last_swap_ab() const { return last_swap_tile_n_ != 0; }
   int last_swap_tile_n() const { return last_swap_tile_n_; }
+  // Whether the last run's decode GEMM1 read the dispatch buffer (no permute; set_direct_rows).
+  bool last_direct_rows() const { return last_direct_rows_; }
 
   // ---- test and benchmark hooks: override cfg.tuning / the policy for this runner ----------------
   // The engine choice (policy::use_cutlass); the name CudaRunner::Engine is kept for callers.
@@ -93,6 +95,9 @@ class CudaRunner final : public Runner {
   // (tuning.pdl; the same results bitwise).
   void set_pdl(bool on) { pdl_ = on; }
   bool pdl() const { return pdl_; }
+  // The decode GEMM1 reading its rows from the dispatch buffer where it can (launch_count_claim;
+  // the default), or always from a permuted copy (false). The same results bitwise.
+  void set_direct_rows(bool on) { direct_rows_ = on; }
   // CUTLASS GEMM1 as gate half + up half with SwiGLU in the epilogue (tuning.fused_swiglu).
   void set_fused_swiglu(bool on) { fused_swiglu_ = on; }
   bool fused_swiglu() const { return fused_swiglu_; }
@@ -130,10 +135,12 @@ class CudaRunner final : public Runner {
   bool wgmma_decode_ = true;
   const char* last_engines_ = "";
   DeviceBuffer cnt_, offsets_, fill_, tiles_, num_tiles_, pair_pos_, a_, h_, o_;
+  DeviceBuffer src_rows_;  // decode GEMM1 reading the dispatch buffer: each row's slot (launch_count_claim)
   DeviceBuffer a8_, as_, h8_, hs_;  // fp8 operands of the wgmma fp8 engine (codes, transposed scales)
   Engine engine_ = Engine::automatic;
   bool wgmma_defer_ = true;
   bool pdl_ = true;
+  bool direct_rows_ = true, last_direct_rows_ = false;
   int sms_ = 0;
   DeviceBuffer gu_, cws_;  // CUTLASS engine: GEMM1 output [rows][2I] (gate | up), GEMM tables/workspace
   DeviceBuffer scratch_, inv_gs_;  // widened weights of one chunk; 1/gs of W13 and W2 (nvfp4) [2][E]

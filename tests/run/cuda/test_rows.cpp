@@ -194,11 +194,6 @@ TEST(RowPasses, PermuteAndWeightedSumVectorEqualScalarBitwise) {
   }
 }
 
-// The routing tables (launch_count) against the host's count: per-expert rows, offsets, zeroed
-// fill counters and the m-tile table(s), on the one-CTA path (at most kFusedCountPairs pairs) and
-// the grid-wide count + one-CTA scan, with one tile height and with the wide nvfp4 engine's two;
-// ids outside [0, E) and slots past their region's count count nowhere. E up to 2500 (several
-// experts per scan thread).
 // The fp8 permute feeds both fp8 GEMM kinds: the wgmma engine with transposed
 // scales (sf_row 1, sf_block = leading dimension), CUTLASS with row-major ones (ceil(H/128), 1).
 // Every valid pair must get one row of its expert's segment holding the slot's codes and scales
@@ -257,6 +252,12 @@ TEST(RowPasses, Fp8PermuteCopiesRowsAndScales) {
       }
 }
 
+// The routing tables (launch_count) against the host's count: per-expert rows, offsets, zeroed
+// fill counters and the m-tile table(s), on the one-CTA path (at most kFusedCountPairs pairs) and
+// the grid-wide count + one-CTA scan, with one tile height and with the wide nvfp4 engine's two;
+// ids outside [0, E) and slots past their region's count count nowhere. E up to 2500 (several
+// experts per scan thread). With one height, also launch_count_claim (the decode GEMM1 reading the
+// dispatch buffer): the same tables and the rows it claims.
 TEST(RowPasses, CountTablesMatchHost) {
   EPMOE_REQUIRE_GPU();
   std::mt19937 rng(41);
@@ -319,6 +320,50 @@ TEST(RowPasses, CountTablesMatchHost) {
       ASSERT_EQ(0, std::memcmp(&g1[i], &t1[i], sizeof(cuda::MTile))) << "tile " << i;
     for (size_t i = 0; i < t2.size(); ++i)
       ASSERT_EQ(0, std::memcmp(&g2[i], &t2[i], sizeof(cuda::MTile))) << "second-table tile " << i;
+    if (c.bm2) continue;
+
+    // launch_count_claim: where the one-CTA form applies, the same tables and every valid pair's
+    // row, claimed once inside its expert's segment, with src_rows naming the pair's slot; ids of
+    // no local expert get -1, invalid slots' entries stay as they were. Elsewhere nothing runs.
+    constexpr int32_t kUntouched = -7;
+    const bool fits = S * c.K <= 8192 && c.E <= 8192;
+    Dev<int32_t> q_cnt(c.E), q_off(c.E), q_fill(c.E), q_nt(std::vector<int32_t>(2, kUntouched));
+    Dev<int32_t> q_pp(std::vector<int32_t>(size_t(S) * c.K, kUntouched)), q_src(std::vector<int32_t>(size_t(r) + 1, kUntouched));
+    Dev<cuda::MTile> q_t1(max_tiles);
+    ASSERT_EQ(cuda::launch_count_claim(dout, c.bm, q_cnt.get(), q_off.get(), q_fill.get(), q_t1.get(), q_nt.get(),
+                                       q_pp.get(), q_src.get(), nullptr, true),
+              fits);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    if (!fits) {
+      EXPECT_EQ(q_nt.download(), std::vector<int32_t>(2, kUntouched)) << "a count ran where it does not fit";
+      continue;
+    }
+    EXPECT_EQ(q_cnt.download(), cnt);
+    EXPECT_EQ(q_off.download(), offs);
+    ASSERT_EQ(q_nt.download()[0], int32_t(t1.size()));
+    const std::vector<cuda::MTile> q1 = q_t1.download();
+    for (size_t i = 0; i < t1.size(); ++i)
+      ASSERT_EQ(0, std::memcmp(&q1[i], &t1[i], sizeof(cuda::MTile))) << "claim: tile " << i;
+    const std::vector<int32_t> pp = q_pp.download(), src = q_src.download();
+    std::vector<int> claimed(size_t(r), 0);
+    for (int64_t i = 0; i < S; ++i)
+      for (int k = 0; k < c.K; ++k) {
+        const int32_t q = pp[size_t(i) * c.K + k];
+        if (i % c.C >= counts[i / c.C]) {
+          ASSERT_EQ(q, kUntouched) << "invalid slot " << i;
+          continue;
+        }
+        const int e = ids[size_t(i) * c.K + k];
+        if (e < 0 || e >= c.E) {
+          ASSERT_EQ(q, -1) << "slot " << i << " k " << k;
+          continue;
+        }
+        ASSERT_TRUE(q >= offs[e] && q < offs[e] + cnt[e]) << "slot " << i << " k " << k << " row " << q;
+        ++claimed[size_t(q)];
+        ASSERT_EQ(src[size_t(q)], int32_t(i)) << "row " << q;
+      }
+    for (int32_t x = 0; x < r; ++x) ASSERT_EQ(claimed[size_t(x)], 1) << "row " << x;
+    EXPECT_EQ(src[size_t(r)], kUntouched) << "a row past the claimed ones was written";
   }
 }
 
