@@ -166,36 +166,30 @@ void run_problem(const Problem& p, uint32_t seed, bool both_decode_engines = fal
     }
     expect_within_bound(d, cfg.effective_intermediate_quant());
     expect_poison_after(yg, n, H);
-    {
-      // Programmatic dependent launch (tuning.pdl, on by default) only moves launches: the same
-      // call without it gives the same bits.
-      SCOPED_TRACE("pdl off");
-      ASSERT_TRUE(runner.pdl());
+    // The same call again with one switch off (set(false), then back on) gives the same bits.
+    auto same_bits_without = [&](const char* what, auto set) {
+      SCOPED_TRACE(std::string(what) + " off");
       Dev<bf16_raw> y0(size_t(C) * H);
       y0.poison();
-      runner.set_pdl(false);
+      set(false);
       runner.run(dout, dw, y0.get(), nullptr);
       EPMOE_CUDA_CHECK(cudaDeviceSynchronize());
-      runner.set_pdl(true);
-      EXPECT_EQ(first_diff(y0.download(), yg), -1) << "pdl on and off differ";
-    }
+      set(true);
+      EXPECT_EQ(first_diff(y0.download(), yg), -1) << what << ": on and off differ";
+    };
     // The decode GEMM1 reads the dispatch buffer where its engine takes the rows as dispatched
-    // (wgmma bf16 on a bf16 dispatch, wgmma fp8 on an fp8 one): the same bits as from the permute.
+    // (wgmma bf16 on a bf16 dispatch, wgmma fp8 on an fp8 one), with the same bits as from the
+    // permute.
     const std::string g1 = runner.last_engines();
     const bool direct_expected = wgmma && runner.last_block_m() == 32 &&
                                  ((p.act == ActFormat::bf16 && g1.rfind("wgmma-bf16", 0) == 0) ||
                                   (p.act == ActFormat::fp8 && g1.rfind("wgmma-fp8", 0) == 0));
     EXPECT_EQ(runner.last_direct_rows(), direct_expected) << g1;
-    if (runner.last_direct_rows()) {
-      SCOPED_TRACE("rows permuted");
-      Dev<bf16_raw> y0(size_t(C) * H);
-      y0.poison();
-      runner.set_direct_rows(false);
-      runner.run(dout, dw, y0.get(), nullptr);
-      EPMOE_CUDA_CHECK(cudaDeviceSynchronize());
-      runner.set_direct_rows(true);
-      EXPECT_EQ(first_diff(y0.download(), yg), -1) << "the dispatch buffer and the permuted copy differ";
-    }
+    if (runner.last_direct_rows())
+      same_bits_without("GEMM1 reading the dispatch buffer", [&](bool on) { runner.set_direct_rows(on); });
+    // Programmatic dependent launch (tuning.pdl, on by default) only moves launches.
+    ASSERT_TRUE(runner.pdl());
+    same_bits_without("pdl", [&](bool on) { runner.set_pdl(on); });
     if (p.wf == WeightFormat::nvfp4 && wgmma && runner.last_block_m() == 32) expect_prepared_equal(p, runner, dout, dw, yg, y_ref, n);
   }
 }
