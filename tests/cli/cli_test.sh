@@ -32,6 +32,7 @@ expect 2 "preset=\"no-such-model\" is unknown|unknown subcommand 'runner'" -- be
 expect 2 "unknown weight format 'fp9'|unknown subcommand 'runner'" -- bench runner --preset all --formats fp9
 expect 2 "--nvfp4-layout: 'shuffled' is not a layout|unknown subcommand 'runner'" -- bench runner --nvfp4-layout shuffled
 expect 2 "--routing=bogus is not a routing|unknown subcommand 'runner'" -- bench runner --routing bogus
+expect 2 "--settle-ms: -5 must be 0..60000|unknown subcommand 'runner'" -- bench runner --settle-ms -5
 expect 2 "is not a multi-GPU dispatcher|unknown subcommand 'a2a'" -- bench a2a --dispatchers local
 expect 0 'nvfp4 +nvfp4' -- run --device cpu
 expect 0 'fp8 +fp8' -- run --device cpu --preset tiny --ranks 2 --tokens 5,0 --layers 2

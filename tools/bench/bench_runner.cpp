@@ -18,6 +18,7 @@
 #include <cstdio>
 #include <functional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "args.h"
@@ -77,6 +78,7 @@ struct Opts {
   bool nvfp4_natural = false, nvfp4_prepared = true;
   BenchRouting routing = BenchRouting::uniform;  // how rows spread over the local experts (bench_rows.h)
   bool graph = false;  // time CUDA graph replays of one captured call instead of eager calls
+  int settle_ms = 0;   // idle this long before each point's timed calls (--settle-ms)
   std::vector<cuda::policy::RowBucket> row_buckets;  // CudaRunner::set_row_buckets (empty: the policy's)
   MoeConfig flags_cfg;                // the shared configuration and tuning flags, applied
   const Flags* flags_given = nullptr;
@@ -112,10 +114,11 @@ void bench_preset(const Opts& o, const ModelPreset& given, double hbm_gbs, const
   const std::vector<long long>& Ms = o.Ms;
   const int reps = o.reps;
   const long long maxM = *std::max_element(Ms.begin(), Ms.end());
+  const std::string settle = o.settle_ms > 0 ? ", idle " + std::to_string(o.settle_ms) + " ms before each point" : "";
   std::printf("\n# epmoe bench runner: %s, %s H=%d I=%d, %d local experts, median of %d%s, engine %s, iq %s, "
-              "cutlass swap %s\n",
+              "cutlass swap %s%s\n",
               gpu, pre.name.c_str(), H, I, E, reps, o.graph ? " graph replays" : "", o.engine_name.c_str(),
-              iq_header(o, pre.config).c_str(), cutlass_swap_name(pre.config.tuning.cutlass_swap));
+              iq_header(o, pre.config).c_str(), cutlass_swap_name(pre.config.tuning.cutlass_swap), settle.c_str());
   std::fflush(stdout);
 
   // Inputs: C = maxM slots, K = 1, weight 1; slot j -> expert j % E, or with --skew the first half
@@ -214,6 +217,8 @@ void bench_preset(const Opts& o, const ModelPreset& given, double hbm_gbs, const
       // --graph: one call captured on graph_stream and replayed, the GPU's time without the host's
       // launch work (what a server replaying graphs sees); else eager calls on the default stream.
       const auto call = [&] { runner.run(in, dw.w, y.get<bf16_raw>(), graph_stream); };
+      // The power cap acts on an average: an idle GPU comes back to its boost clock.
+      if (o.settle_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(o.settle_ms));
       const double ms = median_us(graph_stream, TimeSpec{2, r, o.graph, true}, call) / 1e3;
       rows.push_back({M, f, ms, runner.last_engines(), harness::cuda::sm_clock_mhz(graph_stream)});
       // The host's side of an eager call: the time run() takes to return (launches enqueued, not
@@ -409,6 +414,8 @@ int bench_runner(const std::vector<std::string>& args) {
   flags.add("dry-run", "", "print each point's rows per expert and the rows of MMA the decode m-tiles and the CUTLASS "
                           "split do for them (x M), then exit; touches no GPU");
   flags.add("graph", "", "time CUDA graph replays of one captured runner call (no host launch work) instead of eager calls");
+  flags.add("settle-ms", "MS", "idle this many ms before each point's timed calls, so that a sweep's later points do not "
+            "start under the power cap that earlier dense GEMMs drove the GPU to (see the SM MHz column; default 0)");
   // The configuration fields a runner-only bench leaves free, and every tuning option (--engine:
   // auto, mma or cutlass, CUTLASS where the format allows; --intermediate-quant fp8: fp8 weights
   // then run GEMM2 on fp8 too).
@@ -441,6 +448,9 @@ int bench_runner(const std::vector<std::string>& args) {
     else throw UsageError("--routing=" + r + " is not a routing; use uniform, skew or router");
   }
   o.graph = flags.get_bool("graph", false);
+  o.settle_ms = flags.get_int("settle-ms", 0);
+  if (o.settle_ms < 0 || o.settle_ms > 60000)
+    throw UsageError("--settle-ms: " + std::to_string(o.settle_ms) + " must be 0..60000 (milliseconds of idle before each point)");
   if (flags.has("row-buckets")) o.row_buckets = cuda::policy::parse_row_buckets(flags.get("row-buckets"));
   o.reps = flags.get_int("reps", quick ? 3 : 7);
   if (o.reps <= 0) throw UsageError("--reps: " + std::to_string(o.reps) + " must be positive");
