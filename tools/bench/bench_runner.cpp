@@ -414,8 +414,9 @@ int bench_runner(const std::vector<std::string>& args) {
   flags.add("dry-run", "", "print each point's rows per expert and the rows of MMA the decode m-tiles and the CUTLASS "
                           "split do for them (x M), then exit; touches no GPU");
   flags.add("graph", "", "time CUDA graph replays of one captured runner call (no host launch work) instead of eager calls");
-  flags.add("settle-ms", "MS", "idle this many ms before each point's timed calls, so that a sweep's later points do not "
-            "start under the power cap that earlier dense GEMMs drove the GPU to (see the SM MHz column; default 0)");
+  flags.add("settle-ms", "MS",
+            "idle this many ms before each point's timed calls, so that a sweep's later points do not start under "
+            "the power cap that earlier dense GEMMs drove the GPU to (see the SM MHz column; default 0)");
   // The configuration fields a runner-only bench leaves free, and every tuning option (--engine:
   // auto, mma or cutlass, CUTLASS where the format allows; --intermediate-quant fp8: fp8 weights
   // then run GEMM2 on fp8 too).
@@ -450,7 +451,8 @@ int bench_runner(const std::vector<std::string>& args) {
   o.graph = flags.get_bool("graph", false);
   o.settle_ms = flags.get_int("settle-ms", 0);
   if (o.settle_ms < 0 || o.settle_ms > 60000)
-    throw UsageError("--settle-ms: " + std::to_string(o.settle_ms) + " must be 0..60000 (milliseconds of idle before each point)");
+    throw UsageError("--settle-ms: " + std::to_string(o.settle_ms) +
+                     " must be 0..60000 (milliseconds of idle before each point)");
   if (flags.has("row-buckets")) o.row_buckets = cuda::policy::parse_row_buckets(flags.get("row-buckets"));
   o.reps = flags.get_int("reps", quick ? 3 : 7);
   if (o.reps <= 0) throw UsageError("--reps: " + std::to_string(o.reps) + " must be positive");

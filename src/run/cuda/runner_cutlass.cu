@@ -53,13 +53,13 @@ void gemm1_swiglu(const cutlass_engine::Grouped& g, bf16_raw* gate, cudaStream_t
 // Launch i takes region i of the workspace (ws_stride bytes), or with `pairing` as GEMM2
 // (`second`) region pairing->regions + i. GEMM1's call with pairing->gemm2 set also writes GEMM2's
 // tables of the same tile in each launch's fill (Grouped::pair) where GEMM2 runs the same
-// instantiation (all but GEMM1's one-GEMM SwiGLU launch), recording which in pairing->filled, and
-// GEMM2's call then launches those GEMMs without a fill: one table fill per tile and call
-// instead of two.
+// instantiation (all but GEMM1's one-GEMM SwiGLU launch), recording which in pairing->filled (bit
+// i: launch i; a GEMM has at most one launch per tile), and GEMM2's call then launches those GEMMs
+// without a fill: one table fill per tile and call instead of two.
 struct Pairing {
   const cutlass_engine::Grouped* gemm2 = nullptr;
   size_t regions = 0;
-  std::vector<char> filled;
+  uint32_t filled = 0;
 };
 void run_buckets(cutlass_engine::Grouped g, const std::vector<policy::RowBucket>& buckets, bool fp8,
                  cudaStream_t st, StreamFork* fork, size_t ws_stride, double expected_rows,
@@ -70,8 +70,8 @@ void run_buckets(cutlass_engine::Grouped g, const std::vector<policy::RowBucket>
   if (split) fork->fork(st, int(launches.size()));
   uint8_t* const ws = static_cast<uint8_t*>(g.workspace);
   const size_t first = pairing && second ? pairing->regions : 0;
-  const bool pairs = pairing && !second && pairing->gemm2;
-  if (pairs) pairing->filled.assign(launches.size(), 0);
+  const bool pairs = pairing && !second && pairing->gemm2 && launches.size() <= 32;  // one bit each
+  if (pairs) pairing->filled = 0;
   for (size_t i = 0; i < launches.size(); ++i) {
     const int tile_n = buckets[launches[i].front()].tile_n;
     g.ranges = cutlass_engine::RowRanges::none();
@@ -80,7 +80,7 @@ void run_buckets(cutlass_engine::Grouped g, const std::vector<policy::RowBucket>
     g.swap_tile_n = tile_n ? tile_n : 64;
     cudaStream_t s = split ? fork->side(int(i)) : st;
     g.workspace = ws + (first + i) * ws_stride;
-    g.tables_filled = second && pairing && i < pairing->filled.size() && pairing->filled[i];
+    g.tables_filled = second && pairing && ((pairing->filled >> i) & 1u);
     cutlass_engine::Grouped q;
     g.pair = nullptr;
     if (pairs && !(glu_out && !g.swap_ab)) {
@@ -90,7 +90,7 @@ void run_buckets(cutlass_engine::Grouped g, const std::vector<policy::RowBucket>
       q.swap_tile_n = g.swap_tile_n;
       q.workspace = ws + (pairing->regions + i) * ws_stride;
       g.pair = &q;
-      pairing->filled[i] = 1;
+      pairing->filled |= 1u << i;
     }
     if (fp8) {
       cutlass_engine::grouped_gemm_fp8(g, s);
@@ -310,7 +310,7 @@ void CudaRunner::run_cutlass(const DispatchOutput& in, const ExpertWeights& w, b
   g2.sfw = p2 == CutlassPath::fp8 ? static_cast<const float*>(w.w2.scales) : nullptr;
   // Both GEMMs split on the same instantiations (fp8 and fp8, or bf16 and bf16 with GEMM1 not
   // fused whole): GEMM1's table fills write GEMM2's too, into regions nb.. (run_buckets).
-  Pairing pairing{&g2, plan.buckets.size(), {}};
+  Pairing pairing{&g2, plan.buckets.size(), 0};
   const bool paired = p1 == p2 && ((p1 == CutlassPath::fp8 && !fp8_glu) || (p1 == CutlassPath::bf16 && !fuse));
   Pairing* const pair = paired ? &pairing : nullptr;
   if (p1 == CutlassPath::fp8) {

@@ -328,7 +328,8 @@ TEST(RowPasses, CountTablesMatchHost) {
     constexpr int32_t kUntouched = -7;
     const bool fits = S * c.K <= 8192 && c.E <= 8192;
     Dev<int32_t> q_cnt(c.E), q_off(c.E), q_fill(c.E), q_nt(std::vector<int32_t>(2, kUntouched));
-    Dev<int32_t> q_pp(std::vector<int32_t>(size_t(S) * c.K, kUntouched)), q_src(std::vector<int32_t>(size_t(r) + 1, kUntouched));
+    Dev<int32_t> q_pp(std::vector<int32_t>(size_t(S) * c.K, kUntouched));
+    Dev<int32_t> q_src(std::vector<int32_t>(size_t(r) + 1, kUntouched));
     Dev<cuda::MTile> q_t1(max_tiles);
     ASSERT_EQ(cuda::launch_count_claim(dout, c.bm, q_cnt.get(), q_off.get(), q_fill.get(), q_t1.get(), q_nt.get(),
                                        q_pp.get(), q_src.get(), nullptr, true),
