@@ -19,7 +19,7 @@ constexpr int kAllgatherTimeoutMs = 5 * 60 * 1000;
 std::vector<double> allgather(Communicator& comm, const std::vector<double>& mine) {
   if (comm.size() == 1) return mine;
   detail::NcclComm& nc = detail::as_nccl(comm, "allgather");
-  nc.activate();
+  const auto dev = nc.activate();
   const int R = comm.size();
   const size_t n = mine.size();
   struct Buffers {

@@ -51,14 +51,14 @@ void nccl_preflight() {
 
 NcclComm::NcclComm(ncclComm_t comm, int rank, int size, int device, int timeout_ms, bool owned)
     : comm_(comm), rank_(rank), size_(size), device_(device), timeout_ms_(timeout_ms), owned_(owned) {
-  activate();
+  const auto dev = activate();
   EPMOE_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   dev_scratch_bytes_ = 4096;
   EPMOE_CUDA_CHECK(cudaMalloc(&dev_scratch_, dev_scratch_bytes_));
 }
 
 NcclComm::~NcclComm() {
-  cudaSetDevice(device_);
+  const cuda::DeviceGuard dev(device_, std::nothrow);
   if (!owned_ && broken_) {
     // A collective of ours may still be pending on the caller's communicator, which we may not
     // abort: waiting for the stream or freeing (an implicit device sync) could block forever, so
@@ -75,8 +75,6 @@ NcclComm::~NcclComm() {
   if (dev_scratch_) cudaFree(dev_scratch_);
   if (stream_) cudaStreamDestroy(stream_);
 }
-
-void NcclComm::activate() const { EPMOE_CUDA_CHECK(cudaSetDevice(device_)); }
 
 void NcclComm::wait(cudaStream_t stream, const char* where, int timeout_ms) {
   if (broken_) throw BackendError(std::string("nccl communicator of rank ") + std::to_string(rank_) +
@@ -114,7 +112,7 @@ void NcclComm::wait(cudaStream_t stream, const char* where, int timeout_ms) {
 
 std::vector<int32_t> NcclComm::all_gather_i32(const int32_t* host_values, int n, const char* where,
                                              cudaStream_t stream) {
-  activate();
+  const auto dev = activate();
   const size_t bytes = size_t(n) * 4 * (size_ + 1);
   if (bytes > dev_scratch_bytes_) {
     EPMOE_CUDA_CHECK(cudaFree(dev_scratch_));
@@ -218,7 +216,7 @@ std::unique_ptr<Communicator> make_nccl_comm(const ncclUniqueId& id, int rank, i
     throw UsageError("make_nccl_comm: device=" + std::to_string(device) + " does not exist (this process sees " +
                      std::to_string(n) + " CUDA devices)");
   detail::nccl_preflight();
-  EPMOE_CUDA_CHECK(cudaSetDevice(device));
+  const cuda::DeviceGuard dev(device);
   ncclComm_t c = nullptr;
   EPMOE_NCCL_CHECK(ncclCommInitRank(&c, nranks, id, rank));
   return std::make_unique<detail::NcclComm>(c, rank, nranks, device, timeout_ms);

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "core/cuda/check.h"
 #include "epmoe/comm.h"
 
 namespace epmoe::detail {
@@ -38,9 +39,9 @@ class NcclComm final : public Communicator {
 
   ncclComm_t handle() const { return comm_; }
   int timeout_ms() const { return timeout_ms_; }
-  // Makes this rank's device current on the calling thread (every entry point calls it: with one
-  // thread per GPU, each thread has its own current device).
-  void activate() const;
+  // Makes this rank's device current on the calling thread until the guard's scope ends (every entry
+  // point holds one: the caller's own current device is restored on return).
+  cuda::DeviceGuard activate() const { return cuda::DeviceGuard(device_); }
   // The communicator's own stream for small host-side collectives.
   cudaStream_t stream() const { return stream_; }
 

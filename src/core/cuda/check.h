@@ -5,6 +5,7 @@
 #include <cuda_runtime.h>
 
 #include <cstddef>
+#include <new>
 #include <string>
 #include <utility>
 
@@ -79,12 +80,18 @@ class DeviceBuffer {
   size_t bytes_ = 0;
 };
 
-// Makes `dev` current for a scope and restores the caller's device afterwards.
-class DeviceGuard {
+// Makes `dev` current for a scope and restores the caller's device afterwards: the library never
+// leaves the calling thread on another device (a PyTorch process keeps its own current device).
+class [[nodiscard]] DeviceGuard {
  public:
   explicit DeviceGuard(int dev) {
     EPMOE_CUDA_CHECK(cudaGetDevice(&prev_));
     if (prev_ != dev) EPMOE_CUDA_CHECK(cudaSetDevice(dev));
+  }
+  // For destructors: a failure to switch is ignored (the teardown calls after it fail on their own).
+  DeviceGuard(int dev, std::nothrow_t) noexcept {
+    if (cudaGetDevice(&prev_) != cudaSuccess) prev_ = dev;
+    if (prev_ != dev) cudaSetDevice(dev);
   }
   ~DeviceGuard() {
     int cur = -1;

@@ -69,7 +69,7 @@ class NcclDispatcher final : public GpuA2aDispatcher {
  public:
   NcclDispatcher(const MoeConfig& cfg, Communicator& c)
       : cfg_(cfg), comm_(as_nccl(c, "dispatcher \"nccl\"")), R_(cfg.num_ranks), me_(c.rank()) {
-    comm_.activate();  // first: validate() checks this device
+    const auto dev = comm_.activate();  // first: validate() checks this device
     check_gpu_a2a_config(cfg, c.size(), c.rank(), "dispatcher \"nccl\"");
     // Before any collective allocation: ranks built differently must fail here, not hang.
     comm_.check_same(config_fingerprint(cfg), "dispatcher \"nccl\" configuration (config_fingerprint)");
@@ -115,7 +115,7 @@ class NcclDispatcher final : public GpuA2aDispatcher {
   }
 
   ~NcclDispatcher() override {
-    cudaSetDevice(comm_.device_index());
+    const cuda::DeviceGuard dev(comm_.device_index(), std::nothrow);
     cudaDeviceSynchronize();
     if (host_) cudaFreeHost(host_);
   }
@@ -123,7 +123,7 @@ class NcclDispatcher final : public GpuA2aDispatcher {
   const char* name() const override { return "nccl"; }
 
   DispatchOutput dispatch(const DispatchInput& in) override {
-    comm_.activate();
+    const auto dev = comm_.activate();
     have_dispatch_ = false;
     cudaStream_t st = static_cast<cudaStream_t>(in.stream);
     const int C = cfg_.capacity, H = cfg_.hidden, K = cfg_.top_k, E = cfg_.num_experts;
@@ -209,7 +209,7 @@ class NcclDispatcher final : public GpuA2aDispatcher {
   }
 
   void combine(const CombineInput& in, bf16_raw* out) override {
-    comm_.activate();
+    const auto dev = comm_.activate();
     if (!have_dispatch_) throw UsageError(combine_without_dispatch());
     have_dispatch_ = false;
     cudaStream_t st = static_cast<cudaStream_t>(in.stream);
@@ -251,7 +251,7 @@ class NcclDispatcher final : public GpuA2aDispatcher {
 
   // Waits for the last call (bounded) so that asynchronous NCCL errors surface.
   void sync(void* stream) override {
-    comm_.activate();
+    const auto dev = comm_.activate();
     comm_.wait(static_cast<cudaStream_t>(stream), "nccl dispatcher sync");
   }
 

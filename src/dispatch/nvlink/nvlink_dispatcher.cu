@@ -373,7 +373,7 @@ class NvlinkDispatcher final : public GpuA2aDispatcher {
  public:
   NvlinkDispatcher(const MoeConfig& cfg, Communicator& c)
       : cfg_(cfg), comm_(as_nccl(c, "dispatcher \"nvlink\"")), R_(cfg.num_ranks), me_(c.rank()) {
-    comm_.activate();  // first: validate() checks comm_sms against this device
+    const auto dev = comm_.activate();  // first: validate() checks comm_sms against this device
     check_gpu_a2a_config(cfg, c.size(), c.rank(), "dispatcher \"nvlink\"");
     // Before any collective allocation: ranks built differently must fail here, not hang. The
     // fingerprint covers the combine mode and ce_rows ([agree]): both sides of a combine must agree
@@ -448,7 +448,7 @@ class NvlinkDispatcher final : public GpuA2aDispatcher {
   }
 
   ~NvlinkDispatcher() override {
-    cudaSetDevice(comm_.device_index());
+    const cuda::DeviceGuard dev(comm_.device_index(), std::nothrow);
     cudaDeviceSynchronize();
     // Local teardown only (no collective: dispatchers of one process are often destroyed one after
     // another on one thread). Every write into our window is one we waited for, so once every rank
@@ -465,7 +465,7 @@ class NvlinkDispatcher final : public GpuA2aDispatcher {
   const char* name() const override { return "nvlink"; }
 
   DispatchOutput dispatch(const DispatchInput& in) override {
-    comm_.activate();
+    const auto dev = comm_.activate();
     raise_recorded();
     have_dispatch_ = false;
     const int C = cfg_.capacity;
@@ -502,7 +502,7 @@ class NvlinkDispatcher final : public GpuA2aDispatcher {
   }
 
   void combine(const CombineInput& in, bf16_raw* out) override {
-    comm_.activate();
+    const auto dev = comm_.activate();
     raise_recorded();
     if (!have_dispatch_) throw UsageError(combine_without_dispatch());
     have_dispatch_ = false;
@@ -554,7 +554,7 @@ class NvlinkDispatcher final : public GpuA2aDispatcher {
 
   // Waits for the stream (bounded by the kernels' own timeouts) and raises what they recorded.
   void sync(void* stream) override {
-    comm_.activate();
+    const auto dev = comm_.activate();
     EPMOE_CUDA_CHECK(cudaStreamSynchronize(static_cast<cudaStream_t>(stream)));
     raise_recorded();
   }

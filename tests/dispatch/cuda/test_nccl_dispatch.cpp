@@ -300,6 +300,32 @@ TEST(NcclNvlinkDispatch, ExplicitPlacementWithRedundantCopies) {
   }
 }
 
+// The library restores the calling thread's current device: making the group, the dispatchers,
+// a round trip and tearing them all down on this thread leave it on the device it chose (a
+// PyTorch process keeps its own). Before, the last communicator or dispatcher destroyed left its
+// own device current, and the next single-GPU allocation landed on the wrong GPU.
+TEST(NcclNvlinkDispatch, CallersDeviceIsLeftAlone) {
+  NEED_GPUS(2);
+  for (int mine : {1, 0}) {
+    ASSERT_EQ(cudaSetDevice(mine), cudaSuccess);
+    {
+      auto comms = group(2);
+      for (const char* name : {"nccl", "nvlink"}) {
+        MoeConfig cfg = small_config(name, ActFormat::fp8, ActFormat::bf16, 32);
+        auto disps = create_all(cfg, comms);
+        const auto in = random_inputs(cfg, {20, 7}, 5);
+        expect_same(cfg, in, gpu_round_trip(cfg, comms, disps, in), std::string(name) + " device scope");
+        int cur = -1;
+        ASSERT_EQ(cudaGetDevice(&cur), cudaSuccess);
+        EXPECT_EQ(cur, mine) << name << ": after creation and a round trip";
+      }
+    }
+    int cur = -1;
+    ASSERT_EQ(cudaGetDevice(&cur), cudaSuccess);
+    EXPECT_EQ(cur, mine) << "after the communicators and dispatchers were destroyed";
+  }
+}
+
 // T > C on one rank and a bad id on the other: every rank raises the same UsageError, nothing is
 // sent, and the dispatcher keeps working afterwards.
 TEST(NcclNvlinkDispatch, CapacityAndBadIdErrorsOnEveryRank) {
@@ -548,20 +574,21 @@ void expect_nvlink_shapes(const std::vector<NvlinkShape>& shapes, uint32_t seed,
 }
 
 // nvlink: rows of DeepSeek-V3 width (7 units of 1024 elements per row, several units per token in
-// flight, more tokens than one CTA's slot pass) and widths that end inside a unit (H % 1024 != 0,
-// nvfp4 rows that are only 8-byte aligned, bf16 rows of an odd number of 16-byte chunks, fp8 rows
-// ending on a partial 128-block: gpt-oss's 2880, and 1104 = 8.625 blocks), each with two steps on
-// one dispatcher so that stale slots of the first step must read -1.
+// flight, more tokens than one CTA's slot pass) and widths that end inside a unit (H % 1024 != 0),
+// with fp8 rows ending on a partial 128-block (gpt-oss's 2880 = 22.5 blocks, 1344 = 10.5), each with
+// two steps on one dispatcher so that stale slots of the first step must read -1. Widths stay
+// multiples of 64: a configuration naming runner cuda is refused otherwise, so narrower alignments
+// never reach the dispatcher.
 TEST(NvlinkDispatch, WideAndOddRowsMatchCpuFabric) {
   NEED_GPUS(2);
   expect_nvlink_shapes({{7168, ActFormat::fp8, ActFormat::bf16, 24, {{700, 513}, {64, 700}}},
                         {7168, ActFormat::bf16, ActFormat::bf16, 24, {{300, 0}, {17, 299}}},
                         {7168, ActFormat::nvfp4, ActFormat::fp8, 24, {{257, 300}, {300, 3}}},
                         {1152, ActFormat::fp8, ActFormat::fp8, 5, {{333, 700}, {700, 1}}},
-                        {1040, ActFormat::nvfp4, ActFormat::bf16, 7, {{700, 650}, {20, 700}}},
-                        {1032, ActFormat::bf16, ActFormat::bf16, 3, {{700, 699}, {1, 2}}},
+                        {1088, ActFormat::nvfp4, ActFormat::bf16, 7, {{700, 650}, {20, 700}}},
+                        {1216, ActFormat::bf16, ActFormat::bf16, 3, {{700, 699}, {1, 2}}},
                         {2880, ActFormat::fp8, ActFormat::fp8, 24, {{700, 300}, {5, 700}}},
-                        {1104, ActFormat::fp8, ActFormat::fp8, 5, {{333, 700}, {700, 1}}}},
+                        {1344, ActFormat::fp8, ActFormat::fp8, 5, {{333, 700}, {700, 1}}}},
                        900, "nvlink");
 }
 
