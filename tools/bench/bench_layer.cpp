@@ -484,7 +484,7 @@ int bench_layer(const std::vector<std::string>& args) {
   }
   launch_gpu_ranks(R, 120000, [&](Communicator& comm) { o.decode ? decode_rank(comm, o) : layer_rank(comm, o); });
   if (rank0_process() && !o.decode)
-    std::printf("\nTarget: layer/runner <= 1.25x at fp8, 4096 tokens per rank. Weights: random, generated on the "
+    std::printf("\nTarget: layer/runner <= 1.10x at fp8, 4096 tokens per rank. Weights: random, generated on the "
                 "device in their storage format (bf16/fp8/nvfp4 of the dispatch format's family).\n");
   return 0;
 }
