@@ -87,8 +87,10 @@ struct Tuning {
                                 //   bound)
 
   // --- device-initiated dispatchers ("nvlink") -----------------------------------------------
-  int comm_sms = 24;            // [local] EPMOE_COMM_SMS=1..1024: SMs (CTAs) of the dispatch and
-                                //   combine kernels; must not exceed the device's SM count
+  int comm_sms = 0;             // [local] EPMOE_COMM_SMS=0..1024: SMs (CTAs) of the dispatch and
+                                //   combine kernels, at most the device's SM count; 0 = half the
+                                //   device's SMs (66 on an H200), leaving the rest to work the caller
+                                //   runs on other streams at the same time
   int push_warps = 6;           // [local] EPMOE_NVL_PUSH_WARPS=4..12: combine warps per CTA that
                                 //   push rows (the others sum); ignored in combine mode ce
   CombineMode combine = CombineMode::sm;  // [agree] EPMOE_NVL_COMBINE=sm|ce

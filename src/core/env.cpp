@@ -165,7 +165,7 @@ EnvTuning read_env_tuning() {
                        "' is not a swap-AB choice (runner cuda's CUTLASS GEMMs); unset it or give auto, 0, 1, 64, 128, 192 or byrows");
   });
   take("EPMOE_COMM_SMS", [&] {
-    if (auto v = env::integer("EPMOE_COMM_SMS", 1, Tuning::kMaxCommSms, "SMs of the nvlink dispatch/combine kernels"))
+    if (auto v = env::integer("EPMOE_COMM_SMS", 0, Tuning::kMaxCommSms, "SMs of the nvlink dispatch/combine kernels"))
       t.comm_sms = int(*v);
   });
   take("EPMOE_NVL_PUSH_WARPS", [&] {

@@ -87,7 +87,8 @@ std::vector<ConfigIssue> validate(const Tuning& t) {
         "0 (the default) keeps the measured crossover (--decode-max-rows)");
   range("nvfp4_wide_max_rows", t.nvfp4_wide_max_rows, 0, Tuning::kMaxNvfp4WideMaxRows,
         "0 (the default) keeps the measured bound (--nvfp4-wide-max-rows)");
-  range("comm_sms", t.comm_sms, 1, Tuning::kMaxCommSms, "the default is 24 (--comm-sms)");
+  range("comm_sms", t.comm_sms, 0, Tuning::kMaxCommSms,
+        "0 (the default) takes half the device's SMs (--comm-sms)");
   range("push_warps", t.push_warps, Tuning::kMinPushWarps, Tuning::kMaxPushWarps, "the default is 6 (--push-warps)");
   range("ce_rows", t.ce_rows, 1, Tuning::kMaxCeRows, "the default is 512 (--ce-rows)");
   auto named = [&](const char* field, int v, int count, const char* names) {

@@ -231,8 +231,8 @@ TEST(CoreConfig, FormatsAndComm) {
   EXPECT_TRUE(found) << issues_text(validate(c));
 
   c = base();
-  c.tuning.comm_sms = 0;
-  expect_has(only_issue(c, "tuning.comm_sms").message, "tuning.comm_sms=0 is outside [1, 1024]");
+  c.tuning.comm_sms = -1;
+  expect_has(only_issue(c, "tuning.comm_sms").message, "tuning.comm_sms=-1 is outside [0, 1024]");
   c = base();
   c.timeout_ms = -5;
   expect_has(only_issue(c, "timeout_ms").message, "timeout_ms=-5 must be >= 1");

@@ -17,7 +17,7 @@ TEST(Tuning, BuiltInDefaultsAreValid) {
   EXPECT_TRUE(validate(Tuning{}).empty());
   const Tuning t;
   EXPECT_EQ(t.engine, RunnerEngine::automatic);
-  EXPECT_EQ(t.comm_sms, 24);
+  EXPECT_EQ(t.comm_sms, 0);  // half the device's SMs
   EXPECT_EQ(t.combine, CombineMode::sm);
 }
 
@@ -40,7 +40,7 @@ TEST(Tuning, EveryRangeIsChecked) {
   EXPECT_TRUE(has_issue(is, "tuning.cutlass_swap", "auto, 0, 1, 64, 128, 192"));
   EXPECT_TRUE(has_issue(is, "tuning.decode_max_rows", "outside [0, 65536]"));
   EXPECT_TRUE(has_issue(is, "tuning.widen_scratch_mb", "outside [1, 16777216]"));
-  EXPECT_TRUE(has_issue(is, "tuning.comm_sms", "tuning.comm_sms=2000 is outside [1, 1024]"));
+  EXPECT_TRUE(has_issue(is, "tuning.comm_sms", "tuning.comm_sms=2000 is outside [0, 1024]"));
   EXPECT_TRUE(has_issue(is, "tuning.push_warps", "outside [4, 12]"));
   EXPECT_TRUE(has_issue(is, "tuning.ce_rows", "outside [1, 1048576]"));
   EXPECT_TRUE(has_issue(is, "tuning.engine", "auto, mma, cutlass"));

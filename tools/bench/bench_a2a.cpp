@@ -24,6 +24,7 @@
 #include "commands.h"
 #include "core/cuda/check.h"
 #include "dispatch/a2a/host.h"
+#include "dispatch/nvlink/grid.h"
 #include "dispatch/nvlink/nvlink_trace.h"
 #include "epmoe/epmoe.h"
 #include "epmoe/nccl_comm.h"
@@ -295,9 +296,13 @@ void a2a_rank(Communicator& comm, const Opts& o) {
   if (talk) {
     cudaDeviceProp prop{};
     EPMOE_CUDA_CHECK(cudaGetDeviceProperties(&prop, comm.device_index()));
-    std::printf("# epmoe bench a2a: %d x %s (%s), %s H=%d E=%d K=%d, NCCL %s (compiled %s), median of %d\n", R,
-                prop.name, under_mpirun() ? "one process per GPU" : "one process, a thread per GPU",
-                pre.name.c_str(), H, E, K, nccl_runtime_version().c_str(), nccl_compiled_version().c_str(), o.reps);
+    Tuning t;
+    apply_tuning_flags(*o.flags, t);
+    std::printf("# epmoe bench a2a: %d x %s (%s), %s H=%d E=%d K=%d, NCCL %s (compiled %s), median of %d, "
+                "nvlink grid %d CTAs (comm_sms %d)\n",
+                R, prop.name, under_mpirun() ? "one process per GPU" : "one process, a thread per GPU",
+                pre.name.c_str(), H, E, K, nccl_runtime_version().c_str(), nccl_compiled_version().c_str(), o.reps,
+                nvlink::comm_grid(t.comm_sms, prop.multiProcessorCount), t.comm_sms);
   }
   RankData d;
   make_inputs(d, r, R, maxT, H, E, K);

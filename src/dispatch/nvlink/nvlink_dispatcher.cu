@@ -38,6 +38,7 @@
 #include "comm/nccl/nccl_comm_impl.h"
 #include "dispatch/a2a/host.h"
 #include "dispatch/check.h"
+#include "dispatch/nvlink/grid.h"
 #include "dispatch/output.h"
 #include "dispatch/nvlink/nvlink_combine.cuh"
 #include "dispatch/nvlink/nvlink_kernels.cuh"
@@ -379,7 +380,9 @@ class NvlinkDispatcher final : public GpuA2aDispatcher {
     // fingerprint covers the combine mode and ce_rows ([agree]): both sides of a combine must agree
     // on who writes which flags.
     comm_.check_same(config_fingerprint(cfg), "dispatcher \"nvlink\" configuration (config_fingerprint)");
-    G_ = cfg.tuning.comm_sms;
+    int sms = 0;
+    EPMOE_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, comm_.device_index()));
+    G_ = nvlink::comm_grid(cfg.tuning.comm_sms, sms);
     push_warps_ = cfg.tuning.push_warps;
     // Copy-engine combine (bf16 rows only: fp8 rows are encoded by the push warps on the way).
     if (cfg.tuning.combine == CombineMode::ce && cfg.combine_format == ActFormat::bf16) {
