@@ -8,7 +8,8 @@
 //     computed with the stored weights dequantized and the activations unquantized, so the number
 //     is the error of activation quantization, the runner's arithmetic and the bf16 outputs.
 // Times are medians of CUDA-event-timed repetitions queued back to back, each a CUDA graph replay
-// when the dispatcher is capturable ("nvlink", "local"), else eager calls ("nccl").
+// when the dispatcher is capturable ("nvlink", "local"), else eager calls ("nccl"); the layer and
+// the runner alone are timed in alternating rounds, so that both see the same clocks.
 // Weights: the harness's synthetic model (harness/cuda/synthetic.h), built on the device.
 // --decode: L stacked layers (one weight set shared by all layers: at these shapes each layer's
 // weights exceed L2 many times over, so sharing does not change the bytes read) with N sequences per
@@ -28,6 +29,8 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include "args.h"
@@ -183,6 +186,23 @@ double time_us(cudaStream_t st, bool graph, int reps, const std::function<void()
   return median_us(st, TimeSpec{0, reps, graph, false}, fn);
 }
 
+// The medians of a and b timed in alternating rounds (a, b, a, b, ...; `reps` calls of each in
+// all), so that a clock the power cap moves during the measurement weighs on both alike: timed one
+// after the other, the layer / runner ratio moved 1.07-1.14x between calls of one session while
+// neither the layer nor the runner changed (session 36).
+constexpr int kTimingRounds = 4;
+std::pair<double, double> interleaved_us(cudaStream_t st, bool graph, int reps, const std::function<void()>& a,
+                                         const std::function<void()>& b) {
+  std::vector<double> ta, tb;
+  for (int round = 0; round < kTimingRounds; ++round) {
+    const int n = reps / kTimingRounds + (round < reps % kTimingRounds ? 1 : 0);
+    if (n == 0) continue;
+    for (double t : time_each_us(st, TimeSpec{0, n, graph, false}, a)) ta.push_back(t);
+    for (double t : time_each_us(st, TimeSpec{0, n, graph, false}, b)) tb.push_back(t);
+  }
+  return {median(ta), median(tb)};
+}
+
 // Waits for this rank's last dispatcher call and raises what its kernels recorded.
 void dispatcher_sync(Dispatcher& d, cudaStream_t st) {
 #if defined(EPMOE_WITH_NCCL)
@@ -268,26 +288,12 @@ void layer_rank(Communicator& comm, const Opts& o) {
                        ov = tv(out.get(), DType::bf16, T, H);
       double layer_us = 0, runner_us = 0, rerun_diff = 0;
       std::vector<double> got(1 + size_t(S) * H, 0.0);
+      MoeLayer layer(cfg, comm, dw.w, nullptr);
+      for (int i = 0; i < 3; ++i) layer.forward(hv, lv, ov, st);
+      EPMOE_CUDA_CHECK(cudaStreamSynchronize(st));
       {
-        MoeLayer layer(cfg, comm, dw.w, nullptr);
-        for (int i = 0; i < 3; ++i) layer.forward(hv, lv, ov, st);
-        EPMOE_CUDA_CHECK(cudaStreamSynchronize(st));
-        layer_us = time_us(st, graph, o.reps, [&] { layer.forward(hv, lv, ov, st); });
-        // The output of the last timed call, then one more eager call on the same input: a layer
-        // without races gives the same bytes (a difference points at stream or cross-rank ordering).
-        std::vector<bf16_raw> first(size_t(T) * H), again(size_t(T) * H);
-        EPMOE_CUDA_CHECK(cudaMemcpyAsync(first.data(), out.get(), first.size() * 2, cudaMemcpyDeviceToHost, st));
-        EPMOE_CUDA_CHECK(cudaStreamSynchronize(st));
-        layer.forward(hv, lv, ov, st);
-        EPMOE_CUDA_CHECK(cudaMemcpyAsync(again.data(), out.get(), again.size() * 2, cudaMemcpyDeviceToHost, st));
-        EPMOE_CUDA_CHECK(cudaStreamSynchronize(st));
-        for (int64_t t = 0; t < T; ++t)
-          rerun_diff += std::memcmp(&first[size_t(t) * H], &again[size_t(t) * H], size_t(H) * 2) != 0;
-        for (size_t i = 0; i < size_t(S) * H; ++i) got[1 + i] = num::bf16_to_f32(first[i]);
-        comm.check_same(uint64_t(T), "bench layer: forward finished on every rank");
-      }
-      {
-        // The runner alone, on the input a dispatcher of the same configuration delivers.
+        // The runner alone, on the input a dispatcher of the same configuration delivers, timed in
+        // rounds alternating with the layer's.
         const Registry::Pair pair = Registry::global().resolve(cfg);
         std::unique_ptr<Dispatcher> disp = pair.dispatcher->create(cfg, comm);
         std::unique_ptr<Runner> runner = pair.runner->create(cfg, dev);
@@ -305,13 +311,30 @@ void layer_rank(Communicator& comm, const Opts& o) {
         runner->prepare(w, st);
         for (int i = 0; i < 2; ++i) runner->run(d, w, y.get<bf16_raw>(), st);
         EPMOE_CUDA_CHECK(cudaStreamSynchronize(st));
-        runner_us = time_us(st, graph, o.reps, [&] { runner->run(d, w, y.get<bf16_raw>(), st); });
+        std::tie(layer_us, runner_us) =
+            interleaved_us(st, graph, o.reps, [&] { layer.forward(hv, lv, ov, st); },
+                           [&] { runner->run(d, w, y.get<bf16_raw>(), st); });
         CombineInput ci;
         ci.y = y.get<bf16_raw>();
         ci.stream = st;
         disp->combine(ci, out.get<bf16_raw>());
         dispatcher_sync(*disp, st);
         comm.check_same(uint64_t(T), "bench layer: runner timing finished on every rank");
+      }
+      {
+        // Two eager forwards on the same input: a layer without races gives the same bytes (a
+        // difference points at stream or cross-rank ordering).
+        std::vector<bf16_raw> first(size_t(T) * H), again(size_t(T) * H);
+        layer.forward(hv, lv, ov, st);
+        EPMOE_CUDA_CHECK(cudaMemcpyAsync(first.data(), out.get(), first.size() * 2, cudaMemcpyDeviceToHost, st));
+        EPMOE_CUDA_CHECK(cudaStreamSynchronize(st));
+        layer.forward(hv, lv, ov, st);
+        EPMOE_CUDA_CHECK(cudaMemcpyAsync(again.data(), out.get(), again.size() * 2, cudaMemcpyDeviceToHost, st));
+        EPMOE_CUDA_CHECK(cudaStreamSynchronize(st));
+        for (int64_t t = 0; t < T; ++t)
+          rerun_diff += std::memcmp(&first[size_t(t) * H], &again[size_t(t) * H], size_t(H) * 2) != 0;
+        for (size_t i = 0; i < size_t(S) * H; ++i) got[1 + i] = num::bf16_to_f32(first[i]);
+        comm.check_same(uint64_t(T), "bench layer: forward finished on every rank");
       }
       const std::vector<double> times = allgather(comm, {layer_us, runner_us, rerun_diff});
       const std::vector<double> outs = S > 0 ? allgather(comm, got) : std::vector<double>{};
