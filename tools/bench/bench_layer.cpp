@@ -39,6 +39,7 @@
 #include "comm/launch.h"
 #include "setup.h"
 #include "core/cuda/check.h"
+#include "dispatch/nvlink/grid.h"
 #include "epmoe/epmoe.h"
 #include "harness/cuda/synthetic.h"
 #include "route/cuda/route.h"
@@ -481,11 +482,14 @@ int bench_layer(const std::vector<std::string>& args) {
 #if defined(EPMOE_WITH_NCCL)
     if (R > 1) nccl = ", NCCL " + nccl_runtime_version();
 #endif
-    std::printf("# epmoe bench layer%s: %d x %s (%s), %s H=%d I=%d E=%d K=%d, dispatcher %s + runner cuda, "
+    const std::string grid = b.dispatcher == "nvlink" ? " (grid " + std::to_string(nvlink::comm_grid(
+                                                            b.tuning.comm_sms, prop.multiProcessorCount)) + " CTAs)"
+                                                      : "";
+    std::printf("# epmoe bench layer%s: %d x %s (%s), %s H=%d I=%d E=%d K=%d, dispatcher %s%s + runner cuda, "
                 "combine %s, iq %s%s, median of %d%s\n",
                 o.decode ? " --decode" : "", R, prop.name,
                 under_mpirun() ? "one process per GPU" : (R > 1 ? "one process, a thread per GPU" : "one process"),
-                o.preset.c_str(), b.hidden, b.intermediate, b.num_experts, b.top_k, b.dispatcher.c_str(),
+                o.preset.c_str(), b.hidden, b.intermediate, b.num_experts, b.top_k, b.dispatcher.c_str(), grid.c_str(),
                 format_name(b.combine_format),
                 iq_header(o).c_str(), nccl.c_str(), o.reps,
                 o.graph && capturable(b.dispatcher) ? " (CUDA graph replays)" : " (eager calls)");
