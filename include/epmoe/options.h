@@ -73,6 +73,9 @@ struct Tuning {
                                 //   fp8/nvfp4 weights are widened into for the CUTLASS bf16 GEMM
   bool nvfp4_prepare = true;    // [local] EPMOE_NVFP4_PREPARE=0|1: copy nvfp4 weights once into
                                 //   the decode engine's load order (the weight bytes again)
+  bool fp8_mixed = true;        // [local] EPMOE_FP8_MIXED=0|1: CUTLASS GEMMs of fp8 weights with a
+                                //   bf16 operand decode the weights in the main loop; 0: widen them
+                                //   to bf16 first (same bits)
   int decode_max_rows = 0;      // [local] EPMOE_DECODE_MAX_ROWS=0..65536: expected rows per expert
                                 //   up to which engine auto keeps the 32-row decode engines (above:
                                 //   CUTLASS, or for prepared nvfp4 the wide engine up to 640 rows);

@@ -149,6 +149,10 @@ EnvTuning read_env_tuning() {
     if (auto v = env::flag("EPMOE_NVFP4_PREPARE", "1: copy nvfp4 weights into the decode engine's load order"))
       t.nvfp4_prepare = *v;
   });
+  take("EPMOE_FP8_MIXED", [&] {
+    if (auto v = env::flag("EPMOE_FP8_MIXED", "1: fp8 weights with a bf16 operand decoded inside runner cuda's CUTLASS GEMM"))
+      t.fp8_mixed = *v;
+  });
   take("EPMOE_DECODE_MAX_ROWS", [&] {
     if (auto v = env::integer("EPMOE_DECODE_MAX_ROWS", 0, Tuning::kMaxDecodeMaxRows,
                               "expected rows per expert up to which runner cuda keeps its decode engines"))

@@ -115,10 +115,14 @@ void bench_preset(const Opts& o, const ModelPreset& given, double hbm_gbs, const
   const int reps = o.reps;
   const long long maxM = *std::max_element(Ms.begin(), Ms.end());
   const std::string settle = o.settle_ms > 0 ? ", idle " + std::to_string(o.settle_ms) + " ms before each point" : "";
+  const std::string dispatch = o.flags_given->has("dispatch")
+                                   ? std::string(", dispatch ") + format_name(pre.config.dispatch_format)
+                                   : std::string();
   std::printf("\n# epmoe bench runner: %s, %s H=%d I=%d, %d local experts, median of %d%s, engine %s, iq %s, "
-              "cutlass swap %s%s\n",
+              "cutlass swap %s%s%s%s\n",
               gpu, pre.name.c_str(), H, I, E, reps, o.graph ? " graph replays" : "", o.engine_name.c_str(),
-              iq_header(o, pre.config).c_str(), cutlass_swap_name(pre.config.tuning.cutlass_swap), settle.c_str());
+              iq_header(o, pre.config).c_str(), cutlass_swap_name(pre.config.tuning.cutlass_swap), settle.c_str(),
+              dispatch.c_str(), pre.config.tuning.fp8_mixed ? "" : ", fp8 weights widened (--fp8-mixed 0)");
   std::fflush(stdout);
 
   // Inputs: C = maxM slots, K = 1, weight 1; slot j -> expert j % E, or with --skew the first half
@@ -171,8 +175,10 @@ void bench_preset(const Opts& o, const ModelPreset& given, double hbm_gbs, const
     cfg.capacity = int(maxM);
     cfg.weight_format = f;
     // fp8 tokens for fp8/nvfp4 weights (the fp8 recipe; a partial last 128-block where H % 128 != 0),
-    // bf16 where the hidden size is not a multiple of 16.
-    cfg.dispatch_format = f == WeightFormat::bf16 || H % 16 != 0 ? ActFormat::bf16 : ActFormat::fp8;
+    // bf16 where the hidden size is not a multiple of 16; --dispatch FORMAT for every format.
+    cfg.dispatch_format = o.flags_given->has("dispatch")                 ? pre.config.dispatch_format
+                          : f == WeightFormat::bf16 || H % 16 != 0 ? ActFormat::bf16
+                                                                    : ActFormat::fp8;
     cfg.intermediate_quant = o.iq;
     // A format the shape cannot take is skipped and said.
     try {
@@ -420,7 +426,9 @@ int bench_runner(const std::vector<std::string>& args) {
   // The configuration fields a runner-only bench leaves free, and every tuning option (--engine:
   // auto, mma or cutlass, CUTLASS where the format allows; --intermediate-quant fp8: fp8 weights
   // then run GEMM2 on fp8 too).
-  add_config_flags_only(flags, {"hidden", "intermediate", "ue8m0", "intermediate-quant"});
+  // --dispatch: the rows' format for every weight format (default: fp8 for fp8 and nvfp4 weights,
+  // bf16 for bf16 weights).
+  add_config_flags_only(flags, {"hidden", "intermediate", "ue8m0", "intermediate-quant", "dispatch"});
   add_tuning_flags(flags);
   flags.add("nvfp4-layout", "NAME", "nvfp4 weights: prepared (default: the decode engine's copy), natural, or both");
   if (wants_help(args)) {

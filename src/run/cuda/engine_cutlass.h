@@ -197,6 +197,32 @@ void grouped_gemm_fp8_swap_n96(const Grouped& g, cudaStream_t stream);
 void grouped_gemm_fp8_swap_n192(const Grouped& g, cudaStream_t stream);
 }  // namespace detail
 
+// fp8 weights x bf16 rows with the weights decoded in the main loop, no widened copy
+// (engine_cutlass_fp8w.cuh): out [rows][N] = A (bf16) * bf16(e4m3 W * its tile scale)^T, the bits
+// of widen::to_bf16 followed by grouped_gemm_bf16. Swapped (the weights are CUTLASS's register
+// operand), token tiles g.swap_tile_n = 64, 128 or 256 wide. g.sfw holds the row scales
+// expand_fp8_scales writes; g.sfa, alpha, halves, glu and src must be unset. Needs K % 16 == 0
+// and N % 8 == 0 (UsageError otherwise).
+constexpr bool fp8w_tile_exists(int tile_n) { return tile_n == 64 || tile_n == 128 || tile_n == 256; }
+inline void fp8w_check_tile(int tile_n) {
+  if (!fp8w_tile_exists(tile_n))
+    throw UsageError("cutlass fp8-weight grouped GEMM: swap_tile_n=" + std::to_string(tile_n) +
+                     " has no instantiation; use 64, 128 or 256");
+}
+size_t fp8w_workspace_bytes(int experts, int sms, int tile_n);
+void grouped_gemm_fp8w(const Grouped& g, cudaStream_t stream);
+// fp8 weights' tile scales [E][tiles][kb] (MatrixView::scales; a W13 stored as two halves of
+// half_rows = I rows has its grid restart at row I, a single grid passes half_rows = N) to one
+// scale per weight row and 128 of K, [E][kb][N] with the rows contiguous: fp8w_scales_bytes.
+size_t fp8w_scales_bytes(int E, int N, int K);
+void expand_fp8_scales(const float* sfw, int E, int N, int K, int half_rows, float* out, cudaStream_t stream);
+namespace detail {  // engine_cutlass_fp8w_n{64,128}.cu
+size_t fp8w_n64_workspace_bytes(int experts, int sms);
+void grouped_gemm_fp8w_n64(const Grouped& g, cudaStream_t stream);
+size_t fp8w_n128_workspace_bytes(int experts, int sms);
+void grouped_gemm_fp8w_n128(const Grouped& g, cudaStream_t stream);
+}  // namespace detail
+
 // The experts a SwiGLU pass leaves alone: those whose row count lies in `fused` (none by default),
 // whose GEMM1 launch (grouped_gemm_bf16_glu over those ranges) wrote their intermediate rows
 // already. The pass then walks the experts' 128-row m-tiles (tiles, num_tiles: launch_count's
@@ -246,7 +272,9 @@ namespace epmoe::cuda::cutlass_engine::detail {
 // Per-group tables CUTLASS reads on the device, carved out of the caller's workspace.
 // kSwap: CUTLASS's A is the weights and its B the rows (swap-AB, Grouped::swap_ab); a, b, sfa, sfb
 // and the strides are CUTLASS's operands, whichever of ours they hold.
-template <class Gemm, bool kScaled, bool kSource = false, bool kSwap = false>
+// kMixed (needs kSwap): the mixed-input GEMM (engine_cutlass_fp8w.cuh), whose A carries one scale
+// per weight row and 128 of K: sfs[g] points at the group's [kb][N] scales, ds[g] is their stride.
+template <class Gemm, bool kScaled, bool kSource = false, bool kSwap = false, bool kMixed = false>
 struct Tables {
   using Kernel = typename Gemm::GemmKernel;
   using Shape3 = typename Kernel::ProblemShape::UnderlyingProblemShape;
@@ -259,10 +287,13 @@ struct Tables {
   // The epilogue's source C (grouped_gemm_bf16_swiglu); placeholders otherwise.
   using EC = cute::conditional_t<kSource, typename Kernel::ElementC, bf16_raw>;
   using StrideC = cute::conditional_t<kSource, typename Kernel::InternalStrideC, int64_t>;
-  static constexpr bool scaled = kScaled, source = kSource, swap = kSwap;
+  static constexpr bool scaled = kScaled, source = kSource, swap = kSwap, mixed = kMixed;
+  // The mixed-input mainloop's scale stride: (1, N, 0), weight rows contiguous.
+  using StrideS = cute::Stride<cute::Int<1>, int64_t, int64_t>;
   using ERows = cute::conditional_t<kSwap, EB, EA>;  // element of our rows operand
   using EW = cute::conditional_t<kSwap, EA, EB>;     // element of the weights
   static_assert(!(kSource && kSwap), "the SwiGLU epilogue's source is laid out for the unswapped product");
+  static_assert(!kMixed || (kSwap && !kScaled && !kSource), "the mixed-input GEMM is swapped, its own scales");
 
   Shape3* shapes;
   const EA** a;
@@ -275,6 +306,8 @@ struct Tables {
   const float** sfb;
   const EC** c;
   StrideC* sc;
+  const float** sfs;
+  StrideS* ds;
   // Whether any group of this launch has rows (fill_tables; 1 when it cannot tell): gemm_kernel
   // returns at once where none has, before CUTLASS's prologue.
   int* active;
@@ -283,7 +316,8 @@ struct Tables {
   static size_t bytes(int E) {
     return round(sizeof(Shape3) * E) + 3 * round(sizeof(void*) * E) + round(sizeof(StrideA) * E) +
            round(sizeof(StrideB) * E) + round(sizeof(StrideD) * E) + (kScaled ? 2 * round(sizeof(void*) * E) : 0) +
-           (kSource ? round(sizeof(void*) * E) + round(sizeof(StrideC) * E) : 0) + round(sizeof(int));
+           (kSource ? round(sizeof(void*) * E) + round(sizeof(StrideC) * E) : 0) +
+           (kMixed ? round(sizeof(void*) * E) + round(sizeof(StrideS) * E) : 0) + round(sizeof(int));
   }
   static Tables carve(void* ws, int E) {
     uint8_t* p = static_cast<uint8_t*>(ws);
@@ -307,6 +341,10 @@ struct Tables {
     if constexpr (kSource) {
       t.c = reinterpret_cast<const EC**>(take(sizeof(void*) * E));
       t.sc = reinterpret_cast<StrideC*>(take(sizeof(StrideC) * E));
+    }
+    if constexpr (kMixed) {
+      t.sfs = reinterpret_cast<const float**>(take(sizeof(void*) * E));
+      t.ds = reinterpret_cast<StrideS*>(take(sizeof(StrideS) * E));
     }
     t.active = reinterpret_cast<int*>(take(sizeof(int)));
     return t;
@@ -398,6 +436,11 @@ __device__ void fill_one(const T& t, const FillArgs& a) {
     t.sfa[grp] = T::swap ? w_sf : rows_sf;
     t.sfb[grp] = T::swap ? rows_sf : w_sf;
   }
+  if constexpr (T::mixed) {
+    // Row scales [E][kb][N] (expand_fp8_scales): the group's block, weight rows contiguous.
+    t.sfs[grp] = sfw + int64_t(e) * fp8_blocks(K) * N;
+    t.ds[grp] = cute::make_stride(cute::Int<1>{}, int64_t(N), int64_t(0));
+  }
   if constexpr (T::source) {
     t.c[grp] = reinterpret_cast<const typename T::EC*>(src) + off * N;
     t.sc[grp] = cute::make_stride(int64_t(N), cute::Int<1>{}, cute::Int<0>{});
@@ -416,8 +459,8 @@ __global__ void fill_tables(const FillPair<T> p) {
   fill_one(p.t[blockIdx.y], p.a[blockIdx.y]);
 }
 
-template <class Gemm, bool kScaled, bool kSource = false, bool kSwap = false>
-typename Gemm::Arguments make_args(const Tables<Gemm, kScaled, kSource, kSwap>& t, int E, int sms, int device,
+template <class Gemm, bool kScaled, bool kSource = false, bool kSwap = false, bool kMixed = false>
+typename Gemm::Arguments make_args(const Tables<Gemm, kScaled, kSource, kSwap, kMixed>& t, int E, int sms, int device,
                                    const float* alpha) {
   typename Gemm::Arguments args{};
   args.mode = cutlass::gemm::GemmUniversalMode::kGrouped;
@@ -431,6 +474,8 @@ typename Gemm::Arguments make_args(const Tables<Gemm, kScaled, kSource, kSwap>& 
   }
   if constexpr (kScaled)
     args.mainloop = {t.a, t.sa, t.b, t.sb, t.sfa, nullptr, t.sfb, nullptr};
+  else if constexpr (kMixed)
+    args.mainloop = {t.a, t.sa, t.b, t.sb, t.sfs, t.ds, 128};  // one scale per 128 of K
   else
     args.mainloop = {t.a, t.sa, t.b, t.sb};
   args.epilogue.ptr_D = t.d;
@@ -461,11 +506,11 @@ typename Gemm::Arguments make_args(const Tables<Gemm, kScaled, kSource, kSwap>& 
   return args;
 }
 
-template <class Gemm, bool kScaled, bool kSource = false, bool kSwap = false>
+template <class Gemm, bool kScaled, bool kSource = false, bool kSwap = false, bool kMixed = false>
 size_t workspace_bytes(int E, int sms) {
-  using T = Tables<Gemm, kScaled, kSource, kSwap>;
+  using T = Tables<Gemm, kScaled, kSource, kSwap, kMixed>;
   const T t{};
-  const auto args = make_args<Gemm, kScaled, kSource, kSwap>(t, E, sms, 0, nullptr);
+  const auto args = make_args<Gemm, kScaled, kSource, kSwap, kMixed>(t, E, sms, 0, nullptr);
   return T::bytes(E) + T::round(Gemm::get_workspace_size(args)) + 256;
 }
 
@@ -527,9 +572,9 @@ class InitCache {
   int next_ = 0;
 };
 
-template <class Gemm, bool kScaled, bool kSource = false, bool kSwap = false>
+template <class Gemm, bool kScaled, bool kSource = false, bool kSwap = false, bool kMixed = false>
 void run(const Grouped& g, const char* what, cudaStream_t stream) {
-  using T = Tables<Gemm, kScaled, kSource, kSwap>;
+  using T = Tables<Gemm, kScaled, kSource, kSwap, kMixed>;
   if (g.experts <= 0) return;
   if (!g.workspace || g.sms <= 0)
     throw UsageError(std::string("cutlass ") + what + ": workspace and sms must be set");
@@ -562,7 +607,7 @@ void run(const Grouped& g, const char* what, cudaStream_t stream) {
     const dim3 fill_block = one_block ? dim3((most + 31) / 32 * 32) : dim3(128);
     launch_kernel(fill_tables<T>, fill_grid, fill_block, 0, stream, g.pdl, fp);
   }
-  const auto args = make_args<Gemm, kScaled, kSource, kSwap>(t, groups, g.sms, device, g.alpha);
+  const auto args = make_args<Gemm, kScaled, kSource, kSwap, kMixed>(t, groups, g.sms, device, g.alpha);
   auto fail = [&](cutlass::Status s, const char* step) {
     throw BackendError(std::string("cutlass ") + what + " grouped GEMM: " + step + " failed: " +
                        cutlassGetStatusString(s) + " (N=" + std::to_string(g.N) + ", K=" + std::to_string(g.K) + ")");
@@ -600,7 +645,17 @@ void run(const Grouped& g, const char* what, cudaStream_t stream) {
   attr[1].val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = attr;
   cfg.numAttrs = g.pdl ? 2 : 1;
-  EPMOE_CUDA_CHECK(cudaLaunchKernelEx(&cfg, gemm_kernel<Kernel>, *params, static_cast<const int*>(t.active)));
+  if constexpr (kMixed) {
+    // The mixed-input mainloop sizes its scale view by scale_k, which to_underlying_arguments
+    // derives from a host problem shape; with shapes on the device only it would read K = 1. Every
+    // group has this call's K, so the Params launched carry it (not the cached ones: GEMM1 and
+    // GEMM2 share a workspace, hence a cache key, with different K).
+    Params p = *params;
+    p.mainloop.scale_k = fp8_blocks(g.K);
+    EPMOE_CUDA_CHECK(cudaLaunchKernelEx(&cfg, gemm_kernel<Kernel>, p, static_cast<const int*>(t.active)));
+  } else {
+    EPMOE_CUDA_CHECK(cudaLaunchKernelEx(&cfg, gemm_kernel<Kernel>, *params, static_cast<const int*>(t.active)));
+  }
 }
 
 }  // namespace epmoe::cuda::cutlass_engine::detail

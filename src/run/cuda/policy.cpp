@@ -159,8 +159,12 @@ DecodeEngines decode_engines(bool wgmma_decode, int bm, WeightFormat wf, ActForm
   return d;
 }
 
-int decode_max_rows(WeightFormat wf, const DecodeEngines& d32, int tuned, bool prepared, int experts) {
+int decode_max_rows(WeightFormat wf, const DecodeEngines& d32, int tuned, bool prepared, int experts,
+                    int64_t expert_weights, bool fp8_mixed) {
   if (tuned > 0) return tuned;
+  if (wf == WeightFormat::fp8 && (!d32.fp8_1 || !d32.fp8_2) && fp8_mixed &&
+      expert_weights >= kFp8MixedDecodeMinExpert)
+    return kDecodeMaxRowsFp8Mixed;
   if (wf == WeightFormat::nvfp4 && d32.nvfp4_1 && d32.nvfp4_2)
     return prepared ? kDecodeMaxRowsNvfp4Wide : kDecodeMaxRowsNvfp4;
   if (wf == WeightFormat::bf16 && d32.bf16 && experts < kSplitMinExperts) return kDecodeMaxRowsFewBf16;
@@ -178,8 +182,10 @@ bool use_nvfp4_wide(RunnerEngine engine, const DecodeEngines& d32, bool prepared
          expected_rows > double(decode_max_rows) && expected_rows <= max_rows;
 }
 
+int fp8w_tile_n(double expected_rows) { return expected_rows <= 64 ? 64 : expected_rows <= 128 ? 128 : 256; }
+
 std::string path_name(CutlassPath p, WeightFormat wf, int swap_tile_n) {
-  std::string s = p == CutlassPath::fp8 ? "cutlass-fp8" : "cutlass-bf16";
+  std::string s = p == CutlassPath::fp8 ? "cutlass-fp8" : p == CutlassPath::fp8w ? "cutlass-fp8w" : "cutlass-bf16";
   if (swap_tile_n == kByRows) s += "-byrows";
   else if (swap_tile_n) s += "-swap" + std::to_string(swap_tile_n);
   if (p == CutlassPath::widened) s += wf == WeightFormat::nvfp4 ? "(widened nvfp4)" : "(widened fp8)";
@@ -192,7 +198,7 @@ size_t CutlassPlan::scratch_bytes() const {
 }
 
 CutlassPlan cutlass_plan(const DispatchOutput& in, const ExpertWeights& w, IntermediateQuant iq, bool fused_swiglu,
-                         CutlassSwap swap, double expected_rows, size_t widen_scratch_bytes) {
+                         CutlassSwap swap, double expected_rows, size_t widen_scratch_bytes, bool fp8_mixed) {
   const int E = in.num_local_experts, H = in.hidden, I = w.intermediate;
   const WeightFormat wf = w.w13.format;
   const bool iq8 = iq == IntermediateQuant::fp8;
@@ -204,13 +210,18 @@ CutlassPlan cutlass_plan(const DispatchOutput& in, const ExpertWeights& w, Inter
   const bool fp8_1 = fp8w && in.format == ActFormat::fp8 && tma_rows &&
                      reinterpret_cast<uintptr_t>(in.payload) % 16 == 0 && w.w13.scales;
   const bool fp8_2 = fp8w && iq8 && tma_rows && w.w2.scales;
+  // fp8 weights with a bf16 operand decoded in the main loop: 16-byte TMA rows of codes (K % 16)
+  // and of row scales and bf16 output (N % 8), true of every shape runner cuda accepts.
+  const bool mixed = fp8w && fp8_mixed && tma_rows && H % 8 == 0 && w.w13.scales && w.w2.scales;
+  const CutlassPath other = mixed ? CutlassPath::fp8w : CutlassPath::widened;
   CutlassPlan p;
-  p.gemm1 = wf == WeightFormat::bf16 ? CutlassPath::bf16 : fp8_1 ? CutlassPath::fp8 : CutlassPath::widened;
-  p.gemm2 = wf == WeightFormat::bf16 ? CutlassPath::bf16 : fp8_2 ? CutlassPath::fp8 : CutlassPath::widened;
+  p.gemm1 = wf == WeightFormat::bf16 ? CutlassPath::bf16 : fp8_1 ? CutlassPath::fp8 : other;
+  p.gemm2 = wf == WeightFormat::bf16 ? CutlassPath::bf16 : fp8_2 ? CutlassPath::fp8 : other;
+  p.fp8w_tile_n = fp8w_tile_n(expected_rows);
   p.split_w13 = p.gemm1 == CutlassPath::fp8 && I % 128 != 0;
   p.swap_tile_n = swap_tile_n(swap, expected_rows);
   p.buckets = row_buckets(swap, expected_rows, fp8w, split_weight_bytes(E, H, I, fp8w), E);
-  const bool fusable = fused_swiglu && p.gemm1 != CutlassPath::fp8 && !iq8;
+  const bool fusable = fused_swiglu && p.gemm1 != CutlassPath::fp8 && p.gemm1 != CutlassPath::fp8w && !iq8;
   if (fusable && swap == CutlassSwap::automatic && expected_rows > kSwapMaxRows) p.buckets = {RowBucket{}};
   // Without being asked: where GEMM1 is one unswapped bf16 launch anyway, the one-GEMM SwiGLU
   // (glu_fits: I % 128 == 0) gives the unfused bits without the pass and takes no split away.

@@ -205,14 +205,26 @@ constexpr int kDecodeMaxRowsNvfp4Wide = 32;
 // session 22 saw 7-9%). Not fp8 (decode 0.266 against 0.258 there), nor many experts (Qwen3,
 // gpt-oss at 64 rows: swap-AB 3% ahead; bench/results/2026-12-04-session32-h200.md).
 constexpr int kDecodeMaxRowsFewBf16 = 64;
+// fp8 weights where a decode GEMM would have a bf16 operand (GEMM1 of a bf16 dispatch, GEMM2 with
+// intermediate_quant none: mma.sync, decoding in its B fragments) leave decode above
+// kDecodeMaxRowsFp8Mixed rows for CUTLASS's mixed-input GEMM (fp8w, tuning.fp8_mixed), when an
+// expert has at least kFp8MixedDecodeMinExpert weights (3·H·I). Measured, iq none, H200, session 37
+// (bench/results/2026-12-04-session37-h200.md): DeepSeek-V3 (44 M weights) 4 / 8 / 16 / 32 rows
+// 1.673 / 1.684 / 1.707 / 1.772 ms against decode 1.880 / 1.889 / 1.922 / 1.966; gpt-oss-120b
+// (24.9 M) 0.546-0.582 against 0.596-0.623; Qwen3-235B (18.9 M) within +-2% either way;
+// Qwen3-30B (4.7 M) decode ahead, 0.132 / 0.138 against 0.163 / 0.170 at 16 / 32 rows.
+constexpr int kDecodeMaxRowsFp8Mixed = 2;
+constexpr int64_t kFp8MixedDecodeMinExpert = int64_t(20) << 20;
 // The expected rows per expert up to which the decode engines run (and CUTLASS, or the wide nvfp4
 // engine, above): the tuned value (tuning.decode_max_rows > 0), else, where both GEMMs of `d32`
 // (decode_engines at bm 32) are nvfp4 wgmma engines, kDecodeMaxRowsNvfp4Wide on prepared weights
 // and kDecodeMaxRowsNvfp4 on natural ones, where they are the bf16 engine and `experts` (local) is
-// under kSplitMinExperts kDecodeMaxRowsFewBf16, else 0: the built-in one-m-tile rules
-// (kDecodeMaxRows, kCutlassMinRows, kCutlassMinRowsNvfp4).
+// under kSplitMinExperts kDecodeMaxRowsFewBf16, where they are fp8 weights with a bf16 operand on
+// either GEMM, `fp8_mixed` and experts of expert_weights >= kFp8MixedDecodeMinExpert
+// kDecodeMaxRowsFp8Mixed, else 0: the built-in one-m-tile rules (kDecodeMaxRows, kCutlassMinRows,
+// kCutlassMinRowsNvfp4).
 int decode_max_rows(WeightFormat wf, const DecodeEngines& d32, int tuned, bool prepared = false,
-                    int experts = 1 << 30);
+                    int experts = 1 << 30, int64_t expert_weights = 0, bool fp8_mixed = false);
 
 // ---- the wide nvfp4 engine (m-tile kWgmmaWideBlockM, engine.h) -----------------------------------
 // engine_wgmma_nvfp4_wide.cu: the prepared register-decode engine with token tiles of up to
@@ -249,13 +261,16 @@ bool use_nvfp4_wide(RunnerEngine engine, const DecodeEngines& d32, bool prepared
 // the fp8 x fp8 GEMM where the other operand is e4m3 already (GEMM1: fp8 dispatch with a 16-byte
 // aligned payload and weight scales; GEMM2: intermediate_quant = fp8; partial 128-tiles in H or I
 // included, W13 then run as its gate and up halves, split_w13), so that a
-// bf16 operand keeps its numerics (never requantized to e4m3); otherwise (fp8 with a bf16 operand,
-// nvfp4 always) widened to bf16 in a scratch buffer and run on the bf16 GEMM.
-enum class CutlassPath { bf16, fp8, widened };
-// "cutlass-bf16", "cutlass-fp8", "cutlass-bf16(widened fp8)", "cutlass-bf16(widened nvfp4)"; swapped
-// (swap_tile_n 64, 128 or 192) with "-swap64" / "-swap128" / "-swap192" after "cutlass-bf16" /
-// "cutlass-fp8", e.g. "cutlass-fp8-swap64", "cutlass-bf16-swap128(widened nvfp4)"; split by rows
-// (swap_tile_n kByRows, several row_buckets) "-byrows", e.g. "cutlass-fp8-byrows".
+// bf16 operand keeps its numerics (never requantized to e4m3); fp8 with a bf16 operand on the
+// mixed-input GEMM that decodes the weights in its main loop (fp8w, engine_cutlass_fp8w.cuh: the
+// widened path's bits without the widened copy) unless tuning.fp8_mixed is off; otherwise (that
+// switch off, nvfp4 always) widened to bf16 in a scratch buffer and run on the bf16 GEMM.
+enum class CutlassPath { bf16, fp8, widened, fp8w };
+// "cutlass-bf16", "cutlass-fp8", "cutlass-bf16(widened fp8)", "cutlass-bf16(widened nvfp4)",
+// "cutlass-fp8w"; swapped (swap_tile_n 64, 128, 192 or, fp8w only, 256) with "-swap64" / ... after
+// the GEMM's name, e.g. "cutlass-fp8-swap64", "cutlass-bf16-swap128(widened nvfp4)",
+// "cutlass-fp8w-swap256"; split by rows (swap_tile_n kByRows, several row_buckets) "-byrows", e.g.
+// "cutlass-fp8-byrows".
 constexpr int kByRows = -1;
 std::string path_name(CutlassPath p, WeightFormat wf, int swap_tile_n = 0);
 
@@ -288,7 +303,11 @@ struct CutlassPlan {
   // The direct GEMMs' tile for names and RunnerInfo: the one bucket's tile_n, or kByRows.
   int direct_tile_n() const { return buckets.size() == 1 ? buckets[0].tile_n : kByRows; }
   // The tile of a GEMM on path p: swap_tile_n widened, direct_tile_n otherwise.
-  int tile_n(CutlassPath p) const { return p == CutlassPath::widened ? swap_tile_n : direct_tile_n(); }
+  int tile_n(CutlassPath p) const {
+    return p == CutlassPath::widened ? swap_tile_n : p == CutlassPath::fp8w ? fp8w_tile_n : direct_tile_n();
+  }
+  // fp8w GEMMs (always swapped, one launch over all experts): the token-tile width, fp8w_tile_n().
+  int fp8w_tile_n = 256;
   // Widened weights: bytes of one expert of W13 / W2 in bf16, and experts per widen-and-GEMM chunk,
   // as many whole experts as fit in the scratch bound (at least one, at most 65535), from the
   // configuration alone so that graph replays see the same chunks.
@@ -297,8 +316,13 @@ struct CutlassPlan {
   // The scratch buffer both GEMMs' chunks share (0 when nothing is widened).
   size_t scratch_bytes() const;
 };
+// fp8_mixed (tuning.fp8_mixed): fp8 weights with a bf16 operand on fp8w instead of widened.
 CutlassPlan cutlass_plan(const DispatchOutput& in, const ExpertWeights& w, IntermediateQuant iq, bool fused_swiglu,
-                         CutlassSwap swap, double expected_rows, size_t widen_scratch_bytes);
+                         CutlassSwap swap, double expected_rows, size_t widen_scratch_bytes, bool fp8_mixed = true);
+// The fp8w token tile for a mean of `expected_rows` per expert: the narrowest of 64 / 128 / 256
+// holding it (a wider tile multiplies padding; TMA loads no rows past an expert's end, so the
+// padding costs tensor-core time only), 256 above.
+int fp8w_tile_n(double expected_rows);
 // Whether GEMM1 of plan `p` (its buckets final) fuses SwiGLU inside a split by rows: GEMM1 on the
 // direct bf16 GEMM (bf16 weights, so no alpha), a bf16 intermediate (iq none), glu_fits(I), several
 // buckets of which 1..RowRanges::kMax unswapped, and not fused whole already. The swapped

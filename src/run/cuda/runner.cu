@@ -41,6 +41,7 @@ CudaRunner::CudaRunner(const MoeConfig& cfg, int device_index)
       widen_scratch_(size_t(cfg.tuning.widen_scratch_mb) << 20),
       fused_swiglu_(cfg.tuning.fused_swiglu),
       concurrent_buckets_(cfg.tuning.concurrent_buckets),
+      fp8_mixed_(cfg.tuning.fp8_mixed),
       cutlass_swap_(cfg.tuning.cutlass_swap) {}
 
 size_t CudaRunner::prepare(ExpertWeights& w, Stream stream) {
@@ -123,7 +124,8 @@ void CudaRunner::run(const DispatchOutput& in, const ExpertWeights& w, bf16_raw*
       policy::decode_engines(wgmma_decode_, kWgmmaBlockM, w.w13.format, in.format, iq, H, I, w.w13.prepared != nullptr,
                              w.w2.prepared != nullptr);
   const bool prepared = w.w13.prepared && w.w2.prepared;
-  const int decode_limit = policy::decode_max_rows(w.w13.format, d32, cfg_.tuning.decode_max_rows, prepared, E);
+  const int decode_limit = policy::decode_max_rows(w.w13.format, d32, cfg_.tuning.decode_max_rows, prepared, E,
+                                                   3 * int64_t(H) * I, fp8_mixed_);
   const double wide_limit = policy::nvfp4_wide_max_rows(H, I, cfg_.tuning.nvfp4_wide_max_rows);
   const bool wide = force_bm_ == 0 && policy::use_nvfp4_wide(engine_, d32, prepared, avg, decode_limit, wide_limit);
   // The wide engine's token tiles: 128 or 160 rows, or by rows (tuning.nvfp4_wide_rows = 0): each

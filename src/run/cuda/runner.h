@@ -113,6 +113,10 @@ class CudaRunner final : public Runner {
   // policy's), whatever cutlass_swap says: for trying other ranges and tiles (bench runner
   // --row-buckets). A tile the GEMM has no instantiation for throws UsageError at run().
   void set_row_buckets(std::vector<policy::RowBucket> b) { row_buckets_ = std::move(b); }
+  // fp8 weights with a bf16 operand on the CUTLASS engine's mixed-input GEMM (decoded in the main
+  // loop) or, off, widened first (tuning.fp8_mixed; the same bits).
+  void set_fp8_mixed(bool on) { fp8_mixed_ = on; }
+  bool fp8_mixed() const { return fp8_mixed_; }
   // Bound of the widening scratch in bytes (tuning.widen_scratch_mb MiB); tests shrink it to force
   // several chunks. 0 throws UsageError.
   void set_widen_scratch_bytes(size_t bytes);
@@ -145,10 +149,12 @@ class CudaRunner final : public Runner {
   DeviceBuffer gu_, cws_;  // CUTLASS engine: GEMM1 output [rows][2I] (gate | up), GEMM tables/workspace
   DeviceBuffer scratch_, inv_gs_;  // widened weights of one chunk; 1/gs of W13 and W2 (nvfp4) [2][E]
   DeviceBuffer glu_sfw_;  // W13's scales in the fp8 one-GEMM SwiGLU's order, per call where not prepared
+  DeviceBuffer row_sf_;   // fp8w GEMMs: W13's then W2's tile scales per weight row (expand_fp8_scales), per call
   size_t widen_scratch_ = size_t(1) << 30;
   int last_widen_chunks_ = 0;
   bool fused_swiglu_ = false, last_swiglu_fused_ = false, last_glu_split_ = false;
   bool concurrent_buckets_ = true;
+  bool fp8_mixed_ = true;
   StreamFork fork_;  // side streams of the concurrent launches of a split
   CutlassSwap cutlass_swap_ = CutlassSwap::automatic;
   std::vector<policy::RowBucket> row_buckets_;

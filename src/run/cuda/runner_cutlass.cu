@@ -133,6 +133,21 @@ size_t bucket_workspace(const std::vector<policy::RowBucket>& buckets, bool fp8,
   return (n + 255) / 256 * 256;
 }
 
+// GEMM `g` (bf16 A) with fp8 weights `m` on the mixed-input GEMM (CutlassPath::fp8w): m's tile
+// scales written onto its rows in `row_sf` (expand_fp8_scales; half_rows = I for W13, whose scale
+// grid restarts at I, N for W2), then one swapped launch over all experts with `tile_n`-wide token
+// tiles.
+void run_fp8w(cutlass_engine::Grouped g, const MatrixView& m, int half_rows, float* row_sf, int tile_n,
+              cudaStream_t st) {
+  cutlass_engine::expand_fp8_scales(static_cast<const float*>(m.scales), g.experts, g.N, g.K, half_rows, row_sf, st);
+  g.sfw = row_sf;
+  g.sfa = nullptr;
+  g.swap_ab = true;
+  g.swap_tile_n = tile_n;
+  g.ranges = cutlass_engine::RowRanges{};
+  cutlass_engine::grouped_gemm_fp8w(g, st);
+}
+
 }  // namespace
 
 // Runs grouped GEMM `g` (bf16 A) with the weights of `m` widened to bf16, a chunk of `chunk`
@@ -174,8 +189,9 @@ int CudaRunner::run_widened(const cutlass_engine::Grouped& g, const MatrixView& 
 //   bf16 weights: CUTLASS bf16;
 //   fp8 weights: CUTLASS fp8 where the other operand is e4m3 already (GEMM1: fp8 dispatch, GEMM2:
 //     intermediate_quant = fp8; partial 128-tiles in H or I too, GEMM1 then as its gate and up halves
-//     where I % 128 != 0, run_fp8_halves), else widened to bf16(e4m3 * tile scale) + CUTLASS bf16, so that a
-//     bf16 operand keeps its numerics (never requantized to e4m3);
+//     where I % 128 != 0, run_fp8_halves), else the mixed-input GEMM decoding bf16(e4m3 * tile scale)
+//     in its main loop (run_fp8w; with tuning.fp8_mixed off widened to those values + CUTLASS bf16),
+//     so that a bf16 operand keeps its numerics (never requantized to e4m3);
 //   nvfp4 weights: widened to bf16(e2m1 * block scale) + CUTLASS bf16 with alpha = 1/gs per expert.
 // Where 1/gs goes: into the bf16 GEMM's epilogue as a per-group alpha (a runtime argument of the
 // existing instantiation), so it multiplies the fp32 accumulator before the one bf16 rounding,
@@ -202,7 +218,7 @@ void CudaRunner::run_cutlass(const DispatchOutput& in, const ExpertWeights& w, b
   const bool iq8 = iq == IntermediateQuant::fp8;
   const double er = policy::expected_rows(cfg_, in);
   policy::CutlassPlan plan =
-      policy::cutlass_plan(in, w, iq, fused_swiglu_, cutlass_swap_, er, widen_scratch_);
+      policy::cutlass_plan(in, w, iq, fused_swiglu_, cutlass_swap_, er, widen_scratch_, fp8_mixed_);
   const CutlassPath p1 = plan.gemm1, p2 = plan.gemm2;
   if (!row_buckets_.empty()) {
     policy::check_row_buckets(row_buckets_, p1 != CutlassPath::bf16 && p2 != CutlassPath::bf16);
@@ -235,6 +251,7 @@ void CudaRunner::run_cutlass(const DispatchOutput& in, const ExpertWeights& w, b
   const bool any_fp8 = p1 == CutlassPath::fp8 || p2 == CutlassPath::fp8;
   const bool any_bf16 = p1 == CutlassPath::bf16 || p2 == CutlassPath::bf16;
   const bool any_widened = p1 == CutlassPath::widened || p2 == CutlassPath::widened;
+  const bool mixed1 = p1 == CutlassPath::fp8w, mixed2 = p2 == CutlassPath::fp8w;
   const int sw = plan.swap_tile_n;
   const int groups8 = plan.split_w13 && !fp8_glu ? 2 * E : E;
   const size_t ws_stride = std::max(any_fp8 ? std::max(bucket_workspace(plan.buckets, true, groups8, sms_),
@@ -249,7 +266,12 @@ void CudaRunner::run_cutlass(const DispatchOutput& in, const ExpertWeights& w, b
                                      : 0,
                          fuse ? std::max(cutlass_engine::swiglu_workspace_bytes(E, sms_),
                                          cutlass_engine::glu_workspace_bytes(E, sms_))
-                              : 0}));
+                              : 0,
+                         mixed1 || mixed2 ? cutlass_engine::fp8w_workspace_bytes(E, sms_, plan.fp8w_tile_n) : 0}));
+  // fp8w GEMMs: the tile scales written onto each weight row, W13's then W2's (each region
+  // 256-byte aligned).
+  const size_t row_sf1 = mixed1 ? (cutlass_engine::fp8w_scales_bytes(E, 2 * I, H) + 255) / 256 * 256 : 0;
+  if (mixed1 || mixed2) row_sf_.reserve(row_sf1 + (mixed2 ? cutlass_engine::fp8w_scales_bytes(E, H, I) : 0));
   const int chunk1 = plan.chunk1, chunk2 = plan.chunk2;
   scratch_.reserve(plan.scratch_bytes());
   reserve_routing(E, max_tiles, max_rows);
@@ -344,6 +366,8 @@ void CudaRunner::run_cutlass(const DispatchOutput& in, const ExpertWeights& w, b
     g1.A = a_.get<bf16_raw>();
     if (p1 == CutlassPath::bf16)
       run_buckets(g1, plan.buckets, false, st, fork, ws_stride, er, glu_split ? h_.get<bf16_raw>() : nullptr, pair);
+    else if (mixed1)
+      run_fp8w(g1, w.w13, I, row_sf_.get<float>(), plan.fp8w_tile_n, st);
     else
       last_widen_chunks_ += run_widened(g1, w.w13, nvfp4 ? inv_gs_.get<float>() : nullptr, chunk1, st);
   }
@@ -371,6 +395,8 @@ void CudaRunner::run_cutlass(const DispatchOutput& in, const ExpertWeights& w, b
   } else {
     if (p2 == CutlassPath::bf16)
       run_buckets(g2, plan.buckets, false, st, fork, ws_stride, er, nullptr, pair, true);
+    else if (mixed2)
+      run_fp8w(g2, w.w2, H, reinterpret_cast<float*>(row_sf_.get<uint8_t>() + row_sf1), plan.fp8w_tile_n, st);
     else
       last_widen_chunks_ += run_widened(g2, w.w2, nvfp4 ? inv_gs_.get<float>() + E : nullptr, chunk2, st);
   }

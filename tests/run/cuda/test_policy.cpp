@@ -155,6 +155,7 @@ TEST(CudaPolicy, SwapAndCrossoverRules) {
   EXPECT_EQ(pol::path_name(pol::CutlassPath::fp8, WeightFormat::fp8, 64), "cutlass-fp8-swap64");
   EXPECT_EQ(pol::path_name(pol::CutlassPath::widened, WeightFormat::nvfp4, 128), "cutlass-bf16-swap128(widened nvfp4)");
   EXPECT_EQ(pol::path_name(pol::CutlassPath::widened, WeightFormat::fp8), "cutlass-bf16(widened fp8)");
+  EXPECT_EQ(pol::path_name(pol::CutlassPath::fp8w, WeightFormat::fp8, 256), "cutlass-fp8w-swap256");
   EXPECT_EQ(swapped_engines(kW8Fp8, 64), "cutlass-bf16-swap64(widened fp8)/cutlass-fp8-swap64");
   const Shape p;
   for (const CutlassSwap sw :
@@ -408,6 +409,86 @@ TEST(CudaPolicy, Fp8OneGemmSwigluWhereOneLaunch) {
   for (const double rows : {128.0, 256.0, 1024.0}) {
     const auto ds = plan(128, 7168, 2048, rows);
     EXPECT_EQ(ds.fp8_glu, ds.buckets.size() == 1 && ds.buckets[0].tile_n == 0) << rows;
+  }
+}
+
+// fp8 weights with a bf16 operand (bf16 dispatch for GEMM1, intermediate_quant none for GEMM2) run
+// on the mixed-input GEMM (fp8w) unless tuning.fp8_mixed is off (then widened); an e4m3 operand
+// keeps the fp8 GEMM; nvfp4 is always widened. fp8w is one launch whose token tile follows the
+// expected rows, never fused with SwiGLU.
+TEST(CudaPolicy, Fp8WeightsWithBf16OperandDecodedInGemm) {
+  namespace pol = cuda::policy;
+  float scale = 1.f;
+  auto plan = [&](WeightFormat wf, ActFormat af, IntermediateQuant iq, double rows, bool mixed, bool fused = false) {
+    const int E = 128, H = 7168, I = 2048;
+    DispatchOutput in;
+    in.num_local_experts = E;
+    in.hidden = H;
+    in.top_k = 8;
+    in.format = af;
+    ExpertWeights w;
+    w.num_local_experts = E;
+    w.hidden = H;
+    w.intermediate = I;
+    w.w13 = MatrixView{wf, E, 2 * I, H};
+    w.w2 = MatrixView{wf, E, H, I};
+    w.w13.scales = &scale;
+    w.w2.scales = &scale;
+    return pol::cutlass_plan(in, w, iq, fused, CutlassSwap::automatic, rows, size_t(1) << 30, mixed);
+  };
+  using P = pol::CutlassPath;
+  const auto none = IntermediateQuant::none, fp8 = IntermediateQuant::fp8;
+  const auto both = plan(WeightFormat::fp8, ActFormat::bf16, none, 256, true, true);
+  EXPECT_EQ(both.gemm1, P::fp8w);
+  EXPECT_EQ(both.gemm2, P::fp8w);
+  EXPECT_FALSE(both.fused_swiglu);  // asked for, but the SwiGLU epilogue is the bf16 GEMM's
+  EXPECT_EQ(both.scratch_bytes(), 0u);
+  EXPECT_EQ(both.tile_n(P::fp8w), 256);
+  const auto off = plan(WeightFormat::fp8, ActFormat::bf16, none, 256, false);
+  EXPECT_EQ(off.gemm1, P::widened);
+  EXPECT_EQ(off.gemm2, P::widened);
+  EXPECT_GT(off.scratch_bytes(), 0u);
+  const auto w2 = plan(WeightFormat::fp8, ActFormat::fp8, none, 256, true);
+  EXPECT_EQ(w2.gemm1, P::fp8);
+  EXPECT_EQ(w2.gemm2, P::fp8w);
+  const auto w13 = plan(WeightFormat::fp8, ActFormat::bf16, fp8, 256, true);
+  EXPECT_EQ(w13.gemm1, P::fp8w);
+  EXPECT_EQ(w13.gemm2, P::fp8);
+  const auto nv = plan(WeightFormat::nvfp4, ActFormat::bf16, none, 1024, true);
+  EXPECT_EQ(nv.gemm1, P::widened);
+  EXPECT_EQ(nv.gemm2, P::widened);
+  for (const auto& [rows, tile] : {std::pair{1.0, 64}, std::pair{64.0, 64}, std::pair{64.5, 128}, std::pair{128.0, 128},
+                                   std::pair{129.0, 256}, std::pair{5000.0, 256}}) {
+    EXPECT_EQ(pol::fp8w_tile_n(rows), tile) << rows;
+    EXPECT_TRUE(cuda::cutlass_engine::fp8w_tile_exists(tile));
+  }
+}
+
+// fp8 weights with a bf16 operand on either decode GEMM leave decode past kDecodeMaxRowsFp8Mixed
+// rows for the mixed-input CUTLASS GEMM where experts are large (>= kFp8MixedDecodeMinExpert
+// weights) and tuning.fp8_mixed is on; fp8 x fp8 on both GEMMs, small experts and a tuned value
+// keep their rules.
+TEST(CudaPolicy, Fp8MixedLeavesDecodeEarlyForLargeExperts) {
+  namespace pol = cuda::policy;
+  const auto d32 = [](ActFormat act, IntermediateQuant iq) {
+    return pol::decode_engines(true, cuda::kWgmmaBlockM, WeightFormat::fp8, act, iq, 7168, 2048);
+  };
+  const int64_t ds = 3LL * 7168 * 2048, q30 = 3LL * 2048 * 768;
+  const auto none = IntermediateQuant::none, fp8 = IntermediateQuant::fp8;
+  const auto w2_bf16 = d32(ActFormat::fp8, none), w13_bf16 = d32(ActFormat::bf16, fp8), both8 = d32(ActFormat::fp8, fp8);
+  ASSERT_TRUE(w2_bf16.fp8_1 && !w2_bf16.fp8_2 && !w13_bf16.fp8_1 && w13_bf16.fp8_2 && both8.fp8_1 && both8.fp8_2);
+  const auto lim = [](const pol::DecodeEngines& d, int64_t weights, bool mixed, int tuned = 0) {
+    return pol::decode_max_rows(WeightFormat::fp8, d, tuned, false, 128, weights, mixed);
+  };
+  EXPECT_EQ(lim(w2_bf16, ds, true), pol::kDecodeMaxRowsFp8Mixed);
+  EXPECT_EQ(lim(w13_bf16, ds, true), pol::kDecodeMaxRowsFp8Mixed);
+  EXPECT_EQ(lim(both8, ds, true), 0);
+  EXPECT_EQ(lim(w2_bf16, ds, false), 0);
+  EXPECT_EQ(lim(w2_bf16, q30, true), 0);
+  EXPECT_EQ(lim(w2_bf16, ds, true, 48), 48);
+  if (cuda::cutlass_engine::available()) {
+    EXPECT_FALSE(pol::use_cutlass(RunnerEngine::automatic, WeightFormat::fp8, 2, lim(w2_bf16, ds, true)));
+    EXPECT_TRUE(pol::use_cutlass(RunnerEngine::automatic, WeightFormat::fp8, 3, lim(w2_bf16, ds, true)));
   }
 }
 

@@ -14,7 +14,9 @@
 // as one launch, policy::kSplitMinWeightBytes), each against the reference and the others
 // against the unswapped within the same bound; SwapAbRowsPerExpert adds exact per-expert loads of
 // 0, 1, 33, 64, 100, 150 and 257 rows and DeepSeek-V3 shapes at 64 rows per expert. The engine and
-// tile rules on the host (policy.h) are test_policy.cpp.
+// tile rules on the host (policy.h) are test_policy.cpp. These runs widen fp8 weights with a bf16
+// operand (tuning.fp8_mixed off); Fp8WeightsDecodedInMainLoop checks the mixed-input GEMM that
+// replaces that by default against them bit for bit.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -125,6 +127,7 @@ void run_problem(const Problem& p, uint32_t seed) {
     cuda::CudaRunner runner(cfg, 0);
     runner.set_engine(eng);
     runner.set_pdl(pdl);
+    runner.set_fp8_mixed(false);  // fp8 weights with a bf16 operand widened; fp8w: Fp8WeightsDecodedInMainLoop
     runner.set_fused_swiglu(fuse);
     runner.set_cutlass_swap(swap);
     if (scratch) runner.set_widen_scratch_bytes(scratch);
@@ -430,6 +433,98 @@ TEST(CutlassEngine, LargeMDeepSeekShapes) {
   for (const Problem& p : problems) run_problem(p, seed++);
 }
 
+// fp8 weights with a bf16 operand on the mixed-input GEMM (tuning.fp8_mixed, the default;
+// engine_cutlass_fp8w.cuh): the weights decoded in the main loop to the values widen::to_bf16
+// writes, so the output equals the widened path's swapped run bit for bit (the same weight values
+// as the register operand instead of shared memory, the same k16 order; 256-wide tiles against the
+// widened 128-wide ones: a tile's width does not change an element's sums), and the reference
+// within the bound. Each token-tile width (64 / 128 / 256 by expected rows), either GEMM alone
+// (the other on the fp8 GEMM), W13's scale grid split at I (I % 128 != 0), every row on one
+// expert, T = 1, and DeepSeek-V3 expert shapes at large M.
+void run_fp8w_problem(const Problem& p, uint32_t seed) {
+  SCOPED_TRACE(std::string(p.name) + " act " + format_name(p.act) + " iq " +
+               (p.iq == IntermediateQuant::fp8 ? "fp8" : "none") + " seed " + std::to_string(seed));
+  std::mt19937 rng(seed);
+  const MoeConfig cfg = make_cfg(p);
+  const int H = p.H, I = p.I, E = p.E, K = p.K, C = p.C;
+  const int64_t T = p.T < 0 ? C : p.T;
+  const TestWeights wt(rng, E, H, I, p.wf);
+  const auto x = random_bf16(rng, T, H);
+  const std::vector<int32_t> ids = make_ids(p, T, rng);
+  std::vector<float> tw(size_t(T) * K);
+  std::uniform_real_distribution<float> u(0.f, 1.f);
+  for (auto& v : tw) v = u(rng);
+  const detail::HostRecvBuffers recv = local_receive(cfg, x, T, ids, tw);
+  const int n = recv.counts[0];
+  DevDispatch dd(recv, cfg.quant_params());
+  const DispatchOutput& dout = dd.view;
+  const int tile = cuda::policy::fp8w_tile_n(cuda::policy::expected_rows(cfg, dout));
+
+  auto run = [&](bool mixed, CutlassSwap swap, bool pdl, std::string* engines) {
+    Dev<bf16_raw> y(size_t(C) * H);
+    y.poison();
+    cuda::CudaRunner runner(cfg, 0);
+    runner.set_engine(Engine::cutlass);
+    runner.set_fp8_mixed(mixed);
+    runner.set_cutlass_swap(swap);
+    runner.set_pdl(pdl);
+    runner.run(dout, wt.on_device, y.get(), nullptr);
+    EPMOE_CUDA_CHECK(cudaDeviceSynchronize());
+    *engines = runner.last_engines();
+    EXPECT_EQ(runner.last_widen_chunks(), mixed ? 0 : int(p.act == A::bf16) + int(p.iq == kNone));
+    return y.download();
+  };
+  std::string em, ew, ep;
+  const auto ym = run(true, CutlassSwap::automatic, true, &em);
+  const std::string mixed = "cutlass-fp8w-swap" + std::to_string(tile);
+  const std::string direct = "cutlass-fp8-swap128";  // the other GEMM on the fp8 GEMM (these small experts)
+  EXPECT_EQ(em, (p.act == A::bf16 ? mixed : direct) + "/" + (p.iq == kNone ? mixed : direct));
+  expect_poison_after(ym, n, H);
+  // The widened path swapped with the same (or, for 256, a narrower) token tile.
+  const CutlassSwap same = tile == 64 ? CutlassSwap::n64 : CutlassSwap::n128;
+  const auto yw = run(false, same, true, &ew);
+  EXPECT_NE(ew.find("(widened fp8)"), std::string::npos) << ew;
+  size_t equal = 0;
+  for (size_t i = 0; i < size_t(n) * H; ++i) equal += ym[i] == yw[i];
+  std::printf("[fp8w] %-22s %-44s vs %-44s n=%d identical %.6f\n", p.name, em.c_str(), ew.c_str(), n,
+              n ? double(equal) / (double(n) * H) : 1.0);
+  EXPECT_EQ(first_diff(ym, yw), -1) << "the mixed-input GEMM differs from the widened one";
+  const auto yp = run(true, CutlassSwap::automatic, false, &ep);
+  EXPECT_EQ(first_diff(yp, ym), -1) << "pdl on and off differ";
+
+  const int nref = p.ref_tokens < 0 ? n : std::min(n, p.ref_tokens);
+  detail::HostRecvBuffers sub = recv;
+  sub.counts[0] = nref;
+  std::vector<bf16_raw> y_ref(size_t(C) * H, 0);
+  detail::ReferenceRunner ref(cfg);
+  ref.run(sub.view(cfg.quant_params()), wt.on_host, y_ref.data(), nullptr);
+  const Diff d = compare_rows(ym, y_ref, nref, H);
+  std::printf("[fp8w] %-22s vs reference n=%d ref=%d  max|a-b|/max|ref| %.3e  1-cos %.3e\n", p.name, n, nref, d.rel(),
+              d.one_minus_cos);
+  expect_within_bound(d, p.iq);
+}
+
+TEST(CutlassEngine, Fp8WeightsDecodedInMainLoop) {
+  EPMOE_REQUIRE_GPU();
+  EPMOE_REQUIRE_CUTLASS();
+  const std::vector<Problem> problems = {
+      // 50 / 100 / 150 expected rows per expert: token tiles 64 / 128 / 256.
+      {1024, 512, 8, 2, 200, A::bf16, W::fp8, kNone, Load::uneven, -1, -1, false, "", "tile 64"},
+      {1024, 512, 8, 2, 400, A::bf16, W::fp8, kNone, Load::uneven, -1, -1, false, "", "tile 128"},
+      {1024, 512, 8, 2, 600, A::bf16, W::fp8, kNone, Load::uneven, -1, -1, false, "", "tile 256"},
+      // One GEMM mixed, the other on the fp8 GEMM.
+      {1024, 512, 8, 2, 600, A::fp8, W::fp8, kNone, Load::uneven, -1, -1, false, "", "W2 only"},
+      {1024, 512, 8, 2, 600, A::bf16, W::fp8, kFp8, Load::uneven, -1, -1, false, "", "W13 only"},
+      // H 2880 (partial 128-blocks of K and N), I 576: W13's scale grid restarts at row 576.
+      {2880, 576, 4, 2, 200, A::bf16, W::fp8, kNone, Load::uneven, -1, -1, false, "", "odd tiles"},
+      {1024, 512, 8, 4, 300, A::bf16, W::fp8, kNone, Load::one_expert, -1, -1, false, "", "one expert"},
+      {1024, 512, 8, 2, 16, A::bf16, W::fp8, kNone, Load::uniform, 1, -1, false, "", "T=1"},
+      {7168, 2048, 8, 2, 4096, A::bf16, W::fp8, kNone, Load::uniform, -1, 24, false, "", "deepseek-v3 large M"},
+  };
+  uint32_t seed = 900;
+  for (const Problem& p : problems) run_fp8w_problem(p, seed++);
+}
+
 // The automatic rule: CUTLASS from R*C*K / E_loc >= policy::kCutlassMinRows on, for every weight format
 // (nvfp4 weights and fp8 weights with a bf16 operand are widened), except where both GEMMs run on
 // wgmma decode engines (policy::decode_max_rows).
@@ -483,10 +578,16 @@ TEST(CutlassEngine, AutomaticChoice) {
     // tuning.cutlass_swap auto: swap-AB up to kSwapMaxRows expected rows per expert. The direct
     // GEMMs of these small experts run one launch with 128-wide token tiles (single_tile_n); with
     // both GEMMs widened, 64-wide token tiles up to kSwapNarrowMaxRows, else 128.
+    // fp8 weights with a bf16 operand on both GEMMs: the mixed-input GEMM, always swapped, its tile
+    // by expected rows (policy::fp8w_tile_n).
     const double rows = double(c.C) * K / E;
     const bool both_widened = widened_gemm(engines, 1) && widened_gemm(engines, 2);
-    EXPECT_EQ(runner.last_swap_ab(), c.cutlass && rows <= cuda::policy::kSwapMaxRows) << engines;
-    if (runner.last_swap_ab())
+    const bool fp8w = engines.rfind("cutlass-fp8w", 0) == 0;
+    EXPECT_EQ(fp8w, c.cutlass && c.act == A::bf16 && c.wf == W::fp8) << engines;
+    EXPECT_EQ(runner.last_swap_ab(), c.cutlass && (fp8w || rows <= cuda::policy::kSwapMaxRows)) << engines;
+    if (fp8w)
+      EXPECT_EQ(runner.last_swap_tile_n(), cuda::policy::fp8w_tile_n(rows)) << engines;
+    else if (runner.last_swap_ab())
       EXPECT_EQ(runner.last_swap_tile_n(), !both_widened || rows > cuda::policy::kSwapNarrowMaxRows ? 128 : 64)
           << engines;
     runner.set_engine(Engine::mma);
@@ -508,10 +609,12 @@ TEST(CutlassEngine, GraphReplayEqualsEager) {
     IntermediateQuant iq;
     size_t scratch;  // 0 = default
     const char* name;
+    bool mixed = false;  // tuning.fp8_mixed (fp8 weights with a bf16 operand decoded in the main loop)
   };
   const size_t one13 = size_t(2) * 512 * 1024 * 2;
   for (const Case& c : {Case{A::bf16, W::bf16, kNone, 0, "bf16"}, Case{A::fp8, W::fp8, kFp8, 0, "fp8"},
                         Case{A::fp8, W::fp8, kNone, one13, "fp8 widened W2"},
+                        Case{A::bf16, W::fp8, kNone, 0, "fp8w both", true},
                         Case{A::bf16, W::nvfp4, kNone, one13, "nvfp4 widened"}}) {
     SCOPED_TRACE(c.name);
     const bool fp8 = c.act == A::fp8;
@@ -554,6 +657,7 @@ TEST(CutlassEngine, GraphReplayEqualsEager) {
       cuda::CudaRunner runner(cfg, 0);
       runner.set_engine(Engine::cutlass);
       runner.set_cutlass_swap(sw);
+      runner.set_fp8_mixed(c.mixed);
       if (c.scratch) runner.set_widen_scratch_bytes(c.scratch);
       Dev<bf16_raw> y(size_t(p.C) * p.H);
       cudaStream_t st;
@@ -571,6 +675,7 @@ TEST(CutlassEngine, GraphReplayEqualsEager) {
         seq.set_engine(Engine::cutlass);
         seq.set_cutlass_swap(sw);
         seq.set_concurrent_buckets(false);
+        seq.set_fp8_mixed(c.mixed);
         if (c.scratch) seq.set_widen_scratch_bytes(c.scratch);
         y.poison();
         seq.run(d, dw, y.get(), st);
@@ -599,8 +704,10 @@ TEST(CutlassEngine, GraphReplayEqualsEager) {
       // GEMMs split by rows (and the split changes with the routing; the replay must follow it);
       // both GEMMs widened (nvfp4) take the one width by expected rows instead. automatic: these
       // small experts run one launch, 128-wide.
+      // The mixed-input GEMM ignores cutlass_swap: one launch, 128-wide tiles for 100 expected rows.
       const int want_byrows = c.wf == W::nvfp4 ? 128 : cuda::policy::kByRows;
-      EXPECT_EQ(runner.last_swap_tile_n(), sw == CutlassSwap::n64                               ? 64
+      EXPECT_EQ(runner.last_swap_tile_n(), c.mixed                                             ? 128
+                                           : sw == CutlassSwap::n64                               ? 64
                                            : sw == CutlassSwap::n128 || sw == CutlassSwap::automatic ? 128
                                            : sw == CutlassSwap::byrows                           ? want_byrows
                                                                                                  : 0);

@@ -1,0 +1,89 @@
+// CUTLASS engine, fp8 weights x bf16 rows (engine_cutlass_fp8w.cuh): the 256-wide token tiles, the
+// entry points that check the arguments and pick a width, and the scale expansion.
+#define EPMOE_CUTLASS_GROUPED_IMPL 1
+#include "run/cuda/engine_cutlass_fp8w.cuh"
+
+#include <string>
+
+#include <algorithm>
+
+#include "core/cuda/check.h"
+#include "epmoe/error.h"
+
+namespace epmoe::cuda::cutlass_engine {
+
+#if defined(EPMOE_WITH_CUTLASS)
+namespace {
+
+// One thread per (expert, block of K, weight row): out[e][k][n] = sfw[e][tile row of n][k].
+// `half_rows`: W13 stored as two halves whose scale grids restart at row half_rows (= I; N for a
+// single grid), so row n is row n % half_rows of half n / half_rows.
+__global__ void expand_scales_kernel(const float* __restrict__ sfw, int E, int N, int kb, int half_rows,
+                                     float* __restrict__ out) {
+  const int64_t total = int64_t(E) * kb * N;
+  const int tiles_per_half = fp8_blocks(half_rows);
+  const int tiles = (N / half_rows) * tiles_per_half;
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < total; i += int64_t(gridDim.x) * blockDim.x) {
+    const int n = int(i % N);
+    const int64_t ek = i / N;
+    const int k = int(ek % kb), e = int(ek / kb);
+    const int tile = (n / half_rows) * tiles_per_half + (n % half_rows) / 128;
+    out[i] = sfw[(int64_t(e) * tiles + tile) * kb + k];
+  }
+}
+
+}  // namespace
+
+size_t fp8w_scales_bytes(int E, int N, int K) { return size_t(E) * fp8_blocks(K) * N * sizeof(float); }
+
+void expand_fp8_scales(const float* sfw, int E, int N, int K, int half_rows, float* out, cudaStream_t stream) {
+  if (half_rows <= 0 || N % half_rows != 0)
+    throw UsageError("expand_fp8_scales: half_rows=" + std::to_string(half_rows) + " must divide N=" +
+                     std::to_string(N));
+  const int64_t total = int64_t(E) * fp8_blocks(K) * N;
+  if (total == 0) return;
+  const int threads = 256;
+  const int blocks = int(std::min<int64_t>((total + threads - 1) / threads, 4096));
+  expand_scales_kernel<<<blocks, threads, 0, stream>>>(sfw, E, N, fp8_blocks(K), half_rows, out);
+  EPMOE_CUDA_CHECK(cudaGetLastError());
+}
+
+size_t fp8w_workspace_bytes(int experts, int sms, int tile_n) {
+  fp8w_check_tile(tile_n);
+  if (tile_n == 64) return detail::fp8w_n64_workspace_bytes(experts, sms);
+  if (tile_n == 128) return detail::fp8w_n128_workspace_bytes(experts, sms);
+  return detail::workspace_bytes<fp8w::Gemm<256>::Type, false, false, true, true>(experts, sms);
+}
+
+void grouped_gemm_fp8w(const Grouped& g, cudaStream_t stream) {
+  fp8w_check_tile(g.swap_tile_n);
+  const char* what = "fp8-weight grouped GEMM";
+  if (g.K % 16 != 0)
+    throw UsageError(std::string("cutlass ") + what + ": K=" + std::to_string(g.K) +
+                     " must be a multiple of 16 (16-byte TMA rows of e4m3)");
+  if (g.N % 8 != 0)
+    throw UsageError(std::string("cutlass ") + what + ": N=" + std::to_string(g.N) +
+                     " must be a multiple of 8 (16-byte TMA rows of scales and of the bf16 output)");
+  if (!g.sfw) throw UsageError(std::string("cutlass ") + what + ": the row scales (expand_fp8_scales) must be non-null");
+  if (g.sfa || g.alpha || g.halves || g.glu || g.src)
+    throw UsageError(std::string("cutlass ") + what + ": takes no row scales, alpha, halves, glu or source");
+  if (g.swap_tile_n == 64) return detail::grouped_gemm_fp8w_n64(g, stream);
+  if (g.swap_tile_n == 128) return detail::grouped_gemm_fp8w_n128(g, stream);
+  detail::run<fp8w::Gemm<256>::Type, false, false, true, true>(g, "fp8-weight (256-wide token tiles)", stream);
+}
+
+#else  // built without the CUTLASS headers
+
+size_t fp8w_scales_bytes(int, int, int) { return 0; }
+void expand_fp8_scales(const float*, int, int, int, int, float*, cudaStream_t) {
+  throw UsageError("runner cuda: engine cutlass is not available (built without CUTLASS headers)");
+}
+size_t fp8w_workspace_bytes(int, int, int) { return 0; }
+void grouped_gemm_fp8w(const Grouped&, cudaStream_t) {
+  throw UsageError("runner cuda: engine cutlass is not available (built without CUTLASS headers; run scripts/setup.sh "
+                   "and re-run cmake), use EPMOE_RUNNER_ENGINE=mma or auto");
+}
+
+#endif
+
+}  // namespace epmoe::cuda::cutlass_engine
