@@ -28,7 +28,7 @@ int block_m(double expected_rows, int forced, int decode_max_rows) {
 
 bool use_cutlass(RunnerEngine engine, WeightFormat wf, double expected_rows, int decode_max_rows) {
   if (engine == RunnerEngine::mma || !cutlass_engine::available()) return false;
-  if (engine == RunnerEngine::cutlass) return true;
+  if (engine == RunnerEngine::cutlass || decode_max_rows == kDecodeNever) return true;
   if (decode_max_rows > 0) return expected_rows > double(decode_max_rows);
   const int min_rows = wf == WeightFormat::nvfp4 ? kCutlassMinRowsNvfp4 : kCutlassMinRows;
   return expected_rows >= double(min_rows);
@@ -162,9 +162,9 @@ DecodeEngines decode_engines(bool wgmma_decode, int bm, WeightFormat wf, ActForm
 int decode_max_rows(WeightFormat wf, const DecodeEngines& d32, int tuned, bool prepared, int experts,
                     int64_t expert_weights, bool fp8_mixed) {
   if (tuned > 0) return tuned;
-  if (wf == WeightFormat::fp8 && (!d32.fp8_1 || !d32.fp8_2) && fp8_mixed &&
-      expert_weights >= kFp8MixedDecodeMinExpert)
-    return kDecodeMaxRowsFp8Mixed;
+  const bool mma1 = !d32.fp8_1, mma2 = !d32.fp8_2;  // that decode GEMM has a bf16 operand
+  if (wf == WeightFormat::fp8 && fp8_mixed && ((mma1 && mma2) || ((mma1 || mma2) && expert_weights >= kFp8MixedDecodeMinExpert)))
+    return kDecodeNever;
   if (wf == WeightFormat::nvfp4 && d32.nvfp4_1 && d32.nvfp4_2)
     return prepared ? kDecodeMaxRowsNvfp4Wide : kDecodeMaxRowsNvfp4;
   if (wf == WeightFormat::bf16 && d32.bf16 && experts < kSplitMinExperts) return kDecodeMaxRowsFewBf16;

@@ -206,22 +206,27 @@ constexpr int kDecodeMaxRowsNvfp4Wide = 32;
 // gpt-oss at 64 rows: swap-AB 3% ahead; bench/results/2026-12-04-session32-h200.md).
 constexpr int kDecodeMaxRowsFewBf16 = 64;
 // fp8 weights where a decode GEMM would have a bf16 operand (GEMM1 of a bf16 dispatch, GEMM2 with
-// intermediate_quant none: mma.sync, decoding in its B fragments) leave decode above
-// kDecodeMaxRowsFp8Mixed rows for CUTLASS's mixed-input GEMM (fp8w, tuning.fp8_mixed), when an
-// expert has at least kFp8MixedDecodeMinExpert weights (3·H·I). Measured, iq none, H200, session 37
-// (bench/results/2026-12-04-session37-h200.md): DeepSeek-V3 (44 M weights) 4 / 8 / 16 / 32 rows
-// 1.673 / 1.684 / 1.707 / 1.772 ms against decode 1.880 / 1.889 / 1.922 / 1.966; gpt-oss-120b
-// (24.9 M) 0.546-0.582 against 0.596-0.623; Qwen3-235B (18.9 M) within +-2% either way;
-// Qwen3-30B (4.7 M) decode ahead, 0.132 / 0.138 against 0.163 / 0.170 at 16 / 32 rows.
-constexpr int kDecodeMaxRowsFp8Mixed = 2;
+// intermediate_quant none: mma.sync, decoding in its B fragments) skip the decode engines for
+// CUTLASS's mixed-input GEMM (fp8w, tuning.fp8_mixed) at every M: always where both GEMMs would be
+// on mma.sync, and where only GEMM2 would (GEMM1 on the fp8 wgmma engine) when an expert has at
+// least kFp8MixedDecodeMinExpert weights (3·H·I). decode_max_rows then returns kDecodeNever.
+// Measured on an H200, session 37 (bench/results/2026-12-04-session37-h200.md), 1 / 2 / 4 / 16 /
+// 32 rows per expert. Both on mma.sync (bf16 dispatch): Qwen3-30B (4.7 M weights) 0.181 / 0.179 /
+// 0.187 / 0.191 ms against decode 0.200 / 0.200 / 0.203 / 0.213, Qwen3-235B (18.9 M) 0.539-0.566
+// against 0.664-0.694, DeepSeek-V3 2.222 / 2.201 at 1 / 2 rows against 2.999 / 2.999, gpt-oss-120b
+// 0.711 against 0.885-0.906. GEMM2 only (fp8 dispatch): DeepSeek-V3 (44 M) 1.678 / 1.677 / 1.673
+// / 1.707 / 1.772 against 1.905 / 1.914 / 1.880 / 1.922 / 1.966; gpt-oss-120b (24.9 M) 0.542-0.582
+// against 0.596-0.623; Qwen3-235B within +-2% either way; Qwen3-30B decode ahead, 0.126 / 0.138
+// against 0.161 / 0.170 at 2 / 32 rows.
+constexpr int kDecodeNever = -1;
 constexpr int64_t kFp8MixedDecodeMinExpert = int64_t(20) << 20;
 // The expected rows per expert up to which the decode engines run (and CUTLASS, or the wide nvfp4
 // engine, above): the tuned value (tuning.decode_max_rows > 0), else, where both GEMMs of `d32`
 // (decode_engines at bm 32) are nvfp4 wgmma engines, kDecodeMaxRowsNvfp4Wide on prepared weights
 // and kDecodeMaxRowsNvfp4 on natural ones, where they are the bf16 engine and `experts` (local) is
 // under kSplitMinExperts kDecodeMaxRowsFewBf16, where they are fp8 weights with a bf16 operand on
-// either GEMM, `fp8_mixed` and experts of expert_weights >= kFp8MixedDecodeMinExpert
-// kDecodeMaxRowsFp8Mixed, else 0: the built-in one-m-tile rules (kDecodeMaxRows, kCutlassMinRows,
+// both GEMMs, or on one with experts of expert_weights >= kFp8MixedDecodeMinExpert, and
+// `fp8_mixed`, kDecodeNever (use_cutlass then holds at every M), else 0: the built-in one-m-tile rules (kDecodeMaxRows, kCutlassMinRows,
 // kCutlassMinRowsNvfp4).
 int decode_max_rows(WeightFormat wf, const DecodeEngines& d32, int tuned, bool prepared = false,
                     int experts = 1 << 30, int64_t expert_weights = 0, bool fp8_mixed = false);

@@ -464,10 +464,10 @@ TEST(CudaPolicy, Fp8WeightsWithBf16OperandDecodedInGemm) {
   }
 }
 
-// fp8 weights with a bf16 operand on either decode GEMM leave decode past kDecodeMaxRowsFp8Mixed
-// rows for the mixed-input CUTLASS GEMM where experts are large (>= kFp8MixedDecodeMinExpert
-// weights) and tuning.fp8_mixed is on; fp8 x fp8 on both GEMMs, small experts and a tuned value
-// keep their rules.
+// fp8 weights with a bf16 operand on both decode GEMMs, or on one where experts are large (>=
+// kFp8MixedDecodeMinExpert weights), never run the decode engines (kDecodeNever: the mixed-input
+// CUTLASS GEMM at every M) when tuning.fp8_mixed is on; fp8 x fp8 on both GEMMs, one bf16 operand
+// on small experts and a tuned value keep their rules.
 TEST(CudaPolicy, Fp8MixedLeavesDecodeEarlyForLargeExperts) {
   namespace pol = cuda::policy;
   const auto d32 = [](ActFormat act, IntermediateQuant iq) {
@@ -476,19 +476,25 @@ TEST(CudaPolicy, Fp8MixedLeavesDecodeEarlyForLargeExperts) {
   const int64_t ds = 3LL * 7168 * 2048, q30 = 3LL * 2048 * 768;
   const auto none = IntermediateQuant::none, fp8 = IntermediateQuant::fp8;
   const auto w2_bf16 = d32(ActFormat::fp8, none), w13_bf16 = d32(ActFormat::bf16, fp8), both8 = d32(ActFormat::fp8, fp8);
+  const auto both16 = d32(ActFormat::bf16, none);
   ASSERT_TRUE(w2_bf16.fp8_1 && !w2_bf16.fp8_2 && !w13_bf16.fp8_1 && w13_bf16.fp8_2 && both8.fp8_1 && both8.fp8_2);
+  ASSERT_TRUE(!both16.fp8_1 && !both16.fp8_2);
   const auto lim = [](const pol::DecodeEngines& d, int64_t weights, bool mixed, int tuned = 0) {
     return pol::decode_max_rows(WeightFormat::fp8, d, tuned, false, 128, weights, mixed);
   };
-  EXPECT_EQ(lim(w2_bf16, ds, true), pol::kDecodeMaxRowsFp8Mixed);
-  EXPECT_EQ(lim(w13_bf16, ds, true), pol::kDecodeMaxRowsFp8Mixed);
+  EXPECT_EQ(lim(w2_bf16, ds, true), pol::kDecodeNever);
+  EXPECT_EQ(lim(w13_bf16, ds, true), pol::kDecodeNever);
   EXPECT_EQ(lim(both8, ds, true), 0);
   EXPECT_EQ(lim(w2_bf16, ds, false), 0);
   EXPECT_EQ(lim(w2_bf16, q30, true), 0);
+  EXPECT_EQ(lim(w13_bf16, q30, true), 0);
+  EXPECT_EQ(lim(both16, q30, true), pol::kDecodeNever);  // both on mma.sync: any size
+  EXPECT_EQ(lim(both16, q30, false), 0);
   EXPECT_EQ(lim(w2_bf16, ds, true, 48), 48);
   if (cuda::cutlass_engine::available()) {
-    EXPECT_FALSE(pol::use_cutlass(RunnerEngine::automatic, WeightFormat::fp8, 2, lim(w2_bf16, ds, true)));
-    EXPECT_TRUE(pol::use_cutlass(RunnerEngine::automatic, WeightFormat::fp8, 3, lim(w2_bf16, ds, true)));
+    EXPECT_TRUE(pol::use_cutlass(RunnerEngine::automatic, WeightFormat::fp8, 0.5, lim(w2_bf16, ds, true)));
+    EXPECT_FALSE(pol::use_cutlass(RunnerEngine::mma, WeightFormat::fp8, 0.5, lim(w2_bf16, ds, true)));
+    EXPECT_FALSE(pol::use_cutlass(RunnerEngine::automatic, WeightFormat::fp8, 2, lim(w2_bf16, q30, true)));
   }
 }
 

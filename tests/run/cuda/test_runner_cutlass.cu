@@ -526,8 +526,9 @@ TEST(CutlassEngine, Fp8WeightsDecodedInMainLoop) {
 }
 
 // The automatic rule: CUTLASS from R*C*K / E_loc >= policy::kCutlassMinRows on, for every weight format
-// (nvfp4 weights and fp8 weights with a bf16 operand are widened), except where both GEMMs run on
-// wgmma decode engines (policy::decode_max_rows).
+// (nvfp4 weights widened, fp8 weights with a bf16 operand on the mixed-input GEMM), except where
+// policy::decode_max_rows moves the crossover (both GEMMs on wgmma decode engines, or fp8 weights
+// with a bf16 operand on both).
 TEST(CutlassEngine, AutomaticChoice) {
   EPMOE_REQUIRE_GPU();
   EPMOE_REQUIRE_CUTLASS();
@@ -543,7 +544,10 @@ TEST(CutlassEngine, AutomaticChoice) {
       // bf16 weights on few experts (E 4 < policy::kSplitMinExperts): decode up to
       // policy::kDecodeMaxRowsFewBf16 (64) rows per expert, CUTLASS above.
       {66, A::bf16, W::bf16, false},  {128, A::bf16, W::bf16, false}, {130, A::bf16, W::bf16, true},
-      {66, A::fp8, W::fp8, true},     {66, A::bf16, W::fp8, true},   {64, A::bf16, W::fp8, false},
+      {66, A::fp8, W::fp8, true},     {66, A::bf16, W::fp8, true},
+      // fp8 weights with a bf16 operand on both GEMMs (bf16 dispatch, iq none): the mixed-input
+      // GEMM at every M (policy::kDecodeNever).
+      {64, A::bf16, W::fp8, true},    {4, A::bf16, W::fp8, true},    {1, A::bf16, W::fp8, true},
       // nvfp4 with both GEMMs on the register-decode wgmma engine: decode up to
       // policy::kDecodeMaxRowsNvfp4 (192) rows per expert, CUTLASS (widened) above.
       {386, A::fp8, W::nvfp4, true},  {384, A::fp8, W::nvfp4, false}, {256, A::fp8, W::nvfp4, false},
@@ -561,8 +565,9 @@ TEST(CutlassEngine, AutomaticChoice) {
     ExpertWeights dw{E, H, I, d13.view, d2.view};
     detail::HostRecvBuffers recv;
     recv.allocate(1, c.C, H, K, E, c.act);
-    recv.counts[0] = 8;
-    for (int j = 0; j < 8; ++j)
+    const int slots = std::min(8, c.C);
+    recv.counts[0] = slots;
+    for (int j = 0; j < slots; ++j)
       for (int k = 0; k < K; ++k) recv.local_ids[size_t(j) * K + k] = (j + k) % E;
     // expert_counts stays null, which a DispatchOutput allows: recv was never finalized.
     DevDispatch dd(recv, cfg.quant_params(), false);
