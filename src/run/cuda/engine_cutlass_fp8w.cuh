@@ -20,27 +20,17 @@
 #error "define EPMOE_CUTLASS_GROUPED_IMPL before including run/cuda/engine_cutlass.h and this header"
 #endif
 #include "run/cuda/engine_cutlass.h"
+#include "run/cuda/engine_cutlass_swap.cuh"  // the swapped epilogue and GEMM type, shared
 
 #if defined(EPMOE_WITH_CUTLASS)
-#include "cutlass/epilogue/collective/collective_builder.hpp"
-#include "cutlass/gemm/collective/collective_builder.hpp"
-#include "cutlass/gemm/group_array_problem_shape.hpp"
-#include "cutlass/gemm/kernel/gemm_universal.hpp"
-
 namespace epmoe::cuda::cutlass_engine::fp8w {
 
-using ClusterShape = cute::Shape<cute::_2, cute::_1, cute::_1>;
-using ElementD = cutlass::bfloat16_t;
-constexpr int kAlignD = 8;  // 16 bytes
+using swap::ClusterShape;
 
 template <int kTileN>
 struct Gemm {
   using TileShape = cute::Shape<cute::_128, cute::Int<kTileN>, cute::_64>;
-  using Epi = typename cutlass::epilogue::collective::CollectiveBuilder<
-      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
-      cutlass::epilogue::collective::EpilogueTileAuto, float, float, void, cutlass::layout::ColumnMajor*, kAlignD,
-      ElementD, cutlass::layout::ColumnMajor*, kAlignD, cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative,
-      cutlass::epilogue::fusion::LinearCombination<ElementD, float, void, float>>::CollectiveOp;
+  using Epi = swap::Epilogue<TileShape>;  // D = out^T column-major, as the swap-AB GEMMs write it
   // A = (e4m3 codes, fp32 scale): ConvertAndScale with the scale applied in fp32 (the scale type
   // is not the MMA type, so CUTLASS converts code -> fp32, multiplies, then rounds to bf16).
   using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
@@ -49,8 +39,7 @@ struct Gemm {
       ClusterShape,
       cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(sizeof(typename Epi::SharedStorage))>,
       cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperative>::CollectiveOp;
-  using Type = cutlass::gemm::device::GemmUniversalAdapter<cutlass::gemm::kernel::GemmUniversal<
-      cutlass::gemm::GroupProblemShape<cute::Shape<int, int, int>>, Mainloop, Epi>>;
+  using Type = swap::GemmOf<Mainloop, Epi>;
   static_assert(Mainloop::KernelConversionMode == cutlass::detail::ConversionMode::ConvertAndScale);
   static_assert(!Mainloop::SwapAB, "the weights must be the register operand as given");
   static_assert(Mainloop::DispatchPolicy::Stages >= 3, "too few pipeline stages");

@@ -29,6 +29,27 @@ struct Shape {
   IntermediateQuant iq = IntermediateQuant::none;
 };
 
+// What cutlass_plan reads of a call: E local experts of H x I, weights in `wf` (with non-null
+// scales where `scales`: the plan only checks that they exist), rows in `act`, top_k 8.
+struct PlanInputs {
+  DispatchOutput in;
+  ExpertWeights w;
+  float scale = 1.f;
+  PlanInputs(int E, int H, int I, WeightFormat wf, ActFormat act, bool scales) {
+    in.num_local_experts = E;
+    in.hidden = H;
+    in.top_k = 8;
+    in.format = act;
+    w.num_local_experts = E;
+    w.hidden = H;
+    w.intermediate = I;
+    w.w13 = MatrixView{wf, E, 2 * I, H};
+    w.w2 = MatrixView{wf, E, H, I};
+    if (scales) w.w13.scales = w.w2.scales = &scale;
+  }
+  PlanInputs(const PlanInputs&) = delete;  // w points at scale
+};
+
 // The engine names of tuning.engine (options.h; the environment reader and the CLI use the same
 // parser), and the bound of tuning.widen_scratch_mb: whole MiB, positive, at most 2^24.
 TEST(CudaPolicy, EngineNames) {
@@ -308,18 +329,8 @@ TEST(CudaPolicy, OneGemmSwigluWhereOneLaunch) {
   namespace pol = cuda::policy;
   auto plan = [](int E, int H, int I, WeightFormat wf, bool fused, double rows,
                  IntermediateQuant iq = IntermediateQuant::none) {
-    DispatchOutput in;
-    in.num_local_experts = E;
-    in.hidden = H;
-    in.top_k = 8;
-    in.format = ActFormat::bf16;
-    ExpertWeights w;
-    w.num_local_experts = E;
-    w.hidden = H;
-    w.intermediate = I;
-    w.w13 = MatrixView{wf, E, 2 * I, H};
-    w.w2 = MatrixView{wf, E, H, I};
-    return pol::cutlass_plan(in, w, iq, fused, CutlassSwap::automatic, rows, size_t(1) << 30);
+    const PlanInputs a(E, H, I, wf, ActFormat::bf16, false);
+    return pol::cutlass_plan(a.in, a.w, iq, fused, CutlassSwap::automatic, rows, size_t(1) << 30);
   };
   const auto bf16 = WeightFormat::bf16;
   // Qwen3-30B (64 local experts, under the split's weight bound): one launch, fused unasked.
@@ -370,23 +381,10 @@ TEST(CudaPolicy, OneGemmSwigluWhereOneLaunch) {
 // launch and I % 64 == 0, partial 128-blocks of I included (where split_w13 would otherwise run).
 TEST(CudaPolicy, Fp8OneGemmSwigluWhereOneLaunch) {
   namespace pol = cuda::policy;
-  float scale = 1.f;  // any non-null scales: the plan only checks that they exist
   auto plan = [&](int E, int H, int I, double rows, IntermediateQuant iq = IntermediateQuant::fp8,
                   ActFormat af = ActFormat::fp8) {
-    DispatchOutput in;
-    in.num_local_experts = E;
-    in.hidden = H;
-    in.top_k = 8;
-    in.format = af;
-    ExpertWeights w;
-    w.num_local_experts = E;
-    w.hidden = H;
-    w.intermediate = I;
-    w.w13 = MatrixView{WeightFormat::fp8, E, 2 * I, H};
-    w.w2 = MatrixView{WeightFormat::fp8, E, H, I};
-    w.w13.scales = &scale;
-    w.w2.scales = &scale;
-    return pol::cutlass_plan(in, w, iq, false, CutlassSwap::automatic, rows, size_t(1) << 30);
+    const PlanInputs a(E, H, I, WeightFormat::fp8, af, true);
+    return pol::cutlass_plan(a.in, a.w, iq, false, CutlassSwap::automatic, rows, size_t(1) << 30);
   };
   const auto q30 = plan(64, 2048, 768, 512);
   ASSERT_EQ(q30.buckets.size(), 1u);
@@ -418,23 +416,9 @@ TEST(CudaPolicy, Fp8OneGemmSwigluWhereOneLaunch) {
 // expected rows, never fused with SwiGLU.
 TEST(CudaPolicy, Fp8WeightsWithBf16OperandDecodedInGemm) {
   namespace pol = cuda::policy;
-  float scale = 1.f;
   auto plan = [&](WeightFormat wf, ActFormat af, IntermediateQuant iq, double rows, bool mixed, bool fused = false) {
-    const int E = 128, H = 7168, I = 2048;
-    DispatchOutput in;
-    in.num_local_experts = E;
-    in.hidden = H;
-    in.top_k = 8;
-    in.format = af;
-    ExpertWeights w;
-    w.num_local_experts = E;
-    w.hidden = H;
-    w.intermediate = I;
-    w.w13 = MatrixView{wf, E, 2 * I, H};
-    w.w2 = MatrixView{wf, E, H, I};
-    w.w13.scales = &scale;
-    w.w2.scales = &scale;
-    return pol::cutlass_plan(in, w, iq, fused, CutlassSwap::automatic, rows, size_t(1) << 30, mixed);
+    const PlanInputs a(128, 7168, 2048, wf, af, true);  // DeepSeek-V3 over 2 ranks
+    return pol::cutlass_plan(a.in, a.w, iq, fused, CutlassSwap::automatic, rows, size_t(1) << 30, mixed);
   };
   using P = pol::CutlassPath;
   const auto none = IntermediateQuant::none, fp8 = IntermediateQuant::fp8;

@@ -96,28 +96,45 @@ std::vector<int32_t> make_ids(const Problem& p, int64_t T, std::mt19937& rng) {
 }
 
 
+// A problem's inputs drawn from one seed: its weights, then T tokens, their routing (make_ids) and
+// routing weights, as the local dispatcher's receive buffers and their device copy.
+struct ProblemData {
+  const MoeConfig cfg;
+  std::mt19937 rng;
+  const TestWeights wt;
+  const detail::HostRecvBuffers recv;
+  DevDispatch dd;
+  const int n;  // received slots
+  ProblemData(const Problem& p, uint32_t seed)
+      : cfg(make_cfg(p)), rng(seed), wt(rng, p.E, p.H, p.I, p.wf), recv(draw(p)), dd(recv, cfg.quant_params()),
+        n(recv.counts[0]) {}
+
+ private:
+  detail::HostRecvBuffers draw(const Problem& p) {
+    const int64_t T = p.T < 0 ? p.C : p.T;
+    const auto x = random_bf16(rng, T, p.H);
+    const std::vector<int32_t> ids = make_ids(p, T, rng);
+    std::vector<float> tw(size_t(T) * p.K);
+    std::uniform_real_distribution<float> u(0.f, 1.f);
+    for (auto& v : tw) v = u(rng);
+    return local_receive(cfg, x, T, ids, tw);
+  }
+};
+
+std::string problem_trace(const Problem& p, uint32_t seed) {
+  return std::string(p.name) + " act " + format_name(p.act) + " weights " + format_name(p.wf) + " iq " +
+         (p.iq == IntermediateQuant::fp8 ? "fp8" : "none") + " seed " + std::to_string(seed);
+}
+
 void run_problem(const Problem& p, uint32_t seed) {
-  SCOPED_TRACE(std::string(p.name) + " act " + format_name(p.act) + " weights " + format_name(p.wf) + " iq " +
-               (p.iq == IntermediateQuant::fp8 ? "fp8" : "none") + " seed " + std::to_string(seed));
-  std::mt19937 rng(seed);
-  const MoeConfig cfg = make_cfg(p);
-  const int H = p.H, I = p.I, E = p.E, K = p.K, C = p.C;
-  const int64_t T = p.T < 0 ? C : p.T;
-
-  const TestWeights wt(rng, E, H, I, p.wf);
-  const ExpertWeights &hw = wt.on_host, &dw = wt.on_device;
-
-  const auto x = random_bf16(rng, T, H);
-  const std::vector<int32_t> ids = make_ids(p, T, rng);
-  std::vector<float> tw(size_t(T) * K);
-  std::uniform_real_distribution<float> u(0.f, 1.f);
-  for (auto& v : tw) v = u(rng);
-
-  const detail::HostRecvBuffers recv = local_receive(cfg, x, T, ids, tw);
-  const int n = recv.counts[0];
-
-  DevDispatch dd(recv, cfg.quant_params());
-  const DispatchOutput& dout = dd.view;
+  SCOPED_TRACE(problem_trace(p, seed));
+  const ProblemData data(p, seed);
+  const MoeConfig& cfg = data.cfg;
+  const int H = p.H, I = p.I, E = p.E, C = p.C;
+  const ExpertWeights &hw = data.wt.on_host, &dw = data.wt.on_device;
+  const detail::HostRecvBuffers& recv = data.recv;
+  const int n = data.n;
+  const DispatchOutput& dout = data.dd.view;
 
   bool fused = false, swapped = false, glu_split = false;  // what the last run_engine call chose
   auto run_engine = [&](Engine eng, std::string* engines, size_t scratch = 0, int* chunks = nullptr,
@@ -442,22 +459,14 @@ TEST(CutlassEngine, LargeMDeepSeekShapes) {
 // (the other on the fp8 GEMM), W13's scale grid split at I (I % 128 != 0), every row on one
 // expert, T = 1, and DeepSeek-V3 expert shapes at large M.
 void run_fp8w_problem(const Problem& p, uint32_t seed) {
-  SCOPED_TRACE(std::string(p.name) + " act " + format_name(p.act) + " iq " +
-               (p.iq == IntermediateQuant::fp8 ? "fp8" : "none") + " seed " + std::to_string(seed));
-  std::mt19937 rng(seed);
-  const MoeConfig cfg = make_cfg(p);
-  const int H = p.H, I = p.I, E = p.E, K = p.K, C = p.C;
-  const int64_t T = p.T < 0 ? C : p.T;
-  const TestWeights wt(rng, E, H, I, p.wf);
-  const auto x = random_bf16(rng, T, H);
-  const std::vector<int32_t> ids = make_ids(p, T, rng);
-  std::vector<float> tw(size_t(T) * K);
-  std::uniform_real_distribution<float> u(0.f, 1.f);
-  for (auto& v : tw) v = u(rng);
-  const detail::HostRecvBuffers recv = local_receive(cfg, x, T, ids, tw);
-  const int n = recv.counts[0];
-  DevDispatch dd(recv, cfg.quant_params());
-  const DispatchOutput& dout = dd.view;
+  SCOPED_TRACE(problem_trace(p, seed));
+  const ProblemData data(p, seed);
+  const MoeConfig& cfg = data.cfg;
+  const int H = p.H, C = p.C;
+  const TestWeights& wt = data.wt;
+  const detail::HostRecvBuffers& recv = data.recv;
+  const int n = data.n;
+  const DispatchOutput& dout = data.dd.view;
   const int tile = cuda::policy::fp8w_tile_n(cuda::policy::expected_rows(cfg, dout));
 
   auto run = [&](bool mixed, CutlassSwap swap, bool pdl, std::string* engines) {
