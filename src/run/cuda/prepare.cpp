@@ -37,4 +37,17 @@ size_t prepare_fp8_glu_scales(ExpertWeights& w, DeviceBuffer& scales, cudaStream
   return n;
 }
 
+size_t prepare_fp8_row_scales(ExpertWeights& w, DeviceBuffer& rows13, DeviceBuffer& rows2, cudaStream_t stream) {
+  const int E = w.w13.experts, H = w.hidden, I = w.intermediate;
+  if (w.w13.format != WeightFormat::fp8 || w.w2.format != WeightFormat::fp8 || E <= 0) return 0;
+  const size_t n13 = cutlass_engine::fp8w_scales_bytes(E, 2 * I, H), n2 = cutlass_engine::fp8w_scales_bytes(E, H, I);
+  rows13.reserve(n13);
+  rows2.reserve(n2);
+  cutlass_engine::expand_fp8_scales(static_cast<const float*>(w.w13.scales), E, 2 * I, H, I, rows13.get<float>(),
+                                    stream);
+  cutlass_engine::expand_fp8_scales(static_cast<const float*>(w.w2.scales), E, H, I, H, rows2.get<float>(), stream);
+  w.w2.prepared = rows2.get();
+  return n13 + n2;
+}
+
 }  // namespace epmoe::cuda

@@ -28,6 +28,13 @@ size_t prepare_nvfp4_weights(ExpertWeights& w, DeviceBuffer& w13, DeviceBuffer& 
 // floats, so the same results). Returns their bytes; 0 for other formats or shapes (nothing
 // changes). Must be redone if the scales change. Enqueued on `stream` on the current device.
 size_t prepare_fp8_glu_scales(ExpertWeights& w, DeviceBuffer& scales, cudaStream_t stream);
+// fp8 W13 and W2: their tile scales written onto each weight row (cutlass_engine::expand_fp8_scales,
+// [E][K/128][N] fp32) into `rows13` / `rows2` (grown as needed), w.w2.prepared pointed at rows2,
+// for the mixed-input GEMM of fp8 weights with a bf16 operand (CutlassPath::fp8w), so that its runs
+// skip the per-call expansion (the same floats). The runner keeps which scales rows13 came from
+// (W13's view has no second field). Returns their bytes; 0 for other formats. Must be redone if the
+// scales change. Enqueued on `stream` on the current device; needs a build with CUTLASS.
+size_t prepare_fp8_row_scales(ExpertWeights& w, DeviceBuffer& rows13, DeviceBuffer& rows2, cudaStream_t stream);
 // Bytes of those scales for E experts of hidden size H and intermediate size I (I % 64 == 0): one
 // per 64 rows of W13 and 128-block of H.
 inline size_t fp8_glu_scales_bytes(int E, int H, int I) {

@@ -50,7 +50,12 @@ size_t CudaRunner::prepare(ExpertWeights& w, Stream stream) {
   if (!nvfp4 && !fp8) return 0;
   DeviceGuard guard(device_);
   cudaStream_t st = static_cast<cudaStream_t>(stream);
-  const size_t bytes = nvfp4 ? prepare_nvfp4_weights(w, prep13_, prep2_, st) : prepare_fp8_glu_scales(w, prep13_, st);
+  size_t bytes = nvfp4 ? prepare_nvfp4_weights(w, prep13_, prep2_, st) : prepare_fp8_glu_scales(w, prep13_, st);
+  if (fp8 && fp8_mixed_ && cutlass_engine::available()) {
+    bytes += prepare_fp8_row_scales(w, prep_rows13_, prep2_, st);
+    prep_rows_src13_ = w.w13.scales;
+    prep_rows_src2_ = w.w2.scales;
+  }
   // Complete before any run, whatever stream the caller then uses.
   EPMOE_CUDA_CHECK(cudaStreamSynchronize(st));
   return bytes;

@@ -52,9 +52,11 @@ class CudaRunner final : public Runner {
   // matrices (prepare_nvfp4_weights) into buffers this runner owns (kept, and reused by a later
   // prepare, until it is destroyed), w.w13.prepared / w.w2.prepared pointed at them; complete when
   // it returns (`stream` is synchronized). fp8 weights (I % 64 == 0): W13's scales in the order of
-  // the CUTLASS one-GEMM SwiGLU (prepare_fp8_glu_scales), w.w13.prepared pointed at them. Returns
-  // the bytes; 0 (w unchanged) for other formats, shapes the engines do not take, or nvfp4 with
-  // nvfp4_prepare off. Run w only with this runner.
+  // the CUTLASS one-GEMM SwiGLU (prepare_fp8_glu_scales), w.w13.prepared pointed at them, and with
+  // tuning.fp8_mixed in a CUTLASS build both matrices' scales per weight row for the mixed-input
+  // GEMM (prepare_fp8_row_scales), w.w2.prepared pointed at W2's; a run of the same w (the same
+  // scale pointers) then skips those launches. Returns the bytes; 0 (w unchanged) for other formats,
+  // shapes the engines do not take, or nvfp4 with nvfp4_prepare off. Run w only with this runner.
   size_t prepare(ExpertWeights& w, Stream stream) override;
   void run(const DispatchOutput& in, const ExpertWeights& w, bf16_raw* y, Stream stream) override;
 
@@ -161,6 +163,11 @@ class CudaRunner final : public Runner {
   int last_swap_tile_n_ = 0;
   std::string engines_;  // last_engines() when built per run
   DeviceBuffer prep13_, prep2_;  // prepare(): nvfp4 weights in the decode engine's load order; fp8 W13's GLU scales
+                                 // (prep13_) and W2's row scales (prep2_)
+  DeviceBuffer prep_rows13_;     // prepare(): fp8 W13's row scales
+  // The scales prepare() wrote row scales from (null: none): a run uses them only for these.
+  const void* prep_rows_src13_ = nullptr;
+  const void* prep_rows_src2_ = nullptr;
 };
 
 }  // namespace epmoe::cuda

@@ -134,13 +134,14 @@ size_t bucket_workspace(const std::vector<policy::RowBucket>& buckets, bool fp8,
 }
 
 // GEMM `g` (bf16 A) with fp8 weights `m` on the mixed-input GEMM (CutlassPath::fp8w): m's tile
-// scales written onto its rows in `row_sf` (expand_fp8_scales; half_rows = I for W13, whose scale
-// grid restarts at I, N for W2), then one swapped launch over all experts with `tile_n`-wide token
-// tiles.
-void run_fp8w(cutlass_engine::Grouped g, const MatrixView& m, int half_rows, float* row_sf, int tile_n,
-              cudaStream_t st) {
-  cutlass_engine::expand_fp8_scales(static_cast<const float*>(m.scales), g.experts, g.N, g.K, half_rows, row_sf, st);
-  g.sfw = row_sf;
+// scales per row, `prepared` (prepare_fp8_row_scales) or written into `row_sf` here
+// (expand_fp8_scales; half_rows = I for W13, whose scale grid restarts at I, N for W2), then one
+// swapped launch over all experts with `tile_n`-wide token tiles.
+void run_fp8w(cutlass_engine::Grouped g, const MatrixView& m, int half_rows, const float* prepared, float* row_sf,
+              int tile_n, cudaStream_t st) {
+  if (!prepared)
+    cutlass_engine::expand_fp8_scales(static_cast<const float*>(m.scales), g.experts, g.N, g.K, half_rows, row_sf, st);
+  g.sfw = prepared ? prepared : row_sf;
   g.sfa = nullptr;
   g.swap_ab = true;
   g.swap_tile_n = tile_n;
@@ -268,10 +269,15 @@ void CudaRunner::run_cutlass(const DispatchOutput& in, const ExpertWeights& w, b
                                          cutlass_engine::glu_workspace_bytes(E, sms_))
                               : 0,
                          mixed1 || mixed2 ? cutlass_engine::fp8w_workspace_bytes(E, sms_, plan.fp8w_tile_n) : 0}));
-  // fp8w GEMMs: the tile scales written onto each weight row, W13's then W2's (each region
-  // 256-byte aligned).
+  // fp8w GEMMs: the tile scales on each weight row, as prepare() wrote them for these weights, or
+  // per call W13's then W2's (each region 256-byte aligned).
+  const bool rows_prepared = prep_rows_src13_ && w.w13.scales == prep_rows_src13_ && w.w2.scales == prep_rows_src2_ &&
+                             w.w2.prepared == prep2_.get();
+  const float* prep_row13 = rows_prepared ? prep_rows13_.get<float>() : nullptr;
+  const float* prep_row2 = rows_prepared ? prep2_.get<float>() : nullptr;
   const size_t row_sf1 = mixed1 ? (cutlass_engine::fp8w_scales_bytes(E, 2 * I, H) + 255) / 256 * 256 : 0;
-  if (mixed1 || mixed2) row_sf_.reserve(row_sf1 + (mixed2 ? cutlass_engine::fp8w_scales_bytes(E, H, I) : 0));
+  if ((mixed1 || mixed2) && !rows_prepared)
+    row_sf_.reserve(row_sf1 + (mixed2 ? cutlass_engine::fp8w_scales_bytes(E, H, I) : 0));
   const int chunk1 = plan.chunk1, chunk2 = plan.chunk2;
   scratch_.reserve(plan.scratch_bytes());
   reserve_routing(E, max_tiles, max_rows);
@@ -367,7 +373,7 @@ void CudaRunner::run_cutlass(const DispatchOutput& in, const ExpertWeights& w, b
     if (p1 == CutlassPath::bf16)
       run_buckets(g1, plan.buckets, false, st, fork, ws_stride, er, glu_split ? h_.get<bf16_raw>() : nullptr, pair);
     else if (mixed1)
-      run_fp8w(g1, w.w13, I, row_sf_.get<float>(), plan.fp8w_tile_n, st);
+      run_fp8w(g1, w.w13, I, prep_row13, row_sf_.get<float>(), plan.fp8w_tile_n, st);
     else
       last_widen_chunks_ += run_widened(g1, w.w13, nvfp4 ? inv_gs_.get<float>() : nullptr, chunk1, st);
   }
@@ -396,7 +402,8 @@ void CudaRunner::run_cutlass(const DispatchOutput& in, const ExpertWeights& w, b
     if (p2 == CutlassPath::bf16)
       run_buckets(g2, plan.buckets, false, st, fork, ws_stride, er, nullptr, pair, true);
     else if (mixed2)
-      run_fp8w(g2, w.w2, H, reinterpret_cast<float*>(row_sf_.get<uint8_t>() + row_sf1), plan.fp8w_tile_n, st);
+      run_fp8w(g2, w.w2, H, prep_row2, prep_row2 ? nullptr : reinterpret_cast<float*>(row_sf_.get<uint8_t>() + row_sf1),
+               plan.fp8w_tile_n, st);
     else
       last_widen_chunks_ += run_widened(g2, w.w2, nvfp4 ? inv_gs_.get<float>() + E : nullptr, chunk2, st);
   }

@@ -344,6 +344,7 @@ TEST(CudaRunner, PrepareStep) {
       Problem p{H, I, E, 2, 8, ActFormat::bf16, wf};
       MoeConfig cfg = make_cfg(p);
       cfg.tuning.nvfp4_prepare = on;
+      cfg.tuning.fp8_mixed = on;
       const TestWeights wt(rng, E, H, I, wf);
       ExpertWeights w = wt.on_device;
       cuda::CudaRunner runner(cfg, 0);
@@ -354,10 +355,14 @@ TEST(CudaRunner, PrepareStep) {
         EXPECT_NE(w.w2.prepared, nullptr);
         EXPECT_EQ(w.w13.data, wt.on_device.w13.data) << "data and scales stay in use";
       } else if (wf == WeightFormat::fp8) {
-        // W13's scales in the one-GEMM SwiGLU's order, whatever nvfp4_prepare says.
-        EXPECT_EQ(bytes, size_t(E) * 2 * (I / 64) * fp8_blocks(H) * sizeof(float));
+        // W13's scales in the one-GEMM SwiGLU's order, whatever nvfp4_prepare says; with
+        // fp8_mixed (and CUTLASS) both matrices' scales per weight row too, W2's as w2.prepared.
+        const bool rows = on && cuda::cutlass_engine::available();
+        const size_t row_bytes = cuda::cutlass_engine::fp8w_scales_bytes(E, 2 * I, H) +
+                                 cuda::cutlass_engine::fp8w_scales_bytes(E, H, I);
+        EXPECT_EQ(bytes, size_t(E) * 2 * (I / 64) * fp8_blocks(H) * sizeof(float) + (rows ? row_bytes : 0));
         EXPECT_NE(w.w13.prepared, nullptr);
-        EXPECT_EQ(w.w2.prepared, nullptr);
+        EXPECT_EQ(w.w2.prepared != nullptr, rows);
         EXPECT_EQ(w.w13.scales, wt.on_device.w13.scales) << "data and scales stay in use";
       } else {
         EXPECT_EQ(bytes, 0u);
@@ -369,13 +374,14 @@ TEST(CudaRunner, PrepareStep) {
 }
 
 // fp8 weights on the CUTLASS one-GEMM SwiGLU: the scales prepare() reordered once give the bits of
-// the per-call reordering (I 192: a tile's gate and up halves in different 128-row scale tiles).
-TEST(CudaRunner, PreparedFp8ScalesEqualPerCall) {
-  EPMOE_REQUIRE_GPU();
-  EPMOE_REQUIRE_CUTLASS();
+// the per-call reordering (I 192: a tile's gate and up halves in different 128-row scale tiles);
+// with a bf16 dispatch and intermediate (both GEMMs on the mixed-input GEMM) the row scales
+// prepare() wrote give the bits of the per-call expansion.
+void prepared_fp8_equal_per_call(ActFormat act, IntermediateQuant iq, const char* expect) {
+  SCOPED_TRACE(expect);
   std::mt19937 rng(12);
   // 512 rows per expert: one unswapped launch, where the one-GEMM SwiGLU runs.
-  Problem p{256, 192, 4, 2, 1024, ActFormat::fp8, WeightFormat::fp8, IntermediateQuant::automatic};
+  Problem p{256, 192, 4, 2, 1024, act, WeightFormat::fp8, iq};
   const MoeConfig cfg = make_cfg(p);
   const TestWeights wt(rng, p.E, p.H, p.I, p.wf);
   const auto x = random_bf16(rng, p.C, p.H);
@@ -404,12 +410,20 @@ TEST(CudaRunner, PreparedFp8ScalesEqualPerCall) {
     EPMOE_CUDA_CHECK(cudaDeviceSynchronize());
     out.push_back(y.download());
     engines.push_back(runner.last_engines());
-    EXPECT_FALSE(runner.last_swap_ab());
+    EXPECT_EQ(runner.last_swap_ab(), act == ActFormat::bf16);  // the mixed-input GEMM is swapped
+    if (prep && act == ActFormat::bf16) EXPECT_NE(w.w2.prepared, nullptr);
   }
   EXPECT_EQ(engines[0], engines[1]);
-  EXPECT_EQ(engines[0].rfind("cutlass-fp8", 0), 0u) << engines[0];
+  EXPECT_EQ(engines[0].rfind(expect, 0), 0u) << engines[0];
   const int n = recv.counts[0];
   EXPECT_EQ(std::memcmp(out[0].data(), out[1].data(), size_t(n) * p.H * sizeof(bf16_raw)), 0);
+}
+
+TEST(CudaRunner, PreparedFp8ScalesEqualPerCall) {
+  EPMOE_REQUIRE_GPU();
+  EPMOE_REQUIRE_CUTLASS();
+  prepared_fp8_equal_per_call(ActFormat::fp8, IntermediateQuant::automatic, "cutlass-fp8/");
+  prepared_fp8_equal_per_call(ActFormat::bf16, IntermediateQuant::none, "cutlass-fp8w-swap256/cutlass-fp8w-swap256");
 }
 
 }  // namespace
