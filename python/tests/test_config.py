@@ -74,6 +74,9 @@ def test_nested_structs_are_references():
     assert c.tuning.concurrent_buckets is True
     c.tuning.concurrent_buckets = False
     assert c.tuning.concurrent_buckets is False and "concurrent_buckets" in c.describe()
+    assert c.tuning.fp8_mixed is True
+    c.tuning.fp8_mixed = False
+    assert c.tuning.fp8_mixed is False and "fp8_mixed" in c.describe()
     with pytest.raises(epmoe.UsageError, match="Tuning.cutlass_swap"):
         epmoe.Tuning(cutlass_swap="maybe")
 
