@@ -534,7 +534,8 @@ __global__ void __launch_bounds__(Kernel::MaxThreadsPerBlock, Kernel::MinBlocksP
 }
 
 // Initialized kernel Params by everything make_args reads besides the template: the workspace the tables
-// are carved from, the experts, SMs, device and alpha. For the same key the arguments are the same
+// are carved from, the experts, SMs, device and alpha, and for the mixed-input GEMM the scale
+// blocks along K (its Params carry them; see run). For the same key the arguments are the same
 // bytes, so can_implement, the host-side Params (TMA descriptors encoded by the driver) and the
 // shared-memory attribute are done once per key instead of on every call. This saves host work;
 // the GPU time of eager calls did not move measurably (Qwen3-30B, session 14: eager stays 2-13%
@@ -547,6 +548,7 @@ class InitCache {
     const void* workspace;
     int experts, sms, device;
     const float* alpha;
+    int scale_k;  // kMixed: blocks of 128 along K; 0 otherwise
     bool operator==(const Key&) const = default;
   };
   std::shared_ptr<const Params> find(const Key& k) {
@@ -616,7 +618,7 @@ void run(const Grouped& g, const char* what, cudaStream_t stream) {
   using Params = typename Kernel::Params;
   uint8_t* cutlass_ws = static_cast<uint8_t*>(g.workspace) + T::bytes(groups);
   static InitCache<Params> cache;
-  const typename InitCache<Params>::Key key{g.workspace, groups, g.sms, device, g.alpha};
+  const typename InitCache<Params>::Key key{g.workspace, groups, g.sms, device, g.alpha, kMixed ? fp8_blocks(g.K) : 0};
   std::shared_ptr<const Params> params = cache.find(key);
   // What GemmUniversalAdapter::initialize does: the kernel's workspace (every call), the Params
   // (once per key) and the shared-memory attribute (of gemm_kernel, the kernel launched here).
@@ -627,7 +629,12 @@ void run(const Grouped& g, const char* what, cudaStream_t stream) {
     s = Kernel::can_implement(args) ? cutlass::Status::kSuccess : cutlass::Status::kInvalid;
     if (s != cutlass::Status::kSuccess) fail(s, "can_implement");
     EPMOE_CUDA_CHECK(cudaFuncSetAttribute(gemm_kernel<Kernel>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-    params = std::make_shared<const Params>(Kernel::to_underlying_arguments(args, cutlass_ws));
+    Params p = Kernel::to_underlying_arguments(args, cutlass_ws);
+    // The mixed-input mainloop sizes its scale view by scale_k, which to_underlying_arguments
+    // derives from a host problem shape; with shapes on the device only it would read K = 1. Every
+    // group has this call's K (part of the key: GEMM1 and GEMM2 may share a workspace).
+    if constexpr (kMixed) p.mainloop.scale_k = key.scale_k;
+    params = std::make_shared<const Params>(p);
     cache.add(key, params);
   }
   using Cluster = typename Kernel::DispatchPolicy::ClusterShape;
@@ -645,17 +652,7 @@ void run(const Grouped& g, const char* what, cudaStream_t stream) {
   attr[1].val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = attr;
   cfg.numAttrs = g.pdl ? 2 : 1;
-  if constexpr (kMixed) {
-    // The mixed-input mainloop sizes its scale view by scale_k, which to_underlying_arguments
-    // derives from a host problem shape; with shapes on the device only it would read K = 1. Every
-    // group has this call's K, so the Params launched carry it (not the cached ones: GEMM1 and
-    // GEMM2 share a workspace, hence a cache key, with different K).
-    Params p = *params;
-    p.mainloop.scale_k = fp8_blocks(g.K);
-    EPMOE_CUDA_CHECK(cudaLaunchKernelEx(&cfg, gemm_kernel<Kernel>, p, static_cast<const int*>(t.active)));
-  } else {
-    EPMOE_CUDA_CHECK(cudaLaunchKernelEx(&cfg, gemm_kernel<Kernel>, *params, static_cast<const int*>(t.active)));
-  }
+  EPMOE_CUDA_CHECK(cudaLaunchKernelEx(&cfg, gemm_kernel<Kernel>, *params, static_cast<const int*>(t.active)));
 }
 
 }  // namespace epmoe::cuda::cutlass_engine::detail

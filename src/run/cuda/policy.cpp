@@ -162,9 +162,10 @@ DecodeEngines decode_engines(bool wgmma_decode, int bm, WeightFormat wf, ActForm
 int decode_max_rows(WeightFormat wf, const DecodeEngines& d32, int tuned, bool prepared, int experts,
                     int64_t expert_weights, bool fp8_mixed) {
   if (tuned > 0) return tuned;
-  const bool mma1 = !d32.fp8_1, mma2 = !d32.fp8_2;  // that decode GEMM has a bf16 operand
-  if (wf == WeightFormat::fp8 && fp8_mixed && ((mma1 && mma2) || ((mma1 || mma2) && expert_weights >= kFp8MixedDecodeMinExpert)))
-    return kDecodeNever;
+  if (wf == WeightFormat::fp8 && fp8_mixed) {
+    const int bf16_operands = int(!d32.fp8_1) + int(!d32.fp8_2);  // decode GEMMs that would run mma.sync
+    if (bf16_operands == 2 || (bf16_operands == 1 && expert_weights >= kFp8MixedDecodeMinExpert)) return kDecodeNever;
+  }
   if (wf == WeightFormat::nvfp4 && d32.nvfp4_1 && d32.nvfp4_2)
     return prepared ? kDecodeMaxRowsNvfp4Wide : kDecodeMaxRowsNvfp4;
   if (wf == WeightFormat::bf16 && d32.bf16 && experts < kSplitMinExperts) return kDecodeMaxRowsFewBf16;
@@ -211,8 +212,8 @@ CutlassPlan cutlass_plan(const DispatchOutput& in, const ExpertWeights& w, Inter
                      reinterpret_cast<uintptr_t>(in.payload) % 16 == 0 && w.w13.scales;
   const bool fp8_2 = fp8w && iq8 && tma_rows && w.w2.scales;
   // fp8 weights with a bf16 operand decoded in the main loop: 16-byte TMA rows of codes (K % 16)
-  // and of row scales and bf16 output (N % 8), true of every shape runner cuda accepts.
-  const bool mixed = fp8w && fp8_mixed && tma_rows && H % 8 == 0 && w.w13.scales && w.w2.scales;
+  // and of row scales and bf16 output (N % 8, which tma_rows implies for N = 2I and N = H).
+  const bool mixed = fp8w && fp8_mixed && tma_rows && w.w13.scales && w.w2.scales;
   const CutlassPath other = mixed ? CutlassPath::fp8w : CutlassPath::widened;
   CutlassPlan p;
   p.gemm1 = wf == WeightFormat::bf16 ? CutlassPath::bf16 : fp8_1 ? CutlassPath::fp8 : other;

@@ -226,8 +226,8 @@ constexpr int64_t kFp8MixedDecodeMinExpert = int64_t(20) << 20;
 // and kDecodeMaxRowsNvfp4 on natural ones, where they are the bf16 engine and `experts` (local) is
 // under kSplitMinExperts kDecodeMaxRowsFewBf16, where they are fp8 weights with a bf16 operand on
 // both GEMMs, or on one with experts of expert_weights >= kFp8MixedDecodeMinExpert, and
-// `fp8_mixed`, kDecodeNever (use_cutlass then holds at every M), else 0: the built-in one-m-tile rules (kDecodeMaxRows, kCutlassMinRows,
-// kCutlassMinRowsNvfp4).
+// `fp8_mixed`, kDecodeNever (use_cutlass then holds at every M), else 0: the built-in one-m-tile
+// rules (kDecodeMaxRows, kCutlassMinRows, kCutlassMinRowsNvfp4).
 int decode_max_rows(WeightFormat wf, const DecodeEngines& d32, int tuned, bool prepared = false,
                     int experts = 1 << 30, int64_t expert_weights = 0, bool fp8_mixed = false);
 

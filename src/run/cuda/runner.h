@@ -151,7 +151,7 @@ class CudaRunner final : public Runner {
   DeviceBuffer gu_, cws_;  // CUTLASS engine: GEMM1 output [rows][2I] (gate | up), GEMM tables/workspace
   DeviceBuffer scratch_, inv_gs_;  // widened weights of one chunk; 1/gs of W13 and W2 (nvfp4) [2][E]
   DeviceBuffer glu_sfw_;  // W13's scales in the fp8 one-GEMM SwiGLU's order, per call where not prepared
-  DeviceBuffer row_sf_;   // fp8w GEMMs: W13's then W2's tile scales per weight row (expand_fp8_scales), per call
+  DeviceBuffer row_sf_;   // fp8w GEMMs: a matrix's tile scales per weight row (expand_fp8_scales), per call
   size_t widen_scratch_ = size_t(1) << 30;
   int last_widen_chunks_ = 0;
   bool fused_swiglu_ = false, last_swiglu_fused_ = false, last_glu_split_ = false;

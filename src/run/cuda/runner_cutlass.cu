@@ -270,14 +270,15 @@ void CudaRunner::run_cutlass(const DispatchOutput& in, const ExpertWeights& w, b
                               : 0,
                          mixed1 || mixed2 ? cutlass_engine::fp8w_workspace_bytes(E, sms_, plan.fp8w_tile_n) : 0}));
   // fp8w GEMMs: the tile scales on each weight row, as prepare() wrote them for these weights, or
-  // per call W13's then W2's (each region 256-byte aligned).
+  // per call into row_sf_, which both GEMMs share: W2's expansion is a plain launch after the
+  // SwiGLU pass, which waits for GEMM1 to complete (PDL), so GEMM1 has read W13's by then.
   const bool rows_prepared = prep_rows_src13_ && w.w13.scales == prep_rows_src13_ && w.w2.scales == prep_rows_src2_ &&
                              w.w2.prepared == prep2_.get();
   const float* prep_row13 = rows_prepared ? prep_rows13_.get<float>() : nullptr;
   const float* prep_row2 = rows_prepared ? prep2_.get<float>() : nullptr;
-  const size_t row_sf1 = mixed1 ? (cutlass_engine::fp8w_scales_bytes(E, 2 * I, H) + 255) / 256 * 256 : 0;
   if ((mixed1 || mixed2) && !rows_prepared)
-    row_sf_.reserve(row_sf1 + (mixed2 ? cutlass_engine::fp8w_scales_bytes(E, H, I) : 0));
+    row_sf_.reserve(std::max(mixed1 ? cutlass_engine::fp8w_scales_bytes(E, 2 * I, H) : 0,
+                             mixed2 ? cutlass_engine::fp8w_scales_bytes(E, H, I) : 0));
   const int chunk1 = plan.chunk1, chunk2 = plan.chunk2;
   scratch_.reserve(plan.scratch_bytes());
   reserve_routing(E, max_tiles, max_rows);
@@ -402,8 +403,7 @@ void CudaRunner::run_cutlass(const DispatchOutput& in, const ExpertWeights& w, b
     if (p2 == CutlassPath::bf16)
       run_buckets(g2, plan.buckets, false, st, fork, ws_stride, er, nullptr, pair, true);
     else if (mixed2)
-      run_fp8w(g2, w.w2, H, prep_row2, prep_row2 ? nullptr : reinterpret_cast<float*>(row_sf_.get<uint8_t>() + row_sf1),
-               plan.fp8w_tile_n, st);
+      run_fp8w(g2, w.w2, H, prep_row2, row_sf_.get<float>(), plan.fp8w_tile_n, st);
     else
       last_widen_chunks_ += run_widened(g2, w.w2, nvfp4 ? inv_gs_.get<float>() + E : nullptr, chunk2, st);
   }
