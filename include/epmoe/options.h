@@ -76,6 +76,10 @@ struct Tuning {
   bool fp8_mixed = true;        // [local] EPMOE_FP8_MIXED=0|1: CUTLASS GEMMs of fp8 weights with a
                                 //   bf16 operand decode the weights in the main loop; 0: widen them
                                 //   to bf16 first (same bits)
+  bool nvfp4_mixed = true;      // [local] EPMOE_NVFP4_MIXED=0|1: the prepare step also writes nvfp4
+                                //   weights as one byte per weight (code + half its block scale), which
+                                //   CUTLASS GEMMs decode in the main loop; 0: no such copy, large-M
+                                //   nvfp4 GEMMs widen to bf16 first (same bits)
   int decode_max_rows = 0;      // [local] EPMOE_DECODE_MAX_ROWS=0..65536: expected rows per expert
                                 //   up to which engine auto keeps the 32-row decode engines (above:
                                 //   CUTLASS, or for prepared nvfp4 the wide engine up to 640 rows);

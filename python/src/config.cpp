@@ -18,7 +18,7 @@ namespace {
 
 #define EPMOE_ROUTER_FIELDS(X) X(kind) X(renormalize) X(n_group) X(topk_group) X(routed_scaling_factor)
 #define EPMOE_TUNING_FIELDS(X)                                                                              \
-  X(engine) X(wgmma_defer) X(pdl) X(nvfp4_wide_rows) X(fused_swiglu) X(concurrent_buckets) X(widen_scratch_mb) X(nvfp4_prepare) X(fp8_mixed) X(decode_max_rows) \
+  X(engine) X(wgmma_defer) X(pdl) X(nvfp4_wide_rows) X(fused_swiglu) X(concurrent_buckets) X(widen_scratch_mb) X(nvfp4_prepare) X(fp8_mixed) X(nvfp4_mixed) X(decode_max_rows) \
   X(nvfp4_wide_max_rows) X(cutlass_swap) \
   X(comm_sms) X(push_warps) X(combine) X(ce_rows) X(fault_check)
 #define EPMOE_CONFIG_FIELDS(X)                                                                                  \

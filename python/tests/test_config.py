@@ -77,6 +77,9 @@ def test_nested_structs_are_references():
     assert c.tuning.fp8_mixed is True
     c.tuning.fp8_mixed = False
     assert c.tuning.fp8_mixed is False and "fp8_mixed" in c.describe()
+    assert c.tuning.nvfp4_mixed is True
+    c.tuning.nvfp4_mixed = False
+    assert c.tuning.nvfp4_mixed is False and "nvfp4_mixed" in c.describe()
     with pytest.raises(epmoe.UsageError, match="Tuning.cutlass_swap"):
         epmoe.Tuning(cutlass_swap="maybe")
 

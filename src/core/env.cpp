@@ -153,6 +153,10 @@ EnvTuning read_env_tuning() {
     if (auto v = env::flag("EPMOE_FP8_MIXED", "1: fp8 weights with a bf16 operand decoded inside runner cuda's CUTLASS GEMM"))
       t.fp8_mixed = *v;
   });
+  take("EPMOE_NVFP4_MIXED", [&] {
+    if (auto v = env::flag("EPMOE_NVFP4_MIXED", "1: nvfp4 weights paired (1 byte each) for runner cuda's mixed-input CUTLASS GEMM"))
+      t.nvfp4_mixed = *v;
+  });
   take("EPMOE_DECODE_MAX_ROWS", [&] {
     if (auto v = env::integer("EPMOE_DECODE_MAX_ROWS", 0, Tuning::kMaxDecodeMaxRows,
                               "expected rows per expert up to which runner cuda keeps its decode engines"))

@@ -130,6 +130,7 @@ std::string describe(const Tuning& t) {
   row("widen_scratch_mb", i(t.widen_scratch_mb), i(d.widen_scratch_mb), false, "EPMOE_WIDEN_SCRATCH_MB");
   row("nvfp4_prepare", b(t.nvfp4_prepare), b(d.nvfp4_prepare), false, "EPMOE_NVFP4_PREPARE");
   row("fp8_mixed", b(t.fp8_mixed), b(d.fp8_mixed), false, "EPMOE_FP8_MIXED");
+  row("nvfp4_mixed", b(t.nvfp4_mixed), b(d.nvfp4_mixed), false, "EPMOE_NVFP4_MIXED");
   row("decode_max_rows", i(t.decode_max_rows), i(d.decode_max_rows), false, "EPMOE_DECODE_MAX_ROWS");
   row("nvfp4_wide_max_rows", i(t.nvfp4_wide_max_rows), i(d.nvfp4_wide_max_rows), false, "EPMOE_NVFP4_WIDE_MAX_ROWS");
   row("cutlass_swap", cutlass_swap_name(t.cutlass_swap), cutlass_swap_name(d.cutlass_swap), false,

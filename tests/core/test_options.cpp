@@ -110,6 +110,7 @@ TEST(Tuning, AgreeFieldsAreFingerprintedLocalOnesAreNot) {
   d.tuning.concurrent_buckets = !c.tuning.concurrent_buckets;
   d.tuning.nvfp4_prepare = !c.tuning.nvfp4_prepare;
   d.tuning.fp8_mixed = !c.tuning.fp8_mixed;
+  d.tuning.nvfp4_mixed = !c.tuning.nvfp4_mixed;
   d.tuning.widen_scratch_mb = 7;
   d.tuning.cutlass_swap = CutlassSwap::on;
   d.tuning.decode_max_rows = 64;
@@ -133,7 +134,7 @@ TEST(Tuning, DescribeListsEveryFieldWithItsAgreement) {
   Tuning t;
   t.engine = RunnerEngine::cutlass;
   const std::string s = describe(t);
-  for (const char* f : {"engine", "wgmma_defer", "pdl", "nvfp4_wide_rows", "fused_swiglu", "concurrent_buckets", "widen_scratch_mb", "nvfp4_prepare", "fp8_mixed", "cutlass_swap",
+  for (const char* f : {"engine", "wgmma_defer", "pdl", "nvfp4_wide_rows", "fused_swiglu", "concurrent_buckets", "widen_scratch_mb", "nvfp4_prepare", "fp8_mixed", "nvfp4_mixed", "cutlass_swap",
                         "decode_max_rows", "nvfp4_wide_max_rows", "comm_sms", "push_warps", "combine", "ce_rows", "fault_check"})
     EXPECT_NE(s.find(f), std::string::npos) << f;
   EXPECT_NE(s.find("cutlass"), std::string::npos);

@@ -52,10 +52,9 @@ void check_cublas(cublasStatus_t s, const char* what) {
 }
 
 // The harness's synthetic model (harness/cuda/synthetic.h) for cfg's local experts, built on the
-// device, plus the nvfp4 weights prepared for the decode engine when asked.
+// device (the runner's prepare step writes its copies of them).
 struct DeviceWeights {
   harness::cuda::DeviceRankWeights gen;
-  DeviceBuffer p13, p2;
   ExpertWeights w;
 };
 
@@ -190,11 +189,13 @@ void bench_preset(const Opts& o, const ModelPreset& given, double hbm_gbs, const
     }
     DeviceWeights dw;
     make_weights(dw, cfg, 1234);
-    if (pass.prepared) cuda::prepare_nvfp4_weights(dw.w, dw.p13, dw.p2, nullptr);
+    // The prepare step MoeLayer runs: nvfp4 the decode engine's copy (not in the natural pass) and,
+    // with tuning.nvfp4_mixed, the paired copy; fp8 W13's scales in the one-GEMM SwiGLU's order
+    // and the mixed-input GEMM's row scales.
+    if (f == WeightFormat::nvfp4 && !pass.prepared) cfg.tuning.nvfp4_prepare = false;
     EPMOE_CUDA_CHECK(cudaDeviceSynchronize());
     cuda::CudaRunner runner(cfg, 0);
-    // fp8: the prepare step MoeLayer runs (W13's scales in the one-GEMM SwiGLU's order).
-    if (f == WeightFormat::fp8) runner.prepare(dw.w, nullptr);
+    runner.prepare(dw.w, nullptr);
     runner.set_engine(o.engine);
     runner.set_row_buckets(o.row_buckets);
     for (long long M : Ms) {

@@ -56,6 +56,7 @@ const FlagSpec kTuningFlags[] = {
     {"widen-scratch-mb", "N", "runner cuda: MiB for widening fp8/nvfp4 weights for CUTLASS bf16 (env EPMOE_WIDEN_SCRATCH_MB)"},
     {"nvfp4-prepare", "0|1", "runner cuda: copy nvfp4 weights into the decode engine's order (env EPMOE_NVFP4_PREPARE)"},
     {"fp8-mixed", "0|1", "runner cuda: fp8 weights x bf16 decoded in the CUTLASS GEMM, 0 widens them (env EPMOE_FP8_MIXED)"},
+    {"nvfp4-mixed", "0|1", "runner cuda: prepare nvfp4 weights 1 byte each for the CUTLASS GEMM, 0 widens them (env EPMOE_NVFP4_MIXED)"},
     {"decode-max-rows", "N", "runner cuda: expected rows per expert up to which the decode engines run, above CUTLASS (prepared nvfp4: the wide engine up to 640); 0 = measured crossover (env EPMOE_DECODE_MAX_ROWS)"},
     {"nvfp4-wide-max-rows", "N", "runner cuda: expected rows per expert up to which prepared nvfp4 runs the wide engine, above widened CUTLASS; 0 = measured bound, 640 or 512 for small experts (env EPMOE_NVFP4_WIDE_MAX_ROWS)"},
     {"cutlass-swap", "auto|0|1|64|128|192|byrows", "runner cuda: CUTLASS GEMMs swap-AB (weights in the 128-row tile; 64/128/192: token-tile width; byrows: per expert by its rows; auto: byrows except small experts) (env EPMOE_CUTLASS_SWAP)"},
@@ -112,6 +113,7 @@ void apply_tuning_flags(const Flags& f, Tuning& t) {
   t.widen_scratch_mb = int_flag(f, "widen-scratch-mb", t.widen_scratch_mb);
   t.nvfp4_prepare = switch01(f, "nvfp4-prepare", t.nvfp4_prepare);
   t.fp8_mixed = switch01(f, "fp8-mixed", t.fp8_mixed);
+  t.nvfp4_mixed = switch01(f, "nvfp4-mixed", t.nvfp4_mixed);
   if (f.has("cutlass-swap") && !parse_cutlass_swap(f.get("cutlass-swap"), t.cutlass_swap))
     throw UsageError("--cutlass-swap=" + f.get("cutlass-swap") + " is not a swap-AB choice; use auto, 0, 1, 64, 128, 192 or byrows");
   t.comm_sms = int_flag(f, "comm-sms", t.comm_sms);

@@ -223,6 +223,25 @@ size_t fp8w_n128_workspace_bytes(int experts, int sms);
 void grouped_gemm_fp8w_n128(const Grouped& g, cudaStream_t stream);
 }  // namespace detail
 
+// nvfp4 weights x bf16 rows with the weights decoded in the main loop (engine_cutlass_nvfp4w.cuh):
+// out [rows][N] = A (bf16) * (e2m1 W * its block scale)^T * alpha[e], alpha = 2^8 / gs (the
+// decoded weights carry 2^-8; widen::inverse_scales with factor 256): the bits of widen::to_bf16
+// followed by the swapped grouped_gemm_bf16 with alpha 1/gs. g.W is the paired copy
+// (write_nvfp4_paired), token tiles g.swap_tile_n = 64, 128 or 256 (fp8w_tile_exists); g.sfa,
+// g.sfw, halves, glu and src must be unset. Needs K % 16 == 0 and N % 8 == 0 (UsageError otherwise).
+size_t nvfp4w_workspace_bytes(int experts, int sms, int tile_n);
+void grouped_gemm_nvfp4w(const Grouped& g, cudaStream_t stream);
+// The paired copy (nvfp4_paired.h) of nvfp4 matrix m: [experts][rows][cols] bytes, each the code
+// of one weight and a nibble of its block scale. out 16-byte aligned; cols % 16 == 0.
+size_t nvfp4_paired_bytes(const MatrixView& m);
+void write_nvfp4_paired(const MatrixView& m, uint8_t* out, cudaStream_t stream);
+namespace detail {  // engine_cutlass_nvfp4w_n{64,128}.cu
+size_t nvfp4w_n64_workspace_bytes(int experts, int sms);
+void grouped_gemm_nvfp4w_n64(const Grouped& g, cudaStream_t stream);
+size_t nvfp4w_n128_workspace_bytes(int experts, int sms);
+void grouped_gemm_nvfp4w_n128(const Grouped& g, cudaStream_t stream);
+}  // namespace detail
+
 // The experts a SwiGLU pass leaves alone: those whose row count lies in `fused` (none by default),
 // whose GEMM1 launch (grouped_gemm_bf16_glu over those ranges) wrote their intermediate rows
 // already. The pass then walks the experts' 128-row m-tiles (tiles, num_tiles: launch_count's

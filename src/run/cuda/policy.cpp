@@ -172,8 +172,9 @@ int decode_max_rows(WeightFormat wf, const DecodeEngines& d32, int tuned, bool p
   return 0;
 }
 
-double nvfp4_wide_max_rows(int hidden, int intermediate, int tuned) {
+double nvfp4_wide_max_rows(int hidden, int intermediate, int tuned, bool paired) {
   if (tuned > 0) return double(tuned);
+  if (paired) return kNvfp4WideMaxRowsPaired;
   return 3 * int64_t(hidden) * intermediate < kNvfp4WideSmallExpert ? kNvfp4WideMaxRowsSmall : kNvfp4WideMaxRows;
 }
 
@@ -186,7 +187,10 @@ bool use_nvfp4_wide(RunnerEngine engine, const DecodeEngines& d32, bool prepared
 int fp8w_tile_n(double expected_rows) { return expected_rows <= 64 ? 64 : expected_rows <= 128 ? 128 : 256; }
 
 std::string path_name(CutlassPath p, WeightFormat wf, int swap_tile_n) {
-  std::string s = p == CutlassPath::fp8 ? "cutlass-fp8" : p == CutlassPath::fp8w ? "cutlass-fp8w" : "cutlass-bf16";
+  std::string s = p == CutlassPath::fp8      ? "cutlass-fp8"
+                  : p == CutlassPath::fp8w   ? "cutlass-fp8w"
+                  : p == CutlassPath::nvfp4w ? "cutlass-nvfp4w"
+                                             : "cutlass-bf16";
   if (swap_tile_n == kByRows) s += "-byrows";
   else if (swap_tile_n) s += "-swap" + std::to_string(swap_tile_n);
   if (p == CutlassPath::widened) s += wf == WeightFormat::nvfp4 ? "(widened nvfp4)" : "(widened fp8)";
@@ -199,7 +203,8 @@ size_t CutlassPlan::scratch_bytes() const {
 }
 
 CutlassPlan cutlass_plan(const DispatchOutput& in, const ExpertWeights& w, IntermediateQuant iq, bool fused_swiglu,
-                         CutlassSwap swap, double expected_rows, size_t widen_scratch_bytes, bool fp8_mixed) {
+                         CutlassSwap swap, double expected_rows, size_t widen_scratch_bytes, bool fp8_mixed,
+                         bool nvfp4_paired) {
   const int E = in.num_local_experts, H = in.hidden, I = w.intermediate;
   const WeightFormat wf = w.w13.format;
   const bool iq8 = iq == IntermediateQuant::fp8;
@@ -214,7 +219,9 @@ CutlassPlan cutlass_plan(const DispatchOutput& in, const ExpertWeights& w, Inter
   // fp8 weights with a bf16 operand decoded in the main loop: 16-byte TMA rows of codes (K % 16)
   // and of row scales and bf16 output (N % 8, which tma_rows implies for N = 2I and N = H).
   const bool mixed = fp8w && fp8_mixed && tma_rows && w.w13.scales && w.w2.scales;
-  const CutlassPath other = mixed ? CutlassPath::fp8w : CutlassPath::widened;
+  // nvfp4 weights from their paired copies: the same TMA rule (one byte per weight).
+  const bool paired = wf == WeightFormat::nvfp4 && nvfp4_paired && tma_rows && expected_rows <= kNvfp4MixedMaxRows;
+  const CutlassPath other = mixed ? CutlassPath::fp8w : paired ? CutlassPath::nvfp4w : CutlassPath::widened;
   CutlassPlan p;
   p.gemm1 = wf == WeightFormat::bf16 ? CutlassPath::bf16 : fp8_1 ? CutlassPath::fp8 : other;
   p.gemm2 = wf == WeightFormat::bf16 ? CutlassPath::bf16 : fp8_2 ? CutlassPath::fp8 : other;
@@ -222,7 +229,7 @@ CutlassPlan cutlass_plan(const DispatchOutput& in, const ExpertWeights& w, Inter
   p.split_w13 = p.gemm1 == CutlassPath::fp8 && I % 128 != 0;
   p.swap_tile_n = swap_tile_n(swap, expected_rows);
   p.buckets = row_buckets(swap, expected_rows, fp8w, split_weight_bytes(E, H, I, fp8w), E);
-  const bool fusable = fused_swiglu && p.gemm1 != CutlassPath::fp8 && p.gemm1 != CutlassPath::fp8w && !iq8;
+  const bool fusable = fused_swiglu && (p.gemm1 == CutlassPath::bf16 || p.gemm1 == CutlassPath::widened) && !iq8;
   if (fusable && swap == CutlassSwap::automatic && expected_rows > kSwapMaxRows) p.buckets = {RowBucket{}};
   // Without being asked: where GEMM1 is one unswapped bf16 launch anyway, the one-GEMM SwiGLU
   // (glu_fits: I % 128 == 0) gives the unfused bits without the pass and takes no split away.

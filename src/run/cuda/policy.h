@@ -256,8 +256,24 @@ int decode_max_rows(WeightFormat wf, const DecodeEngines& d32, int tuned, bool p
 constexpr double kNvfp4WideMaxRows = 640.0;
 constexpr double kNvfp4WideMaxRowsSmall = 512.0;
 constexpr int64_t kNvfp4WideSmallExpert = int64_t(16) << 20;
-// tuned > 0 (tuning.nvfp4_wide_max_rows) replaces the measured bound, for re-measuring it.
-double nvfp4_wide_max_rows(int hidden, int intermediate, int tuned = 0);
+// With the paired copies (CudaRunner::prepare, tuning.nvfp4_mixed) CUTLASS runs nvfp4 on the
+// mixed-input GEMM (CutlassPath::nvfp4w) without widening, which takes over from the wide engine
+// sooner. Measured on an H200 (bench/results/2026-12-04-session38-h200.md, call 2,
+// --nvfp4-wide-max-rows 1 against 65536), nvfp4w against wide in ms: DeepSeek-V3 at 64 / 96 /
+// 128 / 256 / 1024 rows per expert 3.50 / 4.00 / 4.07 / 5.16 / 20.08 against 2.35 / 2.50 / 2.90 /
+// 5.70 / 24.15; Qwen3-30B at 128 / 256 / 512 0.315 / 0.422 / 0.789 against 0.278 / 0.525 / 1.000;
+// Qwen3-235B and gpt-oss-120b at 128 / 256 rows 0.967 / 1.257 and 1.261 / 1.617 against 0.725 /
+// 1.407 and 0.935 / 1.773; Mixtral at 128 / 256 0.526 / 0.637 against 0.498 / 0.684. So the wide
+// engine keeps up to 192 rows for every shape.
+constexpr double kNvfp4WideMaxRowsPaired = 192.0;
+// tuned > 0 (tuning.nvfp4_wide_max_rows) replaces the measured bound, for re-measuring it;
+// `paired`: the weights have their paired copies (kNvfp4WideMaxRowsPaired).
+double nvfp4_wide_max_rows(int hidden, int intermediate, int tuned = 0, bool paired = false);
+// Up to this many expected rows per expert the CUTLASS path runs paired nvfp4 weights on nvfp4w;
+// above, widening them once per call repays itself through the bf16 GEMM's faster main loop
+// (Mixtral-8x7B at 2048 rows per expert, session 38 call 2: widened 4.240 ms against nvfp4w 4.682;
+// at 512 rows 1.649 against 1.225; DeepSeek-V3 at 1024 rows widened 21.24 against 20.08).
+constexpr double kNvfp4MixedMaxRows = 1024.0;
 bool use_nvfp4_wide(RunnerEngine engine, const DecodeEngines& d32, bool prepared, double expected_rows,
                     int decode_max_rows, double max_rows);
 
@@ -270,9 +286,9 @@ bool use_nvfp4_wide(RunnerEngine engine, const DecodeEngines& d32, bool prepared
 // mixed-input GEMM that decodes the weights in its main loop (fp8w, engine_cutlass_fp8w.cuh: the
 // widened path's bits without the widened copy) unless tuning.fp8_mixed is off; otherwise (that
 // switch off, nvfp4 always) widened to bf16 in a scratch buffer and run on the bf16 GEMM.
-enum class CutlassPath { bf16, fp8, widened, fp8w };
+enum class CutlassPath { bf16, fp8, widened, fp8w, nvfp4w };
 // "cutlass-bf16", "cutlass-fp8", "cutlass-bf16(widened fp8)", "cutlass-bf16(widened nvfp4)",
-// "cutlass-fp8w"; swapped (swap_tile_n 64, 128, 192 or, fp8w only, 256) with "-swap64" / ... after
+// "cutlass-fp8w", "cutlass-nvfp4w"; swapped (swap_tile_n 64, 128, 192 or, fp8w only, 256) with "-swap64" / ... after
 // the GEMM's name, e.g. "cutlass-fp8-swap64", "cutlass-bf16-swap128(widened nvfp4)",
 // "cutlass-fp8w-swap256"; split by rows (swap_tile_n kByRows, several row_buckets) "-byrows", e.g.
 // "cutlass-fp8-byrows".
@@ -309,9 +325,12 @@ struct CutlassPlan {
   int direct_tile_n() const { return buckets.size() == 1 ? buckets[0].tile_n : kByRows; }
   // The tile of a GEMM on path p: swap_tile_n widened, direct_tile_n otherwise.
   int tile_n(CutlassPath p) const {
-    return p == CutlassPath::widened ? swap_tile_n : p == CutlassPath::fp8w ? fp8w_tile_n : direct_tile_n();
+    return p == CutlassPath::widened                             ? swap_tile_n
+           : p == CutlassPath::fp8w || p == CutlassPath::nvfp4w ? fp8w_tile_n
+                                                                 : direct_tile_n();
   }
-  // fp8w GEMMs (always swapped, one launch over all experts): the token-tile width, fp8w_tile_n().
+  // The mixed-input GEMMs, fp8w and nvfp4w (always swapped, one launch over all experts): the
+  // token-tile width, fp8w_tile_n().
   int fp8w_tile_n = 256;
   // Widened weights: bytes of one expert of W13 / W2 in bf16, and experts per widen-and-GEMM chunk,
   // as many whole experts as fit in the scratch bound (at least one, at most 65535), from the
@@ -322,8 +341,11 @@ struct CutlassPlan {
   size_t scratch_bytes() const;
 };
 // fp8_mixed (tuning.fp8_mixed): fp8 weights with a bf16 operand on fp8w instead of widened.
+// nvfp4_paired: nvfp4 weights have their paired copies (CudaRunner::prepare with
+// tuning.nvfp4_mixed), so both GEMMs run nvfp4w instead of widened.
 CutlassPlan cutlass_plan(const DispatchOutput& in, const ExpertWeights& w, IntermediateQuant iq, bool fused_swiglu,
-                         CutlassSwap swap, double expected_rows, size_t widen_scratch_bytes, bool fp8_mixed = true);
+                         CutlassSwap swap, double expected_rows, size_t widen_scratch_bytes, bool fp8_mixed = true,
+                         bool nvfp4_paired = false);
 // The fp8w token tile for a mean of `expected_rows` per expert: the narrowest of 64 / 128 / 256
 // holding it (a wider tile multiplies padding; TMA loads no rows past an expert's end, so the
 // padding costs tensor-core time only), 256 above.

@@ -35,6 +35,13 @@ size_t prepare_fp8_glu_scales(ExpertWeights& w, DeviceBuffer& scales, cudaStream
 // (W13's view has no second field). Returns their bytes; 0 for other formats. Must be redone if the
 // scales change. Enqueued on `stream` on the current device; needs a build with CUTLASS.
 size_t prepare_fp8_row_scales(ExpertWeights& w, DeviceBuffer& rows13, DeviceBuffer& rows2, cudaStream_t stream);
+// nvfp4 W13 and W2 (both nvfp4, H and I multiples of 16): their paired copies
+// (cutlass_engine::write_nvfp4_paired, one byte per weight: code + a nibble of its block scale)
+// into `w13` / `w2` (grown as needed) for the mixed-input GEMM of nvfp4 weights (CutlassPath::nvfp4w).
+// Nothing in w points at them: the runner keeps which data they came from. Returns their bytes, 0
+// for other formats or shapes. Must be redone if the weights change. Enqueued on `stream` on the
+// current device; needs a build with CUTLASS.
+size_t prepare_nvfp4_paired(const ExpertWeights& w, DeviceBuffer& w13, DeviceBuffer& w2, cudaStream_t stream);
 // Bytes of those scales for E experts of hidden size H and intermediate size I (I % 64 == 0): one
 // per 64 rows of W13 and 128-block of H.
 inline size_t fp8_glu_scales_bytes(int E, int H, int I) {

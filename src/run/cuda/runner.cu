@@ -46,11 +46,18 @@ CudaRunner::CudaRunner(const MoeConfig& cfg, int device_index)
 
 size_t CudaRunner::prepare(ExpertWeights& w, Stream stream) {
   const bool nvfp4 = cfg_.tuning.nvfp4_prepare && w.w13.format == WeightFormat::nvfp4;
+  const bool paired = cfg_.tuning.nvfp4_mixed && w.w13.format == WeightFormat::nvfp4 && cutlass_engine::available();
   const bool fp8 = w.w13.format == WeightFormat::fp8;
-  if (!nvfp4 && !fp8) return 0;
+  if (!nvfp4 && !paired && !fp8) return 0;
   DeviceGuard guard(device_);
   cudaStream_t st = static_cast<cudaStream_t>(stream);
-  size_t bytes = nvfp4 ? prepare_nvfp4_weights(w, prep13_, prep2_, st) : prepare_fp8_glu_scales(w, prep13_, st);
+  size_t bytes = nvfp4 ? prepare_nvfp4_weights(w, prep13_, prep2_, st) : fp8 ? prepare_fp8_glu_scales(w, prep13_, st) : 0;
+  if (paired) {
+    const size_t n = prepare_nvfp4_paired(w, paired13_, paired2_, st);
+    paired_src13_ = n ? w.w13.data : nullptr;
+    paired_src2_ = n ? w.w2.data : nullptr;
+    bytes += n;
+  }
   if (fp8 && fp8_mixed_ && cutlass_engine::available()) {
     bytes += prepare_fp8_row_scales(w, prep_rows13_, prep2_, st);
     prep_rows_src13_ = w.w13.scales;
@@ -131,7 +138,7 @@ void CudaRunner::run(const DispatchOutput& in, const ExpertWeights& w, bf16_raw*
   const bool prepared = w.w13.prepared && w.w2.prepared;
   const int decode_limit = policy::decode_max_rows(w.w13.format, d32, cfg_.tuning.decode_max_rows, prepared, E,
                                                    3 * int64_t(H) * I, fp8_mixed_);
-  const double wide_limit = policy::nvfp4_wide_max_rows(H, I, cfg_.tuning.nvfp4_wide_max_rows);
+  const double wide_limit = policy::nvfp4_wide_max_rows(H, I, cfg_.tuning.nvfp4_wide_max_rows, paired_for(w));
   const bool wide = force_bm_ == 0 && policy::use_nvfp4_wide(engine_, d32, prepared, avg, decode_limit, wide_limit);
   // The wide engine's token tiles: 128 or 160 rows, or by rows (tuning.nvfp4_wide_rows = 0): each
   // expert the height that gives it fewer tiles, in a second table and a second launch per GEMM.

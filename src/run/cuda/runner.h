@@ -54,7 +54,9 @@ class CudaRunner final : public Runner {
   // it returns (`stream` is synchronized). fp8 weights (I % 64 == 0): W13's scales in the order of
   // the CUTLASS one-GEMM SwiGLU (prepare_fp8_glu_scales), w.w13.prepared pointed at them, and with
   // tuning.fp8_mixed in a CUTLASS build both matrices' scales per weight row for the mixed-input
-  // GEMM (prepare_fp8_row_scales), w.w2.prepared pointed at W2's; a run of the same w (the same
+  // GEMM (prepare_fp8_row_scales), w.w2.prepared pointed at W2's; nvfp4 weights with
+  // tuning.nvfp4_mixed in a CUTLASS build also their paired copies (prepare_nvfp4_paired, one byte
+  // per weight) for the mixed-input GEMM at large M; a run of the same w (the same
   // scale pointers) then skips those launches. Returns the bytes; 0 (w unchanged) for other formats,
   // shapes the engines do not take, or nvfp4 with nvfp4_prepare off. Run w only with this runner.
   size_t prepare(ExpertWeights& w, Stream stream) override;
@@ -168,6 +170,14 @@ class CudaRunner final : public Runner {
   // The scales prepare() wrote row scales from (null: none): a run uses them only for these.
   const void* prep_rows_src13_ = nullptr;
   const void* prep_rows_src2_ = nullptr;
+  // prepare() with tuning.nvfp4_mixed: nvfp4 W13 / W2 paired (nvfp4_paired.h) for the mixed-input
+  // GEMM, and the codes they were written from (a run uses them only for these).
+  DeviceBuffer paired13_, paired2_;
+  const void* paired_src13_ = nullptr;
+  const void* paired_src2_ = nullptr;
+  bool paired_for(const ExpertWeights& w) const {
+    return paired_src13_ && w.w13.data == paired_src13_ && w.w2.data == paired_src2_;
+  }
 };
 
 }  // namespace epmoe::cuda

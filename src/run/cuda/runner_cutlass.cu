@@ -149,6 +149,18 @@ void run_fp8w(cutlass_engine::Grouped g, const MatrixView& m, int half_rows, con
   cutlass_engine::grouped_gemm_fp8w(g, st);
 }
 
+// GEMM `g` (bf16 A) with nvfp4 weights on the mixed-input GEMM (CutlassPath::nvfp4w): their paired
+// copy `paired` (prepare) and alpha = 2^8 / gs per expert.
+void run_nvfp4w(cutlass_engine::Grouped g, const void* paired, const float* alpha, int tile_n, cudaStream_t st) {
+  g.W = paired;
+  g.alpha = alpha;
+  g.sfw = g.sfa = nullptr;
+  g.swap_ab = true;
+  g.swap_tile_n = tile_n;
+  g.ranges = cutlass_engine::RowRanges{};
+  cutlass_engine::grouped_gemm_nvfp4w(g, st);
+}
+
 }  // namespace
 
 // Runs grouped GEMM `g` (bf16 A) with the weights of `m` widened to bf16, a chunk of `chunk`
@@ -193,7 +205,9 @@ int CudaRunner::run_widened(const cutlass_engine::Grouped& g, const MatrixView& 
 //     where I % 128 != 0, run_fp8_halves), else the mixed-input GEMM decoding bf16(e4m3 * tile scale)
 //     in its main loop (run_fp8w; with tuning.fp8_mixed off widened to those values + CUTLASS bf16),
 //     so that a bf16 operand keeps its numerics (never requantized to e4m3);
-//   nvfp4 weights: widened to bf16(e2m1 * block scale) + CUTLASS bf16 with alpha = 1/gs per expert.
+//   nvfp4 weights: the mixed-input GEMM on their paired copy where prepare() wrote one (run_nvfp4w,
+//     alpha = 2^8 / gs), else widened to bf16(e2m1 * block scale) + CUTLASS bf16 with alpha = 1/gs
+//     per expert (the same bits).
 // Where 1/gs goes: into the bf16 GEMM's epilogue as a per-group alpha (a runtime argument of the
 // existing instantiation), so it multiplies the fp32 accumulator before the one bf16 rounding,
 // exactly as the mma.sync and wgmma engines do; applying it later (in the SwiGLU pass, or in the
@@ -219,7 +233,7 @@ void CudaRunner::run_cutlass(const DispatchOutput& in, const ExpertWeights& w, b
   const bool iq8 = iq == IntermediateQuant::fp8;
   const double er = policy::expected_rows(cfg_, in);
   policy::CutlassPlan plan =
-      policy::cutlass_plan(in, w, iq, fused_swiglu_, cutlass_swap_, er, widen_scratch_, fp8_mixed_);
+      policy::cutlass_plan(in, w, iq, fused_swiglu_, cutlass_swap_, er, widen_scratch_, fp8_mixed_, paired_for(w));
   const CutlassPath p1 = plan.gemm1, p2 = plan.gemm2;
   if (!row_buckets_.empty()) {
     policy::check_row_buckets(row_buckets_, p1 != CutlassPath::bf16 && p2 != CutlassPath::bf16);
@@ -253,6 +267,7 @@ void CudaRunner::run_cutlass(const DispatchOutput& in, const ExpertWeights& w, b
   const bool any_bf16 = p1 == CutlassPath::bf16 || p2 == CutlassPath::bf16;
   const bool any_widened = p1 == CutlassPath::widened || p2 == CutlassPath::widened;
   const bool mixed1 = p1 == CutlassPath::fp8w, mixed2 = p2 == CutlassPath::fp8w;
+  const bool nv1 = p1 == CutlassPath::nvfp4w, nv2 = p2 == CutlassPath::nvfp4w;
   const int sw = plan.swap_tile_n;
   const int groups8 = plan.split_w13 && !fp8_glu ? 2 * E : E;
   const size_t ws_stride = std::max(any_fp8 ? std::max(bucket_workspace(plan.buckets, true, groups8, sms_),
@@ -268,7 +283,8 @@ void CudaRunner::run_cutlass(const DispatchOutput& in, const ExpertWeights& w, b
                          fuse ? std::max(cutlass_engine::swiglu_workspace_bytes(E, sms_),
                                          cutlass_engine::glu_workspace_bytes(E, sms_))
                               : 0,
-                         mixed1 || mixed2 ? cutlass_engine::fp8w_workspace_bytes(E, sms_, plan.fp8w_tile_n) : 0}));
+                         mixed1 || mixed2 ? cutlass_engine::fp8w_workspace_bytes(E, sms_, plan.fp8w_tile_n) : 0,
+                         nv1 || nv2 ? cutlass_engine::nvfp4w_workspace_bytes(E, sms_, plan.fp8w_tile_n) : 0}));
   // fp8w GEMMs: the tile scales on each weight row, as prepare() wrote them for these weights, or
   // per call into row_sf_, which both GEMMs share: W2's expansion is a plain launch after the
   // SwiGLU pass, which waits for GEMM1 to complete (PDL), so GEMM1 has read W13's by then.
@@ -299,9 +315,10 @@ void CudaRunner::run_cutlass(const DispatchOutput& in, const ExpertWeights& w, b
   const float* glu_sfw = fp8_glu ? static_cast<const float*>(w.w13.prepared) : nullptr;
   if (fp8_glu && !glu_sfw) glu_sfw_.reserve(fp8_glu_scales_bytes(E, H, I));
   if (nvfp4) {
+    // The paired GEMM's weights carry 2^-8 (nvfp4w), its alpha 2^8 / gs.
     inv_gs_.reserve(size_t(E) * 2 * sizeof(float));
-    widen::inverse_scales(w.w13.global_scale, E, inv_gs_.get<float>(), st);
-    widen::inverse_scales(w.w2.global_scale, E, inv_gs_.get<float>() + E, st);
+    widen::inverse_scales(w.w13.global_scale, E, inv_gs_.get<float>(), st, nv1 ? 256.0f : 1.0f);
+    widen::inverse_scales(w.w2.global_scale, E, inv_gs_.get<float>() + E, st, nv2 ? 256.0f : 1.0f);
   }
 
   launch_count(in, bm, cnt_.get<int32_t>(), offsets_.get<int32_t>(), fill_.get<int32_t>(), tiles_.get<MTile>(),
@@ -375,6 +392,8 @@ void CudaRunner::run_cutlass(const DispatchOutput& in, const ExpertWeights& w, b
       run_buckets(g1, plan.buckets, false, st, fork, ws_stride, er, glu_split ? h_.get<bf16_raw>() : nullptr, pair);
     else if (mixed1)
       run_fp8w(g1, w.w13, I, prep_row13, row_sf_.get<float>(), plan.fp8w_tile_n, st);
+    else if (nv1)
+      run_nvfp4w(g1, paired13_.get(), inv_gs_.get<float>(), plan.fp8w_tile_n, st);
     else
       last_widen_chunks_ += run_widened(g1, w.w13, nvfp4 ? inv_gs_.get<float>() : nullptr, chunk1, st);
   }
@@ -404,6 +423,8 @@ void CudaRunner::run_cutlass(const DispatchOutput& in, const ExpertWeights& w, b
       run_buckets(g2, plan.buckets, false, st, fork, ws_stride, er, nullptr, pair, true);
     else if (mixed2)
       run_fp8w(g2, w.w2, H, prep_row2, row_sf_.get<float>(), plan.fp8w_tile_n, st);
+    else if (nv2)
+      run_nvfp4w(g2, paired2_.get(), inv_gs_.get<float>() + E, plan.fp8w_tile_n, st);
     else
       last_widen_chunks_ += run_widened(g2, w.w2, nvfp4 ? inv_gs_.get<float>() + E : nullptr, chunk2, st);
   }

@@ -93,9 +93,9 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-__global__ void inverse_kernel(const float* __restrict__ gs, int E, float* __restrict__ inv) {
+__global__ void inverse_kernel(const float* __restrict__ gs, int E, float factor, float* __restrict__ inv) {
   const int e = blockIdx.x * blockDim.x + threadIdx.x;
-  if (e < E) inv[e] = __fdiv_rn(1.0f, gs[e]);
+  if (e < E) inv[e] = __fmul_rn(factor, __fdiv_rn(1.0f, gs[e]));
 }
 
 }  // namespace
@@ -139,10 +139,10 @@ void to_bf16(const MatrixView& m, int e0, int n, const int32_t* rows, bf16_raw* 
   EPMOE_CUDA_CHECK_LAUNCH();
 }
 
-void inverse_scales(const float* gs, int experts, float* inv, cudaStream_t stream) {
+void inverse_scales(const float* gs, int experts, float* inv, cudaStream_t stream, float factor) {
   if (experts <= 0) return;
   if (!gs) throw UsageError("widen: nvfp4 global_scale array is null");
-  inverse_kernel<<<(experts + 255) / 256, 256, 0, stream>>>(gs, experts, inv);
+  inverse_kernel<<<(experts + 255) / 256, 256, 0, stream>>>(gs, experts, factor, inv);
   EPMOE_CUDA_CHECK_LAUNCH();
 }
 

@@ -35,7 +35,8 @@ int chunk_experts(size_t scratch_bytes, size_t expert_bytes, int experts);
 // the device; out 16-byte aligned.
 void to_bf16(const MatrixView& m, int e0, int n, const int32_t* rows, bf16_raw* out, cudaStream_t stream);
 
-// inv[e] = 1 / gs[e] (IEEE fp32 division, as the mma.sync engine computes it) for e < experts.
-void inverse_scales(const float* gs, int experts, float* inv, cudaStream_t stream);
+// inv[e] = factor * (1 / gs[e]) (IEEE fp32 division, as the mma.sync engine computes it) for e <
+// experts. A power-of-two factor (the paired nvfp4 GEMM's 2^8) scales the quotient exactly.
+void inverse_scales(const float* gs, int experts, float* inv, cudaStream_t stream, float factor = 1.0f);
 
 }  // namespace epmoe::cuda::widen

@@ -412,7 +412,7 @@ TEST(CudaPolicy, Fp8OneGemmSwigluWhereOneLaunch) {
 
 // fp8 weights with a bf16 operand (bf16 dispatch for GEMM1, intermediate_quant none for GEMM2) run
 // on the mixed-input GEMM (fp8w) unless tuning.fp8_mixed is off (then widened); an e4m3 operand
-// keeps the fp8 GEMM; nvfp4 is always widened. fp8w is one launch whose token tile follows the
+// keeps the fp8 GEMM; nvfp4 without paired copies is widened. fp8w is one launch whose token tile follows the
 // expected rows, never fused with SwiGLU.
 TEST(CudaPolicy, Fp8WeightsWithBf16OperandDecodedInGemm) {
   namespace pol = cuda::policy;
@@ -446,6 +446,42 @@ TEST(CudaPolicy, Fp8WeightsWithBf16OperandDecodedInGemm) {
     EXPECT_EQ(pol::fp8w_tile_n(rows), tile) << rows;
     EXPECT_TRUE(cuda::cutlass_engine::fp8w_tile_exists(tile));
   }
+}
+
+// nvfp4 weights with their paired copies (prepare with tuning.nvfp4_mixed) run both GEMMs on the
+// mixed-input GEMM (nvfp4w) up to kNvfp4MixedMaxRows rows per expert and widened above, never
+// fused; without the copies widened; the wide engine's bound drops to kNvfp4WideMaxRowsPaired.
+TEST(CudaPolicy, PairedNvfp4OnTheMixedInputGemm) {
+  namespace pol = cuda::policy;
+  using P = pol::CutlassPath;
+  auto plan = [&](ActFormat af, double rows, bool paired) {
+    const PlanInputs a(128, 7168, 2048, WeightFormat::nvfp4, af, true);
+    return pol::cutlass_plan(a.in, a.w, IntermediateQuant::none, true, CutlassSwap::automatic, rows, size_t(1) << 30,
+                             true, paired);
+  };
+  for (const ActFormat af : {ActFormat::bf16, ActFormat::fp8, ActFormat::nvfp4}) {
+    const auto p = plan(af, 256, true);
+    EXPECT_EQ(p.gemm1, P::nvfp4w);
+    EXPECT_EQ(p.gemm2, P::nvfp4w);
+    EXPECT_FALSE(p.fused_swiglu);
+    EXPECT_EQ(p.scratch_bytes(), 0u);
+    EXPECT_EQ(p.tile_n(P::nvfp4w), 256);
+    EXPECT_EQ(pol::path_name(P::nvfp4w, WeightFormat::nvfp4, 256), "cutlass-nvfp4w-swap256");
+  }
+  EXPECT_EQ(plan(ActFormat::bf16, 100, true).tile_n(P::nvfp4w), 128);
+  EXPECT_EQ(plan(ActFormat::bf16, pol::kNvfp4MixedMaxRows, true).gemm1, P::nvfp4w);
+  const auto big = plan(ActFormat::bf16, pol::kNvfp4MixedMaxRows + 1, true);
+  EXPECT_EQ(big.gemm1, P::widened);
+  EXPECT_EQ(big.gemm2, P::widened);
+  EXPECT_GT(big.scratch_bytes(), 0u);
+  const auto none = plan(ActFormat::bf16, 256, false);
+  EXPECT_EQ(none.gemm1, P::widened);
+  EXPECT_EQ(none.gemm2, P::widened);
+  // The wide engine's bound with the copies, for every shape; a tuned bound still wins.
+  EXPECT_EQ(pol::nvfp4_wide_max_rows(7168, 2048, 0, true), pol::kNvfp4WideMaxRowsPaired);
+  EXPECT_EQ(pol::nvfp4_wide_max_rows(2048, 768, 0, true), pol::kNvfp4WideMaxRowsPaired);
+  EXPECT_EQ(pol::nvfp4_wide_max_rows(2048, 768, 300, true), 300.0);
+  EXPECT_EQ(pol::nvfp4_wide_max_rows(7168, 2048, 0, false), pol::kNvfp4WideMaxRows);
 }
 
 // fp8 weights with a bf16 operand on both decode GEMMs, or on one where experts are large (>=

@@ -345,12 +345,15 @@ TEST(CudaRunner, PrepareStep) {
       MoeConfig cfg = make_cfg(p);
       cfg.tuning.nvfp4_prepare = on;
       cfg.tuning.fp8_mixed = on;
+      cfg.tuning.nvfp4_mixed = on;
       const TestWeights wt(rng, E, H, I, wf);
       ExpertWeights w = wt.on_device;
       cuda::CudaRunner runner(cfg, 0);
       const size_t bytes = runner.prepare(w, nullptr);
       if (wf == WeightFormat::nvfp4 && on) {
-        EXPECT_EQ(bytes, cuda::nvfp4_prepared_bytes(w.w13, true, I) + cuda::nvfp4_prepared_bytes(w.w2, false, H));
+        // With nvfp4_mixed (and CUTLASS) the paired copies too, one byte per weight.
+        const size_t paired = cuda::cutlass_engine::available() ? size_t(E) * 3 * H * I : 0;
+        EXPECT_EQ(bytes, cuda::nvfp4_prepared_bytes(w.w13, true, I) + cuda::nvfp4_prepared_bytes(w.w2, false, H) + paired);
         EXPECT_NE(w.w13.prepared, nullptr);
         EXPECT_NE(w.w2.prepared, nullptr);
         EXPECT_EQ(w.w13.data, wt.on_device.w13.data) << "data and scales stay in use";

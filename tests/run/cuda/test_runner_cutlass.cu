@@ -32,6 +32,7 @@
 #include "run/cuda/engine_cutlass.h"
 #include "run/cuda/policy.h"
 #include "run/cuda/runner.h"
+#include "run/cuda/cutlass_problem.h"
 #include "run/cuda/runner_test_util.h"
 #include "run/cuda/widen.h"
 #include "run/reference.h"
@@ -40,91 +41,6 @@ namespace epmoe::test {
 namespace {
 
 using Engine = cuda::CudaRunner::Engine;
-
-// listed: top_k 1 and exactly kListedRows[e] rows on expert e (E = 8), the tokens shuffled;
-// tokens past their sum route nowhere.
-enum class Load { uniform, uneven, one_expert, listed };
-const std::vector<int> kListedRows = {0, 1, 33, 64, 100, 257, 200, 150};
-
-struct Problem {
-  int H, I, E, K, C;
-  ActFormat act;
-  WeightFormat wf;
-  IntermediateQuant iq;
-  Load load;
-  int64_t T;             // tokens (-1 = C)
-  int ref_tokens;        // tokens checked against the CPU reference (-1 = all)
-  bool vs_mma;           // also compare every token with the mma engine
-  const char* expect;    // expected last_engines()
-  const char* name;
-  // Also run with a widening scratch of one W13 expert (several chunks per GEMM) and require the
-  // output to equal the default (one chunk) run bitwise.
-  bool chunk_check = false;
-};
-
-// Ids: `uneven` draws expert e with weight e+1 (so loads differ several-fold) and never uses the
-// last two experts (groups with no rows); 5% of the (token, k) entries are -1.
-std::vector<int32_t> make_ids(const Problem& p, int64_t T, std::mt19937& rng) {
-  std::vector<int32_t> ids(size_t(T) * p.K, -1);
-  if (p.load == Load::listed) {
-    EXPECT_EQ(p.K, 1);
-    EXPECT_EQ(p.E, int(kListedRows.size()));
-    int64_t t = 0;
-    for (int e = 0; e < p.E; ++e)
-      for (int r = 0; r < kListedRows[e] && t < T; ++r) ids[t++] = e;
-    std::shuffle(ids.begin(), ids.end(), rng);
-    return ids;
-  }
-  std::uniform_real_distribution<float> u(0.f, 1.f);
-  const int usable = p.load == Load::uneven && p.E > p.K + 2 ? p.E - 2 : p.E;
-  std::vector<double> wts(usable);
-  for (int e = 0; e < usable; ++e) wts[e] = p.load == Load::uneven ? e + 1.0 : 1.0;
-  for (int64_t t = 0; t < T; ++t) {
-    if (p.load == Load::one_expert) {
-      ids[t * p.K] = 0;
-      continue;
-    }
-    std::vector<double> w = wts;
-    for (int k = 0; k < p.K; ++k) {
-      std::discrete_distribution<int> dd(w.begin(), w.end());
-      const int e = dd(rng);
-      w[e] = 0;  // distinct experts per token
-      ids[t * p.K + k] = u(rng) < 0.05f ? -1 : e;
-    }
-  }
-  return ids;
-}
-
-
-// A problem's inputs drawn from one seed: its weights, then T tokens, their routing (make_ids) and
-// routing weights, as the local dispatcher's receive buffers and their device copy.
-struct ProblemData {
-  const MoeConfig cfg;
-  std::mt19937 rng;
-  const TestWeights wt;
-  const detail::HostRecvBuffers recv;
-  DevDispatch dd;
-  const int n;  // received slots
-  ProblemData(const Problem& p, uint32_t seed)
-      : cfg(make_cfg(p)), rng(seed), wt(rng, p.E, p.H, p.I, p.wf), recv(draw(p)), dd(recv, cfg.quant_params()),
-        n(recv.counts[0]) {}
-
- private:
-  detail::HostRecvBuffers draw(const Problem& p) {
-    const int64_t T = p.T < 0 ? p.C : p.T;
-    const auto x = random_bf16(rng, T, p.H);
-    const std::vector<int32_t> ids = make_ids(p, T, rng);
-    std::vector<float> tw(size_t(T) * p.K);
-    std::uniform_real_distribution<float> u(0.f, 1.f);
-    for (auto& v : tw) v = u(rng);
-    return local_receive(cfg, x, T, ids, tw);
-  }
-};
-
-std::string problem_trace(const Problem& p, uint32_t seed) {
-  return std::string(p.name) + " act " + format_name(p.act) + " weights " + format_name(p.wf) + " iq " +
-         (p.iq == IntermediateQuant::fp8 ? "fp8" : "none") + " seed " + std::to_string(seed);
-}
 
 void run_problem(const Problem& p, uint32_t seed) {
   SCOPED_TRACE(problem_trace(p, seed));
@@ -448,90 +364,6 @@ TEST(CutlassEngine, LargeMDeepSeekShapes) {
       {7168, 2048, 8, 2, 4096, A::bf16, W::nvfp4, kNone, Load::uneven, -1, 24, true, kW4, "deepseek-v3 large M"},
   };
   for (const Problem& p : problems) run_problem(p, seed++);
-}
-
-// fp8 weights with a bf16 operand on the mixed-input GEMM (tuning.fp8_mixed, the default;
-// engine_cutlass_fp8w.cuh): the weights decoded in the main loop to the values widen::to_bf16
-// writes, so the output equals the widened path's swapped run bit for bit (the same weight values
-// as the register operand instead of shared memory, the same k16 order; 256-wide tiles against the
-// widened 128-wide ones: a tile's width does not change an element's sums), and the reference
-// within the bound. Each token-tile width (64 / 128 / 256 by expected rows), either GEMM alone
-// (the other on the fp8 GEMM), W13's scale grid split at I (I % 128 != 0), every row on one
-// expert, T = 1, and DeepSeek-V3 expert shapes at large M.
-void run_fp8w_problem(const Problem& p, uint32_t seed) {
-  SCOPED_TRACE(problem_trace(p, seed));
-  const ProblemData data(p, seed);
-  const MoeConfig& cfg = data.cfg;
-  const int H = p.H, C = p.C;
-  const TestWeights& wt = data.wt;
-  const detail::HostRecvBuffers& recv = data.recv;
-  const int n = data.n;
-  const DispatchOutput& dout = data.dd.view;
-  const int tile = cuda::policy::fp8w_tile_n(cuda::policy::expected_rows(cfg, dout));
-
-  auto run = [&](bool mixed, CutlassSwap swap, bool pdl, std::string* engines) {
-    Dev<bf16_raw> y(size_t(C) * H);
-    y.poison();
-    cuda::CudaRunner runner(cfg, 0);
-    runner.set_engine(Engine::cutlass);
-    runner.set_fp8_mixed(mixed);
-    runner.set_cutlass_swap(swap);
-    runner.set_pdl(pdl);
-    runner.run(dout, wt.on_device, y.get(), nullptr);
-    EPMOE_CUDA_CHECK(cudaDeviceSynchronize());
-    *engines = runner.last_engines();
-    EXPECT_EQ(runner.last_widen_chunks(), mixed ? 0 : int(p.act == A::bf16) + int(p.iq == kNone));
-    return y.download();
-  };
-  std::string em, ew, ep;
-  const auto ym = run(true, CutlassSwap::automatic, true, &em);
-  const std::string mixed = "cutlass-fp8w-swap" + std::to_string(tile);
-  const std::string direct = "cutlass-fp8-swap128";  // the other GEMM on the fp8 GEMM (these small experts)
-  EXPECT_EQ(em, (p.act == A::bf16 ? mixed : direct) + "/" + (p.iq == kNone ? mixed : direct));
-  expect_poison_after(ym, n, H);
-  // The widened path swapped with the same (or, for 256, a narrower) token tile.
-  const CutlassSwap same = tile == 64 ? CutlassSwap::n64 : CutlassSwap::n128;
-  const auto yw = run(false, same, true, &ew);
-  EXPECT_NE(ew.find("(widened fp8)"), std::string::npos) << ew;
-  size_t equal = 0;
-  for (size_t i = 0; i < size_t(n) * H; ++i) equal += ym[i] == yw[i];
-  std::printf("[fp8w] %-22s %-44s vs %-44s n=%d identical %.6f\n", p.name, em.c_str(), ew.c_str(), n,
-              n ? double(equal) / (double(n) * H) : 1.0);
-  EXPECT_EQ(first_diff(ym, yw), -1) << "the mixed-input GEMM differs from the widened one";
-  const auto yp = run(true, CutlassSwap::automatic, false, &ep);
-  EXPECT_EQ(first_diff(yp, ym), -1) << "pdl on and off differ";
-
-  const int nref = p.ref_tokens < 0 ? n : std::min(n, p.ref_tokens);
-  detail::HostRecvBuffers sub = recv;
-  sub.counts[0] = nref;
-  std::vector<bf16_raw> y_ref(size_t(C) * H, 0);
-  detail::ReferenceRunner ref(cfg);
-  ref.run(sub.view(cfg.quant_params()), wt.on_host, y_ref.data(), nullptr);
-  const Diff d = compare_rows(ym, y_ref, nref, H);
-  std::printf("[fp8w] %-22s vs reference n=%d ref=%d  max|a-b|/max|ref| %.3e  1-cos %.3e\n", p.name, n, nref, d.rel(),
-              d.one_minus_cos);
-  expect_within_bound(d, p.iq);
-}
-
-TEST(CutlassEngine, Fp8WeightsDecodedInMainLoop) {
-  EPMOE_REQUIRE_GPU();
-  EPMOE_REQUIRE_CUTLASS();
-  const std::vector<Problem> problems = {
-      // 50 / 100 / 150 expected rows per expert: token tiles 64 / 128 / 256.
-      {1024, 512, 8, 2, 200, A::bf16, W::fp8, kNone, Load::uneven, -1, -1, false, "", "tile 64"},
-      {1024, 512, 8, 2, 400, A::bf16, W::fp8, kNone, Load::uneven, -1, -1, false, "", "tile 128"},
-      {1024, 512, 8, 2, 600, A::bf16, W::fp8, kNone, Load::uneven, -1, -1, false, "", "tile 256"},
-      // One GEMM mixed, the other on the fp8 GEMM.
-      {1024, 512, 8, 2, 600, A::fp8, W::fp8, kNone, Load::uneven, -1, -1, false, "", "W2 only"},
-      {1024, 512, 8, 2, 600, A::bf16, W::fp8, kFp8, Load::uneven, -1, -1, false, "", "W13 only"},
-      // H 2880 (partial 128-blocks of K and N), I 576: W13's scale grid restarts at row 576.
-      {2880, 576, 4, 2, 200, A::bf16, W::fp8, kNone, Load::uneven, -1, -1, false, "", "odd tiles"},
-      {1024, 512, 8, 4, 300, A::bf16, W::fp8, kNone, Load::one_expert, -1, -1, false, "", "one expert"},
-      {1024, 512, 8, 2, 16, A::bf16, W::fp8, kNone, Load::uniform, 1, -1, false, "", "T=1"},
-      {7168, 2048, 8, 2, 4096, A::bf16, W::fp8, kNone, Load::uniform, -1, 24, false, "", "deepseek-v3 large M"},
-  };
-  uint32_t seed = 900;
-  for (const Problem& p : problems) run_fp8w_problem(p, seed++);
 }
 
 // The automatic rule: CUTLASS from R*C*K / E_loc >= policy::kCutlassMinRows on, for every weight format

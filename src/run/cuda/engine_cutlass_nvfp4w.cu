@@ -1,0 +1,106 @@
+// CUTLASS engine, nvfp4 weights x bf16 rows from the paired copy (engine_cutlass_nvfp4w.cuh): the
+// 256-wide token tiles, the entry points that check the arguments and pick a width, and the
+// writer of the paired copy.
+#define EPMOE_CUTLASS_GROUPED_IMPL 1
+#include "run/cuda/engine_cutlass_nvfp4w.cuh"
+
+#include <cstdint>
+#include <string>
+
+#include "core/cuda/check.h"
+#include "epmoe/error.h"
+
+namespace epmoe::cuda::cutlass_engine {
+
+#if defined(EPMOE_WITH_CUTLASS)
+namespace {
+
+// One thread per 16-element block: its 8 bytes of codes (element 2q in the low nibble of byte q)
+// and its scale become 16 paired bytes, one 16-byte store.
+__global__ void paired_kernel(const uint8_t* __restrict__ data, const uint8_t* __restrict__ scales, int64_t blocks,
+                              bool aligned, uint8_t* __restrict__ out) {
+  for (int64_t g = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; g < blocks; g += int64_t(gridDim.x) * blockDim.x) {
+    uint8_t b[8];
+    if (aligned) {
+      *reinterpret_cast<uint2*>(b) = *reinterpret_cast<const uint2*>(data + g * 8);
+    } else {
+#pragma unroll
+      for (int q = 0; q < 8; ++q) b[q] = data[g * 8 + q];
+    }
+    const uint32_t s = scales[g];
+    uint32_t o[4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      uint32_t v = 0;
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int k = 4 * j + i;
+        const uint32_t code = (b[k >> 1] >> (4 * (k & 1))) & 0xfu;
+        v |= uint32_t(nvfp4_paired::pair_byte(code, s, k)) << (8 * i);
+      }
+      o[j] = v;
+    }
+    reinterpret_cast<uint4*>(out)[g] = make_uint4(o[0], o[1], o[2], o[3]);
+  }
+}
+
+}  // namespace
+
+size_t nvfp4_paired_bytes(const MatrixView& m) { return size_t(m.experts) * size_t(m.rows) * size_t(m.cols); }
+
+void write_nvfp4_paired(const MatrixView& m, uint8_t* out, cudaStream_t stream) {
+  if (m.format != WeightFormat::nvfp4 || m.device != DeviceKind::cuda || !m.data || !m.scales)
+    throw UsageError("write_nvfp4_paired: needs nvfp4 weights with data and scales on the CUDA device");
+  if (m.cols % 16 != 0)
+    throw UsageError("write_nvfp4_paired: cols=" + std::to_string(m.cols) + " must be a multiple of 16");
+  if (reinterpret_cast<uintptr_t>(out) % 16 != 0) throw UsageError("write_nvfp4_paired: out must be 16-byte aligned");
+  const int64_t blocks = int64_t(m.experts) * m.rows * (m.cols / 16);
+  if (blocks == 0) return;
+  const uint8_t* data = static_cast<const uint8_t*>(m.data);
+  const int threads = 256;
+  const int grid = static_cast<int>(std::min<int64_t>((blocks + threads - 1) / threads, 65535));
+  paired_kernel<<<grid, threads, 0, stream>>>(data, static_cast<const uint8_t*>(m.scales), blocks,
+                                              reinterpret_cast<uintptr_t>(data) % 8 == 0, out);
+  EPMOE_CUDA_CHECK_LAUNCH();
+}
+
+size_t nvfp4w_workspace_bytes(int experts, int sms, int tile_n) {
+  fp8w_check_tile(tile_n);
+  if (tile_n == 64) return detail::nvfp4w_n64_workspace_bytes(experts, sms);
+  if (tile_n == 128) return detail::nvfp4w_n128_workspace_bytes(experts, sms);
+  return detail::workspace_bytes<nvfp4w::Gemm<256>::Type, false, false, true>(experts, sms);
+}
+
+void grouped_gemm_nvfp4w(const Grouped& g, cudaStream_t stream) {
+  fp8w_check_tile(g.swap_tile_n);
+  const char* what = "nvfp4-weight grouped GEMM";
+  if (g.K % 16 != 0)
+    throw UsageError(std::string("cutlass ") + what + ": K=" + std::to_string(g.K) +
+                     " must be a multiple of 16 (16-byte TMA rows of paired weights)");
+  if (g.N % 8 != 0)
+    throw UsageError(std::string("cutlass ") + what + ": N=" + std::to_string(g.N) +
+                     " must be a multiple of 8 (16-byte TMA rows of the bf16 output)");
+  if (!g.alpha)
+    throw UsageError(std::string("cutlass ") + what + ": alpha (2^8 / global scale per expert) must be non-null");
+  if (g.sfa || g.sfw || g.halves || g.glu || g.src)
+    throw UsageError(std::string("cutlass ") + what + ": takes no scales, halves, glu or source");
+  if (g.swap_tile_n == 64) return detail::grouped_gemm_nvfp4w_n64(g, stream);
+  if (g.swap_tile_n == 128) return detail::grouped_gemm_nvfp4w_n128(g, stream);
+  detail::run<nvfp4w::Gemm<256>::Type, false, false, true>(g, "nvfp4-weight (256-wide token tiles)", stream);
+}
+
+#else  // built without the CUTLASS headers
+
+size_t nvfp4_paired_bytes(const MatrixView&) { return 0; }
+void write_nvfp4_paired(const MatrixView&, uint8_t*, cudaStream_t) {
+  throw UsageError("runner cuda: engine cutlass is not available (built without CUTLASS headers)");
+}
+size_t nvfp4w_workspace_bytes(int, int, int) { return 0; }
+void grouped_gemm_nvfp4w(const Grouped&, cudaStream_t) {
+  throw UsageError("runner cuda: engine cutlass is not available (built without CUTLASS headers; run scripts/setup.sh "
+                   "and re-run cmake), use EPMOE_RUNNER_ENGINE=mma or auto");
+}
+
+#endif
+
+}  // namespace epmoe::cuda::cutlass_engine
