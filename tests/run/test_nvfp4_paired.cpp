@@ -1,7 +1,7 @@
-// The paired nvfp4 copy (src/run/cuda/nvfp4_paired.h) on the host: every (code, block scale,
-// column parity) byte decodes back to its code and scale, the codes land in bf16 as their values
-// times 2^-126 without leaking into each other, and code * scale formed as the device forms it
-// (bf16 times bf16, the scale carrying 2^kScaleExp) is the exact product times 2^-8.
+// The paired nvfp4 copy (src/run/cuda/nvfp4_paired.h) on the host: for every pair of codes under
+// every block scale, the decode (the integer steps the device runs, and the bf16 x bf16 product
+// it forms, done here in float, where it is exact) gives e2m1 * e4m3 * 2^-8 exactly, with the
+// sign a zero product has; pairs do not leak into each other; NaN scales are flagged.
 #include "run/cuda/nvfp4_paired.h"
 
 #include <gtest/gtest.h>
@@ -11,56 +11,64 @@
 #include <random>
 
 #include "epmoe/numeric.h"
-#include "run/cuda/nvfp4_layout.h"
 
 namespace epmoe::test {
 namespace {
 
 namespace np = cuda::nvfp4_paired;
 
-// Columns k .. k + 3 (k even) of one row: codes c[i], scale s01 for the first pair, s23 for the second.
-uint32_t word(const uint32_t (&c)[4], uint32_t s01, uint32_t s23) {
-  uint32_t w = 0;
-  for (int i = 0; i < 4; ++i) w |= uint32_t(np::pair_byte(c[i], i < 2 ? s01 : s23, i)) << (8 * i);
-  return w;
-}
+float half_f32(uint32_t x, int hi) { return num::bf16_to_f32(static_cast<uint16_t>(hi ? x >> 16 : x & 0xffffu)); }
 
-TEST(Nvfp4Paired, EveryCodeAndScaleRoundTrips) {
+TEST(Nvfp4Paired, EveryCodePairAndScaleDecodesExactly) {
   std::mt19937 rng(3);
-  for (uint32_t s = 0; s < 256; ++s)
-    for (uint32_t code = 0; code < 16; ++code)
-      for (int pos = 0; pos < 4; ++pos) {
-        uint32_t c[4];
-        for (uint32_t& v : c) v = rng() & 0xfu;
-        c[pos] = code;
-        const uint32_t other = rng() & 0xffu;
-        const uint32_t w = pos < 2 ? word(c, s, other) : word(c, other, s);
-        const uint32_t sc = np::word_scales(w);
-        EXPECT_EQ(pos < 2 ? sc & 0xffu : sc >> 8, s) << "scale " << s << " pos " << pos;
-        const uint32_t d = np::pair_codes_bf16(np::spread_pair(w, pos / 2));
-        const uint32_t half = pos % 2 ? d >> 16 : d & 0xffffu;
-        const float got = num::bf16_to_f32(static_cast<uint16_t>(half));
-        const float want = std::ldexp(num::e2m1_to_f32(static_cast<uint8_t>(code)), -126);
-        EXPECT_EQ(got, want) << "code " << code << " pos " << pos;
-        EXPECT_EQ(std::signbit(got), (code & 8u) != 0) << "code " << code << " pos " << pos;
-      }
+  int checked = 0;
+  for (uint32_t s = 0; s < 256; ++s) {
+    const bool nan = np::pair_scale(s).nan;
+    EXPECT_EQ(nan, std::isnan(num::e4m3_to_f32(static_cast<uint8_t>(s)))) << "scale " << s;
+    if (nan) continue;
+    const float scale = num::e4m3_to_f32(static_cast<uint8_t>(s));
+    for (uint32_t c0 = 0; c0 < 16; ++c0)
+      for (uint32_t c1 = 0; c1 < 16; ++c1)
+        for (int slot = 0; slot < 2; ++slot) {
+          // The pair in `slot` of the register, a random valid pair in the other.
+          const uint32_t other = np::pair_bits(rng() & 0xfu, rng() & 0xfu, rng() & 0x7eu);
+          const uint32_t me = np::pair_bits(c0, c1, s);
+          ASSERT_LT(me, 0x10000u);
+          const uint32_t w = slot == 0 ? me | (other << 16) : other | (me << 16);
+          const uint32_t codes = np::pair_codes(w, slot), sc = np::pair_scale_bf16x2(w, slot);
+          ASSERT_EQ(sc & 0xffffu, sc >> 16) << "the scale is not in both halves";
+          const float sf = half_f32(sc, 0);
+          ASSERT_EQ(num::f32_bits(sf) & 0xffffu, 0u);
+          const uint32_t c[2] = {c0, c1};
+          for (int h = 0; h < 2; ++h) {
+            const float code = num::e2m1_to_f32(static_cast<uint8_t>(c[h]));
+            const float got = half_f32(codes, h) * sf;  // exact: at most 6 significant bits
+            const float want = code * scale / 256.0f;
+            EXPECT_EQ(num::f32_bits(got) & 0xffffu, 0u) << "not a bf16";
+            EXPECT_EQ(got, want) << "code " << c[h] << " scale " << s << " half " << h << " slot " << slot;
+            EXPECT_EQ(std::signbit(got), std::signbit(want))
+                << "sign of a zero: code " << c[h] << " scale " << s << " half " << h;
+            ++checked;
+          }
+        }
+  }
+  EXPECT_EQ(checked, 254 * 16 * 16 * 2 * 2);
 }
 
-// The device multiplies the two bf16 values in bf16: the product must be exact there.
-TEST(Nvfp4Paired, ProductWithScaleIsExactTimesTwoToMinus8) {
-  for (uint32_t s = 0; s < 256; ++s) {
-    const float scale = num::e4m3_to_f32(static_cast<uint8_t>(s));
-    if (!std::isfinite(scale)) continue;  // 0x7f / 0xff: NaN, never a block scale
-    const float scaled = std::ldexp(scale, cuda::nvfp4_layout::kScaleExp);
-    ASSERT_EQ(num::f32_bits(scaled) & 0xffffu, 0u) << "scale " << s << " times 2^118 is not a bf16";
-    for (uint32_t code = 0; code < 16; ++code) {
-      const uint32_t c[4] = {code, code, code, code};
-      const uint32_t d = np::pair_codes_bf16(np::spread_pair(word(c, s, s), 0));
-      const float prod = num::bf16_to_f32(static_cast<uint16_t>(d & 0xffffu)) * scaled;
-      const float want = num::e2m1_to_f32(static_cast<uint8_t>(code)) * scale / 256.0f;
-      EXPECT_EQ(prod, want) << "code " << code << " scale " << s;
-      EXPECT_EQ(num::f32_bits(prod) & 0xffffu, 0u) << "code " << code << " scale " << s << ": not exact in bf16";
-    }
+// The decoded codes carry value * 2^-126 (the 2^kScaleExp in the scale brings the product to
+// 2^-8), the scale value * 2^kScaleExp, e4m3's subnormals included.
+TEST(Nvfp4Paired, CodesAndScalesCarryTheirOffsets) {
+  for (uint32_t c = 0; c < 16; ++c) {
+    const uint32_t codes = np::pair_codes(np::pair_bits(c, c, 0x38), 0);  // scale 1.0
+    const float want = std::ldexp(num::e2m1_to_f32(static_cast<uint8_t>(c)), -126);
+    EXPECT_EQ(half_f32(codes, 0), want) << c;
+    EXPECT_EQ(half_f32(codes, 1), want) << c;
+  }
+  for (uint32_t s = 0; s < 0x7f; ++s) {
+    if (s == 0) continue;  // zero: the codes carry it
+    const uint32_t sc = np::pair_scale_bf16x2(np::pair_bits(2, 2, s), 0);
+    EXPECT_EQ(half_f32(sc, 0), std::ldexp(num::e4m3_to_f32(static_cast<uint8_t>(s)), cuda::nvfp4_layout::kScaleExp))
+        << "scale " << s;
   }
 }
 

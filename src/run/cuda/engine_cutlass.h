@@ -231,10 +231,11 @@ void grouped_gemm_fp8w_n128(const Grouped& g, cudaStream_t stream);
 // g.sfw, halves, glu and src must be unset. Needs K % 16 == 0 and N % 8 == 0 (UsageError otherwise).
 size_t nvfp4w_workspace_bytes(int experts, int sms, int tile_n);
 void grouped_gemm_nvfp4w(const Grouped& g, cudaStream_t stream);
-// The paired copy (nvfp4_paired.h) of nvfp4 matrix m: [experts][rows][cols] bytes, each the code
-// of one weight and a nibble of its block scale. out 16-byte aligned; cols % 16 == 0.
+// The paired copy (nvfp4_paired.h) of nvfp4 matrix m: [experts][rows][cols] bytes, two per pair of
+// weights (both codes and their block scale). out 16-byte aligned; cols % 16 == 0. A NaN block
+// scale, which the copy cannot hold, sets the device int *nan_seen to 1 (the copy is then unusable).
 size_t nvfp4_paired_bytes(const MatrixView& m);
-void write_nvfp4_paired(const MatrixView& m, uint8_t* out, cudaStream_t stream);
+void write_nvfp4_paired(const MatrixView& m, uint8_t* out, int* nan_seen, cudaStream_t stream);
 namespace detail {  // engine_cutlass_nvfp4w_n{64,128}.cu
 size_t nvfp4w_n64_workspace_bytes(int experts, int sms);
 void grouped_gemm_nvfp4w_n64(const Grouped& g, cudaStream_t stream);

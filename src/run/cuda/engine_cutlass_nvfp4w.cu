@@ -16,9 +16,9 @@ namespace epmoe::cuda::cutlass_engine {
 namespace {
 
 // One thread per 16-element block: its 8 bytes of codes (element 2q in the low nibble of byte q)
-// and its scale become 16 paired bytes, one 16-byte store.
+// and its scale become 8 pairs, one 16-byte store. A NaN scale sets *nan_seen.
 __global__ void paired_kernel(const uint8_t* __restrict__ data, const uint8_t* __restrict__ scales, int64_t blocks,
-                              bool aligned, uint8_t* __restrict__ out) {
+                              bool aligned, uint8_t* __restrict__ out, int* __restrict__ nan_seen) {
   for (int64_t g = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; g < blocks; g += int64_t(gridDim.x) * blockDim.x) {
     uint8_t b[8];
     if (aligned) {
@@ -28,18 +28,12 @@ __global__ void paired_kernel(const uint8_t* __restrict__ data, const uint8_t* _
       for (int q = 0; q < 8; ++q) b[q] = data[g * 8 + q];
     }
     const uint32_t s = scales[g];
+    if (nvfp4_paired::pair_scale(s).nan) atomicOr(nan_seen, 1);
     uint32_t o[4];
 #pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      uint32_t v = 0;
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const int k = 4 * j + i;
-        const uint32_t code = (b[k >> 1] >> (4 * (k & 1))) & 0xfu;
-        v |= uint32_t(nvfp4_paired::pair_byte(code, s, k)) << (8 * i);
-      }
-      o[j] = v;
-    }
+    for (int j = 0; j < 4; ++j)  // byte q holds the pair (2q, 2q + 1)
+      o[j] = nvfp4_paired::pair_bits(b[2 * j] & 0xfu, b[2 * j] >> 4, s) |
+             (nvfp4_paired::pair_bits(b[2 * j + 1] & 0xfu, b[2 * j + 1] >> 4, s) << 16);
     reinterpret_cast<uint4*>(out)[g] = make_uint4(o[0], o[1], o[2], o[3]);
   }
 }
@@ -48,19 +42,20 @@ __global__ void paired_kernel(const uint8_t* __restrict__ data, const uint8_t* _
 
 size_t nvfp4_paired_bytes(const MatrixView& m) { return size_t(m.experts) * size_t(m.rows) * size_t(m.cols); }
 
-void write_nvfp4_paired(const MatrixView& m, uint8_t* out, cudaStream_t stream) {
+void write_nvfp4_paired(const MatrixView& m, uint8_t* out, int* nan_seen, cudaStream_t stream) {
   if (m.format != WeightFormat::nvfp4 || m.device != DeviceKind::cuda || !m.data || !m.scales)
     throw UsageError("write_nvfp4_paired: needs nvfp4 weights with data and scales on the CUDA device");
   if (m.cols % 16 != 0)
     throw UsageError("write_nvfp4_paired: cols=" + std::to_string(m.cols) + " must be a multiple of 16");
   if (reinterpret_cast<uintptr_t>(out) % 16 != 0) throw UsageError("write_nvfp4_paired: out must be 16-byte aligned");
+  if (!nan_seen) throw UsageError("write_nvfp4_paired: nan_seen must point at a device int");
   const int64_t blocks = int64_t(m.experts) * m.rows * (m.cols / 16);
   if (blocks == 0) return;
   const uint8_t* data = static_cast<const uint8_t*>(m.data);
   const int threads = 256;
   const int grid = static_cast<int>(std::min<int64_t>((blocks + threads - 1) / threads, 65535));
   paired_kernel<<<grid, threads, 0, stream>>>(data, static_cast<const uint8_t*>(m.scales), blocks,
-                                              reinterpret_cast<uintptr_t>(data) % 8 == 0, out);
+                                              reinterpret_cast<uintptr_t>(data) % 8 == 0, out, nan_seen);
   EPMOE_CUDA_CHECK_LAUNCH();
 }
 
@@ -92,7 +87,7 @@ void grouped_gemm_nvfp4w(const Grouped& g, cudaStream_t stream) {
 #else  // built without the CUTLASS headers
 
 size_t nvfp4_paired_bytes(const MatrixView&) { return 0; }
-void write_nvfp4_paired(const MatrixView&, uint8_t*, cudaStream_t) {
+void write_nvfp4_paired(const MatrixView&, uint8_t*, int*, cudaStream_t) {
   throw UsageError("runner cuda: engine cutlass is not available (built without CUTLASS headers)");
 }
 size_t nvfp4w_workspace_bytes(int, int, int) { return 0; }

@@ -1,11 +1,11 @@
 // CUTLASS engine, nvfp4 weights times bf16 rows without a widened copy (see engine_cutlass.h):
 // CUTLASS's Hopper mixed-input grouped GEMM (as engine_cutlass_fp8w.cuh, swapped: the weights are
 // the register operand, the rows the shared-memory one, D = out^T column-major = out [rows][N]) on
-// the paired copy of the weights (nvfp4_paired.h: one byte per weight, its e2m1 code and half of
-// its block scale). The consumer warpgroups decode each register of four bytes into two bf16x2 of
-// code * scale * 2^-8 with integer operations, one e4m3x2 conversion and two bf16x2 multiplies,
-// in the DirectConvert path of the mainloop (its own scale operand is one per K tile, nvfp4 needs
-// one per 16 of K). The epilogue's per-group alpha is 2^8 / gs (nvfp4_alpha).
+// the paired copy of the weights (nvfp4_paired.h: two bytes per pair of weights, both codes and
+// their block scale). The consumer warpgroups decode each register of two pairs into two bf16x2 of
+// code * scale * 2^-8 with ~16 integer operations and two bf16x2 multiplies, in the DirectConvert
+// path of the mainloop (its own scale operand is one per K tile, nvfp4 needs one per 16 of K). The
+// epilogue's per-group alpha is 2^8 / gs (widen::inverse_scales with factor 256).
 //
 // Bits: the decoded weights are bf16(e2m1 * e4m3) times 2^-8, exactly (at most 6 significant
 // bits), i.e. widen::to_bf16's values scaled by a power of two; the k16 steps run in the same order
@@ -18,8 +18,7 @@
 #endif
 #include "run/cuda/engine_cutlass.h"
 #include "run/cuda/engine_cutlass_swap.cuh"  // the swapped epilogue and GEMM type, shared
-#include "run/cuda/engine_mma.cuh"           // e4m3x2_to_bf16x2, bf16x2_mul
-#include "run/cuda/nvfp4_layout.h"           // kScaleExp
+#include "run/cuda/engine_mma.cuh"  // bf16x2_mul
 #include "run/cuda/nvfp4_paired.h"
 
 #if defined(EPMOE_WITH_CUTLASS)
@@ -33,8 +32,8 @@ struct alignas(1) paired_t {
 
 namespace cutlass {
 // The mixed-input mainloop converts its A fragment a 32-bit register at a time (N = 4 here): bytes
-// (0, 1) and (2, 3) are the pairs (k, k + 1) of one weight row, k even (wgmma's A fragment holds
-// consecutive-k pairs in each bf16x2 register).
+// (0, 1) and (2, 3) are pairs (k, k + 1) of a weight row, k even (wgmma's A fragment holds
+// consecutive-k pairs in each bf16x2 register), each decoded on its own.
 template <int N, FloatRoundStyle Round>
 struct NumericArrayConverter<bfloat16_t, epmoe::cuda::cutlass_engine::nvfp4w::paired_t, N, Round> {
   static_assert(N % 4 == 0, "the paired decode works on whole 32-bit registers of four weights");
@@ -50,11 +49,8 @@ struct NumericArrayConverter<bfloat16_t, epmoe::cuda::cutlass_engine::nvfp4w::pa
     CUTLASS_PRAGMA_UNROLL
     for (int i = 0; i < N / 4; ++i) {
       const uint32_t w = src[i];
-      const uint32_t s2 = epmoe::cuda::gemm::e4m3x2_to_bf16x2<epmoe::cuda::nvfp4_layout::kScaleExp>(
-          static_cast<uint16_t>(np::word_scales(w)));
-      const uint32_t lo = __byte_perm(w, 0u, 0x4140u), hi = __byte_perm(w, 0u, 0x4342u);  // spread_pair 0, 1
-      dst[2 * i] = epmoe::cuda::gemm::bf16x2_mul(np::pair_codes_bf16(lo), __byte_perm(s2, s2, 0x1010u));
-      dst[2 * i + 1] = epmoe::cuda::gemm::bf16x2_mul(np::pair_codes_bf16(hi), __byte_perm(s2, s2, 0x3232u));
+      dst[2 * i] = epmoe::cuda::gemm::bf16x2_mul(np::pair_codes(w, 0), np::pair_scale_bf16x2(w, 0));
+      dst[2 * i + 1] = epmoe::cuda::gemm::bf16x2_mul(np::pair_codes(w, 1), np::pair_scale_bf16x2(w, 1));
     }
     return r;
   }

@@ -220,7 +220,7 @@ CutlassPlan cutlass_plan(const DispatchOutput& in, const ExpertWeights& w, Inter
   // and of row scales and bf16 output (N % 8, which tma_rows implies for N = 2I and N = H).
   const bool mixed = fp8w && fp8_mixed && tma_rows && w.w13.scales && w.w2.scales;
   // nvfp4 weights from their paired copies: the same TMA rule (one byte per weight).
-  const bool paired = wf == WeightFormat::nvfp4 && nvfp4_paired && tma_rows && expected_rows <= kNvfp4MixedMaxRows;
+  const bool paired = wf == WeightFormat::nvfp4 && nvfp4_paired && tma_rows;
   const CutlassPath other = mixed ? CutlassPath::fp8w : paired ? CutlassPath::nvfp4w : CutlassPath::widened;
   CutlassPlan p;
   p.gemm1 = wf == WeightFormat::bf16 ? CutlassPath::bf16 : fp8_1 ? CutlassPath::fp8 : other;

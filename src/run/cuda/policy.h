@@ -258,22 +258,16 @@ constexpr double kNvfp4WideMaxRowsSmall = 512.0;
 constexpr int64_t kNvfp4WideSmallExpert = int64_t(16) << 20;
 // With the paired copies (CudaRunner::prepare, tuning.nvfp4_mixed) CUTLASS runs nvfp4 on the
 // mixed-input GEMM (CutlassPath::nvfp4w) without widening, which takes over from the wide engine
-// sooner. Measured on an H200 (bench/results/2026-12-04-session38-h200.md, call 2,
-// --nvfp4-wide-max-rows 1 against 65536), nvfp4w against wide in ms: DeepSeek-V3 at 64 / 96 /
-// 128 / 256 / 1024 rows per expert 3.50 / 4.00 / 4.07 / 5.16 / 20.08 against 2.35 / 2.50 / 2.90 /
-// 5.70 / 24.15; Qwen3-30B at 128 / 256 / 512 0.315 / 0.422 / 0.789 against 0.278 / 0.525 / 1.000;
-// Qwen3-235B and gpt-oss-120b at 128 / 256 rows 0.967 / 1.257 and 1.261 / 1.617 against 0.725 /
-// 1.407 and 0.935 / 1.773; Mixtral at 128 / 256 0.526 / 0.637 against 0.498 / 0.684. So the wide
-// engine keeps up to 192 rows for every shape.
-constexpr double kNvfp4WideMaxRowsPaired = 192.0;
+// sooner. Measured on an H200 (bench/results/2026-12-04-session38-h200.md, call 3,
+// --nvfp4-wide-max-rows 1 against 65536), nvfp4w against wide in ms at 64 / 128 / 192-256 rows per
+// expert: DeepSeek-V3 2.482 / 3.106 / 4.075 (192) against 2.349 / 2.914 / 5.135; Qwen3-235B and
+// gpt-oss-120b at 128 / 256 0.771 / 1.046 and 0.989 / 1.337 against 0.718 / 1.409 and 0.929 /
+// 1.770; Qwen3-30B and Mixtral-8x7B at 128 0.263 and 0.420 against 0.278 and 0.486. So the wide
+// engine keeps up to 128 rows for every shape (5% and 14% lost at Qwen3-30B's and Mixtral's 128).
+constexpr double kNvfp4WideMaxRowsPaired = 128.0;
 // tuned > 0 (tuning.nvfp4_wide_max_rows) replaces the measured bound, for re-measuring it;
 // `paired`: the weights have their paired copies (kNvfp4WideMaxRowsPaired).
 double nvfp4_wide_max_rows(int hidden, int intermediate, int tuned = 0, bool paired = false);
-// Up to this many expected rows per expert the CUTLASS path runs paired nvfp4 weights on nvfp4w;
-// above, widening them once per call repays itself through the bf16 GEMM's faster main loop
-// (Mixtral-8x7B at 2048 rows per expert, session 38 call 2: widened 4.240 ms against nvfp4w 4.682;
-// at 512 rows 1.649 against 1.225; DeepSeek-V3 at 1024 rows widened 21.24 against 20.08).
-constexpr double kNvfp4MixedMaxRows = 1024.0;
 bool use_nvfp4_wide(RunnerEngine engine, const DecodeEngines& d32, bool prepared, double expected_rows,
                     int decode_max_rows, double max_rows);
 

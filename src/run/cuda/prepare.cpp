@@ -56,9 +56,17 @@ size_t prepare_nvfp4_paired(const ExpertWeights& w, DeviceBuffer& w13, DeviceBuf
   const size_t n13 = cutlass_engine::nvfp4_paired_bytes(w.w13), n2 = cutlass_engine::nvfp4_paired_bytes(w.w2);
   w13.reserve(n13);
   w2.reserve(n2);
-  cutlass_engine::write_nvfp4_paired(w.w13, w13.get<uint8_t>(), stream);
-  cutlass_engine::write_nvfp4_paired(w.w2, w2.get<uint8_t>(), stream);
-  return n13 + n2;
+  DeviceBuffer flag(sizeof(int));
+  EPMOE_CUDA_CHECK(cudaMemsetAsync(flag.get(), 0, sizeof(int), stream));
+  cutlass_engine::write_nvfp4_paired(w.w13, w13.get<uint8_t>(), flag.get<int>(), stream);
+  cutlass_engine::write_nvfp4_paired(w.w2, w2.get<uint8_t>(), flag.get<int>(), stream);
+  int nan_seen = 0;
+  EPMOE_CUDA_CHECK(cudaMemcpyAsync(&nan_seen, flag.get(), sizeof(int), cudaMemcpyDeviceToHost, stream));
+  EPMOE_CUDA_CHECK(cudaStreamSynchronize(stream));
+  if (!nan_seen) return n13 + n2;
+  w13.release();
+  w2.release();
+  return 0;
 }
 
 }  // namespace epmoe::cuda

@@ -39,7 +39,8 @@ size_t prepare_fp8_row_scales(ExpertWeights& w, DeviceBuffer& rows13, DeviceBuff
 // (cutlass_engine::write_nvfp4_paired, one byte per weight: code + a nibble of its block scale)
 // into `w13` / `w2` (grown as needed) for the mixed-input GEMM of nvfp4 weights (CutlassPath::nvfp4w).
 // Nothing in w points at them: the runner keeps which data they came from. Returns their bytes, 0
-// for other formats or shapes. Must be redone if the weights change. Enqueued on `stream` on the
+// for other formats or shapes and where a block scale is NaN (which the copy cannot hold: such
+// weights keep the widened path); synchronizes `stream` to learn that. Must be redone if the weights change. Enqueued on `stream` on the
 // current device; needs a build with CUTLASS.
 size_t prepare_nvfp4_paired(const ExpertWeights& w, DeviceBuffer& w13, DeviceBuffer& w2, cudaStream_t stream);
 // Bytes of those scales for E experts of hidden size H and intermediate size I (I % 64 == 0): one
