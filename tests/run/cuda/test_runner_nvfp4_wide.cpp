@@ -77,6 +77,9 @@ void compare_engines(const char* name, const MoeConfig& cfg, const TestWeights& 
   for (int wide = 0; wide < kRuns; ++wide) {
     MoeConfig c = cfg;
     c.tuning.decode_max_rows = wide ? wide_limit : 65536;
+    // Without the paired copies, so that the wide engine keeps its own bound (kNvfp4WideMaxRows);
+    // with them CUTLASS takes over above 128 rows (test_runner_mixed.cu covers that path).
+    c.tuning.nvfp4_mixed = false;
     c.tuning.nvfp4_wide_rows = heights[wide];
     cuda::CudaRunner runner(c, 0);
     ExpertWeights w = wt.on_device;
