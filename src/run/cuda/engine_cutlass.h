@@ -134,6 +134,14 @@ struct Grouped {
   const Grouped* pair = nullptr;
   // The tables in `workspace` were written by an earlier call's fill (as its `pair`): no fill.
   bool tables_filled = false;
+  // Which of an expert's rows this launch takes (the mixed-input GEMMs under uneven loads): all,
+  // or split where an expert has more than kPartRows rows and the remainder past a multiple of
+  // kPartRows is at most kPartTail -- the head takes the rows up to that multiple, the tail launch
+  // (its pointers advanced past the head's rows) the remainder, so that an expert of 257-384 rows
+  // is one 256-wide tile and one narrower one instead of two 256-wide tiles.
+  enum class Part { all, head, tail };
+  static constexpr int kPartRows = 256, kPartTail = 128;
+  Part part = Part::all;
 };
 
 size_t bf16_workspace_bytes(int experts, int sms);
@@ -394,12 +402,13 @@ struct FillArgs {
   const bf16_raw* src;
   bf16_raw* out;
   bool halves, glu;
+  Grouped::Part part;
 };
 inline FillArgs fill_args(const Grouped& g) {
   const int64_t w_stride =
       g.w_expert_stride ? g.w_expert_stride : int64_t(g.N) * g.K * (g.halves || g.glu ? 2 : 1);
   return FillArgs{g.experts, g.N,  g.K,   g.rows, g.offsets, g.ranges, g.A,      g.sfa,
-                  g.W,       w_stride, g.sfw, g.src,  g.out,     g.halves, g.glu};
+                  g.W,       w_stride, g.sfw, g.src,  g.out,     g.halves, g.glu, g.part};
 }
 template <class T>
 __device__ void fill_one(const T& t, const FillArgs& a) {
@@ -419,7 +428,18 @@ __device__ void fill_one(const T& t, const FillArgs& a) {
   const bool in = grp < (halves ? 2 * E : E);
   const int e = halves ? grp >> 1 : grp, h = halves ? grp & 1 : 0;
   const int rows_e = in ? rows[e] : 0;
-  const int m = ranges.contains(rows_e) ? rows_e : 0;
+  int m = ranges.contains(rows_e) ? rows_e : 0;
+  int skip = 0;  // rows of the expert before this launch's (Grouped::Part)
+  if (a.part != Grouped::Part::all) {
+    const int rem = m % Grouped::kPartRows;
+    const bool split = m > Grouped::kPartRows && rem > 0 && rem <= Grouped::kPartTail;
+    if (a.part == Grouped::Part::head) {
+      m -= split ? rem : 0;
+    } else {
+      skip = m - rem;
+      m = split ? rem : 0;
+    }
+  }
   // One block sees every group (kFillOneBlock): whether any has rows. Several blocks cannot
   // tell without a second pass, so they keep the launch (1).
   if (gridDim.x == 1) {
@@ -430,7 +450,7 @@ __device__ void fill_one(const T& t, const FillArgs& a) {
   }
   if (!in) return;
   const int64_t out_ld = halves ? 2 * int64_t(N) : N;  // glu: [rows][N] out of a 2N-wide problem
-  const int64_t off = offsets[e];
+  const int64_t off = offsets[e] + skip;
   const auto* rows_ptr = static_cast<const typename T::ERows*>(A) + off * K;
   const auto* w_ptr = static_cast<const typename T::EW*>(W) + int64_t(e) * w_stride + int64_t(h) * N * K;
   t.d[grp] = reinterpret_cast<typename T::ED*>(out) + off * out_ld + int64_t(h) * N;

@@ -133,32 +133,46 @@ size_t bucket_workspace(const std::vector<policy::RowBucket>& buckets, bool fp8,
   return (n + 255) / 256 * 256;
 }
 
+// The mixed-input GEMMs (fp8w, nvfp4w) are swapped launches over all experts with `tile_n`-wide
+// token tiles. With 256-wide tiles they run as a head and a tail launch (Grouped::Part): an
+// expert's rows past a multiple of 256, up to 128 of them, go to a 128-wide tile of the tail
+// instead of a second 256-wide tile (under the router, an expert of 257-300 rows at a 256-row
+// mean). The tail has its own workspace region `tail_ws` (tables and CUTLASS's workspace); an
+// empty tail launch returns before CUTLASS's prologue.
+template <class Gemm>
+void run_mixed(cutlass_engine::Grouped g, int tile_n, void* tail_ws, Gemm gemm) {
+  g.swap_ab = true;
+  g.swap_tile_n = tile_n;
+  g.ranges = cutlass_engine::RowRanges{};
+  if (tile_n != cutlass_engine::Grouped::kPartRows || !tail_ws) return gemm(g);
+  g.part = cutlass_engine::Grouped::Part::head;
+  gemm(g);
+  g.part = cutlass_engine::Grouped::Part::tail;
+  g.swap_tile_n = cutlass_engine::Grouped::kPartTail;
+  g.workspace = tail_ws;
+  gemm(g);
+}
+
 // GEMM `g` (bf16 A) with fp8 weights `m` on the mixed-input GEMM (CutlassPath::fp8w): m's tile
 // scales per row, `prepared` (prepare_fp8_row_scales) or written into `row_sf` here
-// (expand_fp8_scales; half_rows = I for W13, whose scale grid restarts at I, N for W2), then one
-// swapped launch over all experts with `tile_n`-wide token tiles.
+// (expand_fp8_scales; half_rows = I for W13, whose scale grid restarts at I, N for W2).
 void run_fp8w(cutlass_engine::Grouped g, const MatrixView& m, int half_rows, const float* prepared, float* row_sf,
-              int tile_n, cudaStream_t st) {
+              int tile_n, void* tail_ws, cudaStream_t st) {
   if (!prepared)
     cutlass_engine::expand_fp8_scales(static_cast<const float*>(m.scales), g.experts, g.N, g.K, half_rows, row_sf, st);
   g.sfw = prepared ? prepared : row_sf;
   g.sfa = nullptr;
-  g.swap_ab = true;
-  g.swap_tile_n = tile_n;
-  g.ranges = cutlass_engine::RowRanges{};
-  cutlass_engine::grouped_gemm_fp8w(g, st);
+  run_mixed(g, tile_n, tail_ws, [st](const cutlass_engine::Grouped& x) { cutlass_engine::grouped_gemm_fp8w(x, st); });
 }
 
 // GEMM `g` (bf16 A) with nvfp4 weights on the mixed-input GEMM (CutlassPath::nvfp4w): their paired
 // copy `paired` (prepare) and alpha = 2^8 / gs per expert.
-void run_nvfp4w(cutlass_engine::Grouped g, const void* paired, const float* alpha, int tile_n, cudaStream_t st) {
+void run_nvfp4w(cutlass_engine::Grouped g, const void* paired, const float* alpha, int tile_n, void* tail_ws,
+                cudaStream_t st) {
   g.W = paired;
   g.alpha = alpha;
   g.sfw = g.sfa = nullptr;
-  g.swap_ab = true;
-  g.swap_tile_n = tile_n;
-  g.ranges = cutlass_engine::RowRanges{};
-  cutlass_engine::grouped_gemm_nvfp4w(g, st);
+  run_mixed(g, tile_n, tail_ws, [st](const cutlass_engine::Grouped& x) { cutlass_engine::grouped_gemm_nvfp4w(x, st); });
 }
 
 }  // namespace
@@ -275,6 +289,13 @@ void CudaRunner::run_cutlass(const DispatchOutput& in, const ExpertWeights& w, b
                                             : 0,
                                     any_bf16 ? bucket_workspace(plan.buckets, false, E, sms_, glu_split) : 0);
   StreamFork* const fork = concurrent_buckets_ && plan.buckets.size() > 1 ? &fork_ : nullptr;
+  // Either mixed-input GEMM at its token tile and at the tail's (run_mixed), 256-byte aligned.
+  auto mixed_bytes = [&](int tile) {
+    return std::max(mixed1 || mixed2 ? cutlass_engine::fp8w_workspace_bytes(E, sms_, tile) : 0,
+                    nv1 || nv2 ? cutlass_engine::nvfp4w_workspace_bytes(E, sms_, tile) : 0);
+  };
+  const size_t mixed_ws =
+      (std::max(mixed_bytes(plan.fp8w_tile_n), mixed_bytes(cutlass_engine::Grouped::kPartTail)) + 255) / 256 * 256;
   // One region per launch of each GEMM (run_buckets: GEMM1's fills also write GEMM2's tables).
   cws_.reserve(std::max({ws_stride * 2 * plan.buckets.size(),
                          any_widened ? bucket_workspace({policy::RowBucket{0, policy::RowBucket{}.hi, sw}}, false, E,
@@ -283,8 +304,9 @@ void CudaRunner::run_cutlass(const DispatchOutput& in, const ExpertWeights& w, b
                          fuse ? std::max(cutlass_engine::swiglu_workspace_bytes(E, sms_),
                                          cutlass_engine::glu_workspace_bytes(E, sms_))
                               : 0,
-                         mixed1 || mixed2 ? cutlass_engine::fp8w_workspace_bytes(E, sms_, plan.fp8w_tile_n) : 0,
-                         nv1 || nv2 ? cutlass_engine::nvfp4w_workspace_bytes(E, sms_, plan.fp8w_tile_n) : 0}));
+                         2 * mixed_ws}));
+  // The mixed-input GEMMs' tail launches (run_mixed) use the second half of their reservation.
+  void* const tail_ws = mixed_ws ? static_cast<uint8_t*>(cws_.get()) + mixed_ws : nullptr;
   // fp8w GEMMs: the tile scales on each weight row, as prepare() wrote them for these weights, or
   // per call into row_sf_, which both GEMMs share: W2's expansion is a plain launch after the
   // SwiGLU pass, which waits for GEMM1 to complete (PDL), so GEMM1 has read W13's by then.
@@ -391,9 +413,9 @@ void CudaRunner::run_cutlass(const DispatchOutput& in, const ExpertWeights& w, b
     if (p1 == CutlassPath::bf16)
       run_buckets(g1, plan.buckets, false, st, fork, ws_stride, er, glu_split ? h_.get<bf16_raw>() : nullptr, pair);
     else if (mixed1)
-      run_fp8w(g1, w.w13, I, prep_row13, row_sf_.get<float>(), plan.fp8w_tile_n, st);
+      run_fp8w(g1, w.w13, I, prep_row13, row_sf_.get<float>(), plan.fp8w_tile_n, tail_ws, st);
     else if (nv1)
-      run_nvfp4w(g1, paired13_.get(), inv_gs_.get<float>(), plan.fp8w_tile_n, st);
+      run_nvfp4w(g1, paired13_.get(), inv_gs_.get<float>(), plan.fp8w_tile_n, tail_ws, st);
     else
       last_widen_chunks_ += run_widened(g1, w.w13, nvfp4 ? inv_gs_.get<float>() : nullptr, chunk1, st);
   }
@@ -422,9 +444,9 @@ void CudaRunner::run_cutlass(const DispatchOutput& in, const ExpertWeights& w, b
     if (p2 == CutlassPath::bf16)
       run_buckets(g2, plan.buckets, false, st, fork, ws_stride, er, nullptr, pair, true);
     else if (mixed2)
-      run_fp8w(g2, w.w2, H, prep_row2, row_sf_.get<float>(), plan.fp8w_tile_n, st);
+      run_fp8w(g2, w.w2, H, prep_row2, row_sf_.get<float>(), plan.fp8w_tile_n, tail_ws, st);
     else if (nv2)
-      run_nvfp4w(g2, paired2_.get(), inv_gs_.get<float>() + E, plan.fp8w_tile_n, st);
+      run_nvfp4w(g2, paired2_.get(), inv_gs_.get<float>() + E, plan.fp8w_tile_n, tail_ws, st);
     else
       last_widen_chunks_ += run_widened(g2, w.w2, nvfp4 ? inv_gs_.get<float>() + E : nullptr, chunk2, st);
   }

@@ -118,8 +118,8 @@ TEST(CutlassEngine, Fp8WeightsDecodedInMainLoop) {
 // tuning.nvfp4_mixed; engine_cutlass_nvfp4w.cuh): the decoded weights are the widened values times
 // 2^-8 and alpha 2^8 / gs, so the output equals the widened path's swapped run bit for bit, and the
 // reference within the bound. Each token-tile width, bf16 / fp8 / nvfp4 dispatch, gpt-oss-like
-// shapes (H 2880, I 576), every row on one expert, T = 1, experts without rows, DeepSeek-V3 expert
-// shapes at large M.
+// shapes (H 2880, I 576), Qwen3-30B and Mixtral expert shapes, every row on one expert, T = 1
+// (T = 0 returns before any engine), experts without rows, DeepSeek-V3 expert shapes at large M.
 void run_nvfp4w_problem(const Problem& p, uint32_t seed) {
   SCOPED_TRACE(problem_trace(p, seed));
   const ProblemData data(p, seed);
@@ -173,12 +173,52 @@ TEST(CutlassEngine, Nvfp4WeightsDecodedInMainLoop) {
       {1024, 512, 8, 2, 600, A::nvfp4, W::nvfp4, kNone, Load::uneven, -1, -1, false, "", "nvfp4 dispatch"},
       {1024, 512, 8, 2, 600, A::fp8, W::nvfp4, kFp8, Load::uneven, -1, -1, false, "", "fp8 dispatch iq=fp8"},
       {2880, 576, 4, 2, 200, A::bf16, W::nvfp4, kNone, Load::uneven, -1, -1, false, "", "odd tiles"},
+      {2048, 768, 16, 8, 600, A::fp8, W::nvfp4, kNone, Load::uneven, -1, -1, false, "", "qwen3-30b"},
+      {4096, 14336, 2, 1, 300, A::bf16, W::nvfp4, kNone, Load::uniform, -1, 16, false, "", "mixtral"},
       {1024, 512, 8, 4, 300, A::bf16, W::nvfp4, kNone, Load::one_expert, -1, -1, false, "", "one expert"},
       {1024, 512, 8, 2, 16, A::bf16, W::nvfp4, kNone, Load::uniform, 1, -1, false, "", "T=1"},
       {7168, 2048, 8, 2, 4096, A::bf16, W::nvfp4, kNone, Load::uniform, -1, 24, false, "", "deepseek-v3 large M"},
   };
   uint32_t seed = 1900;
   for (const Problem& p : problems) run_nvfp4w_problem(p, seed++);
+}
+
+// The automatic choice with paired copies (prepare, tuning.nvfp4_mixed): the wide engine up to
+// policy::kNvfp4WideMaxRowsPaired (128) expected rows per expert, nvfp4w above at any M; without
+// them the wide engine keeps its own bound (640) and widened CUTLASS follows. Each run also
+// against the reference.
+TEST(CutlassEngine, PairedNvfp4AutomaticChoice) {
+  EPMOE_REQUIRE_GPU();
+  EPMOE_REQUIRE_CUTLASS();
+  struct Case {
+    int C;  // expected rows per expert C * 2 / 4
+    bool mixed;
+    const char* expect;
+  };
+  const std::string wide = "wgmma-nvfp4w/wgmma-nvfp4w", paired = "cutlass-nvfp4w-swap256/cutlass-nvfp4w-swap256";
+  const std::vector<Case> cases = {
+      {256, true, wide.c_str()},     {260, true, paired.c_str()}, {260, false, wide.c_str()},
+      {1400, true, paired.c_str()},  {1400, false, "cutlass-bf16(widened nvfp4)/cutlass-bf16(widened nvfp4)"},
+  };
+  uint32_t seed = 2900;
+  for (const Case& c : cases) {
+    const Problem p{256, 128, 4, 2, c.C, A::bf16, W::nvfp4, kNone, Load::uniform, -1, -1, false, "", "choice"};
+    SCOPED_TRACE("C " + std::to_string(c.C) + (c.mixed ? " paired" : " no paired copy"));
+    const ProblemData data(p, seed++);
+    MoeConfig cfg = data.cfg;
+    cfg.tuning.nvfp4_mixed = c.mixed;
+    cuda::CudaRunner runner(cfg, 0);
+    ExpertWeights w = data.wt.on_device;
+    runner.prepare(w, nullptr);
+    Dev<bf16_raw> y(size_t(p.C) * p.H);
+    y.poison();
+    runner.run(data.dd.view, w, y.get(), nullptr);
+    EPMOE_CUDA_CHECK(cudaDeviceSynchronize());
+    EXPECT_EQ(std::string(runner.last_engines()), c.expect);
+    const auto out = y.download();
+    expect_poison_after(out, data.n, p.H);
+    expect_near_reference(p, data, out, "nvfp4 choice");
+  }
 }
 
 }  // namespace
