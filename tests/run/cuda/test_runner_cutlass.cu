@@ -445,7 +445,8 @@ TEST(CutlassEngine, AutomaticChoice) {
 
 // The CUTLASS engine inside a CUDA graph (no host synchronization, device-side shapes): replays
 // equal the eager run bitwise, also after the routing changes in place. Widened weights run with a
-// small scratch (several chunks), whose count depends on the configuration only.
+// small scratch (several chunks), whose count depends on the configuration only; paired nvfp4
+// weights (the prepare step) on the mixed-input GEMM, with its head and tail launches.
 TEST(CutlassEngine, GraphReplayEqualsEager) {
   EPMOE_REQUIRE_GPU();
   EPMOE_REQUIRE_CUTLASS();
@@ -456,15 +457,19 @@ TEST(CutlassEngine, GraphReplayEqualsEager) {
     size_t scratch;  // 0 = default
     const char* name;
     bool mixed = false;  // tuning.fp8_mixed (fp8 weights with a bf16 operand decoded in the main loop)
+    // nvfp4 weights through the prepare step: paired copies, nvfp4w, and at 150 rows per expert
+    // the head and tail launches (Grouped::Part)
+    bool paired = false;
   };
   const size_t one13 = size_t(2) * 512 * 1024 * 2;
   for (const Case& c : {Case{A::bf16, W::bf16, kNone, 0, "bf16"}, Case{A::fp8, W::fp8, kFp8, 0, "fp8"},
                         Case{A::fp8, W::fp8, kNone, one13, "fp8 widened W2"},
                         Case{A::bf16, W::fp8, kNone, 0, "fp8w both", true},
-                        Case{A::bf16, W::nvfp4, kNone, one13, "nvfp4 widened"}}) {
+                        Case{A::bf16, W::nvfp4, kNone, one13, "nvfp4 widened"},
+                        Case{A::bf16, W::nvfp4, kNone, 0, "nvfp4w paired", false, true}}) {
     SCOPED_TRACE(c.name);
     const bool fp8 = c.act == A::fp8;
-    Problem p{1024, 512, 8, 2, 400, c.act, c.wf, c.iq, Load::uneven, -1, 0, false, "", "graph"};
+    Problem p{1024, 512, 8, 2, c.paired ? 600 : 400, c.act, c.wf, c.iq, Load::uneven, -1, 0, false, "", "graph"};
     const MoeConfig cfg = make_cfg(p);
     std::mt19937 rng(3);
     std::normal_distribution<float> nd(0.f, 1.f);
@@ -505,11 +510,13 @@ TEST(CutlassEngine, GraphReplayEqualsEager) {
       runner.set_cutlass_swap(sw);
       runner.set_fp8_mixed(c.mixed);
       if (c.scratch) runner.set_widen_scratch_bytes(c.scratch);
+      ExpertWeights rw = dw;  // the prepare step's copies belong to `runner`
+      if (c.paired) runner.prepare(rw, nullptr);
       Dev<bf16_raw> y(size_t(p.C) * p.H);
       cudaStream_t st;
       EPMOE_CUDA_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
       auto eager = [&] {
-        runner.run(d, dw, y.get(), st);
+        runner.run(d, rw, y.get(), st);
         EPMOE_CUDA_CHECK(cudaStreamSynchronize(st));
         return y.download();
       };
@@ -523,16 +530,19 @@ TEST(CutlassEngine, GraphReplayEqualsEager) {
         seq.set_concurrent_buckets(false);
         seq.set_fp8_mixed(c.mixed);
         if (c.scratch) seq.set_widen_scratch_bytes(c.scratch);
+        ExpertWeights sw2 = dw;
+        if (c.paired) seq.prepare(sw2, nullptr);
         y.poison();
-        seq.run(d, dw, y.get(), st);
+        seq.run(d, sw2, y.get(), st);
         EPMOE_CUDA_CHECK(cudaStreamSynchronize(st));
         EXPECT_EQ(first_diff(y.download(), e1), -1) << "concurrent launches per row range differ from sequential";
       }
       if (c.scratch) EXPECT_GT(runner.last_widen_chunks(), 2);
       cudaGraph_t graph;
       cudaGraphExec_t exec;
+      if (c.paired) EXPECT_NE(std::string(runner.last_engines()).find("nvfp4w"), std::string::npos);
       EPMOE_CUDA_CHECK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
-      runner.run(d, dw, y.get(), st);
+      runner.run(d, rw, y.get(), st);
       EPMOE_CUDA_CHECK(cudaStreamEndCapture(st, &graph));
       EPMOE_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
       y.poison();
@@ -550,9 +560,11 @@ TEST(CutlassEngine, GraphReplayEqualsEager) {
       // GEMMs split by rows (and the split changes with the routing; the replay must follow it);
       // both GEMMs widened (nvfp4) take the one width by expected rows instead. automatic: these
       // small experts run one launch, 128-wide.
-      // The mixed-input GEMM ignores cutlass_swap: one launch, 128-wide tiles for 100 expected rows.
+      // The mixed-input GEMMs ignore cutlass_swap: 128-wide tiles for 100 expected rows, 256-wide
+      // (and the tail launch) for the paired case's 150.
       const int want_byrows = c.wf == W::nvfp4 ? 128 : cuda::policy::kByRows;
       EXPECT_EQ(runner.last_swap_tile_n(), c.mixed                                             ? 128
+                                           : c.paired                                            ? 256
                                            : sw == CutlassSwap::n64                               ? 64
                                            : sw == CutlassSwap::n128 || sw == CutlassSwap::automatic ? 128
                                            : sw == CutlassSwap::byrows                           ? want_byrows

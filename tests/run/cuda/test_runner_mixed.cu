@@ -41,6 +41,31 @@ void expect_near_reference(const Problem& p, const ProblemData& data, const std:
   expect_within_bound(d, p.iq);
 }
 
+// What both mixed-input tests check, given run(mixed, swap, pdl, &engines) -> the output: the mixed
+// run's engines (`expect`) and untouched slots past the valid rows; its output equal bit for bit to
+// the widened path's (run with `mixed` off, swapped at the same token tile, or 128 for 256: a
+// tile's width does not change an element's sums) and to its own run without PDL; and the
+// reference within the bound.
+template <class Run>
+void expect_mixed_equals_widened(const Problem& p, const ProblemData& data, int tile, const std::string& expect,
+                                 const char* widened, const char* tag, Run run) {
+  const int n = data.n, H = p.H;
+  std::string em, ew, ep;
+  const auto ym = run(true, CutlassSwap::automatic, true, &em);
+  EXPECT_EQ(em, expect);
+  expect_poison_after(ym, n, H);
+  const auto yw = run(false, tile == 64 ? CutlassSwap::n64 : CutlassSwap::n128, true, &ew);
+  EXPECT_NE(ew.find(widened), std::string::npos) << ew;
+  size_t equal = 0;
+  for (size_t i = 0; i < size_t(n) * H; ++i) equal += ym[i] == yw[i];
+  std::printf("[%s] %-22s %-44s vs %-44s n=%d identical %.6f\n", tag, p.name, em.c_str(), ew.c_str(), n,
+              n ? double(equal) / (double(n) * H) : 1.0);
+  EXPECT_EQ(first_diff(ym, yw), -1) << "the mixed-input GEMM differs from the widened one";
+  const auto yp = run(true, CutlassSwap::automatic, false, &ep);
+  EXPECT_EQ(first_diff(yp, ym), -1) << "pdl on and off differ";
+  expect_near_reference(p, data, ym, tag);
+}
+
 // fp8 weights with a bf16 operand on the mixed-input GEMM (tuning.fp8_mixed, the default;
 // engine_cutlass_fp8w.cuh): the weights decoded in the main loop to the values widen::to_bf16
 // writes, so the output equals the widened path's swapped run bit for bit (the same weight values
@@ -55,7 +80,6 @@ void run_fp8w_problem(const Problem& p, uint32_t seed) {
   const MoeConfig& cfg = data.cfg;
   const int H = p.H, C = p.C;
   const TestWeights& wt = data.wt;
-  const int n = data.n;
   const DispatchOutput& dout = data.dd.view;
   const int tile = cuda::policy::fp8w_tile_n(cuda::policy::expected_rows(cfg, dout));
 
@@ -73,24 +97,10 @@ void run_fp8w_problem(const Problem& p, uint32_t seed) {
     EXPECT_EQ(runner.last_widen_chunks(), mixed ? 0 : int(p.act == A::bf16) + int(p.iq == kNone));
     return y.download();
   };
-  std::string em, ew, ep;
-  const auto ym = run(true, CutlassSwap::automatic, true, &em);
   const std::string mixed = "cutlass-fp8w-swap" + std::to_string(tile);
   const std::string direct = "cutlass-fp8-swap128";  // the other GEMM on the fp8 GEMM (these small experts)
-  EXPECT_EQ(em, (p.act == A::bf16 ? mixed : direct) + "/" + (p.iq == kNone ? mixed : direct));
-  expect_poison_after(ym, n, H);
-  // The widened path swapped with the same (or, for 256, a narrower) token tile.
-  const CutlassSwap same = tile == 64 ? CutlassSwap::n64 : CutlassSwap::n128;
-  const auto yw = run(false, same, true, &ew);
-  EXPECT_NE(ew.find("(widened fp8)"), std::string::npos) << ew;
-  size_t equal = 0;
-  for (size_t i = 0; i < size_t(n) * H; ++i) equal += ym[i] == yw[i];
-  std::printf("[fp8w] %-22s %-44s vs %-44s n=%d identical %.6f\n", p.name, em.c_str(), ew.c_str(), n,
-              n ? double(equal) / (double(n) * H) : 1.0);
-  EXPECT_EQ(first_diff(ym, yw), -1) << "the mixed-input GEMM differs from the widened one";
-  const auto yp = run(true, CutlassSwap::automatic, false, &ep);
-  EXPECT_EQ(first_diff(yp, ym), -1) << "pdl on and off differ";
-  expect_near_reference(p, data, ym, "fp8w");
+  expect_mixed_equals_widened(p, data, tile, (p.act == A::bf16 ? mixed : direct) + "/" + (p.iq == kNone ? mixed : direct),
+                              "(widened fp8)", "fp8w", run);
 }
 
 TEST(CutlassEngine, Fp8WeightsDecodedInMainLoop) {
@@ -123,7 +133,7 @@ TEST(CutlassEngine, Fp8WeightsDecodedInMainLoop) {
 void run_nvfp4w_problem(const Problem& p, uint32_t seed) {
   SCOPED_TRACE(problem_trace(p, seed));
   const ProblemData data(p, seed);
-  const int H = p.H, C = p.C, n = data.n;
+  const int H = p.H, C = p.C;
   const DispatchOutput& dout = data.dd.view;
   const int tile = cuda::policy::fp8w_tile_n(cuda::policy::expected_rows(data.cfg, dout));
 
@@ -144,22 +154,8 @@ void run_nvfp4w_problem(const Problem& p, uint32_t seed) {
     EXPECT_EQ(runner.last_widen_chunks(), paired ? 0 : 2);
     return y.download();
   };
-  std::string em, ew, ep;
-  const auto ym = run(true, CutlassSwap::automatic, true, &em);
   const std::string mixed = "cutlass-nvfp4w-swap" + std::to_string(tile);
-  EXPECT_EQ(em, mixed + "/" + mixed);
-  expect_poison_after(ym, n, H);
-  const CutlassSwap same = tile == 64 ? CutlassSwap::n64 : CutlassSwap::n128;
-  const auto yw = run(false, same, true, &ew);
-  EXPECT_NE(ew.find("(widened nvfp4)"), std::string::npos) << ew;
-  size_t equal = 0;
-  for (size_t i = 0; i < size_t(n) * H; ++i) equal += ym[i] == yw[i];
-  std::printf("[nvfp4w] %-22s %-44s vs %-44s n=%d identical %.6f\n", p.name, em.c_str(), ew.c_str(), n,
-              n ? double(equal) / (double(n) * H) : 1.0);
-  EXPECT_EQ(first_diff(ym, yw), -1) << "the paired mixed-input GEMM differs from the widened one";
-  const auto yp = run(true, CutlassSwap::automatic, false, &ep);
-  EXPECT_EQ(first_diff(yp, ym), -1) << "pdl on and off differ";
-  expect_near_reference(p, data, ym, "nvfp4w");
+  expect_mixed_equals_widened(p, data, tile, mixed + "/" + mixed, "(widened nvfp4)", "nvfp4w", run);
 }
 
 TEST(CutlassEngine, Nvfp4WeightsDecodedInMainLoop) {
