@@ -212,9 +212,11 @@ void grouped_gemm_fp8_swap_n192(const Grouped& g, cudaStream_t stream);
 // expand_fp8_scales writes; g.sfa, alpha, halves, glu and src must be unset. Needs K % 16 == 0
 // and N % 8 == 0 (UsageError otherwise).
 constexpr bool fp8w_tile_exists(int tile_n) { return tile_n == 64 || tile_n == 128 || tile_n == 256; }
-inline void fp8w_check_tile(int tile_n) {
+// Throws unless fp8w_tile_exists(tile_n); `what` names the GEMM ("fp8-weight", "nvfp4-weight"):
+// both mixed-input GEMMs have these token tiles.
+inline void mixed_check_tile(int tile_n, const char* what) {
   if (!fp8w_tile_exists(tile_n))
-    throw UsageError("cutlass fp8-weight grouped GEMM: swap_tile_n=" + std::to_string(tile_n) +
+    throw UsageError(std::string("cutlass ") + what + " grouped GEMM: swap_tile_n=" + std::to_string(tile_n) +
                      " has no instantiation; use 64, 128 or 256");
 }
 size_t fp8w_workspace_bytes(int experts, int sms, int tile_n);

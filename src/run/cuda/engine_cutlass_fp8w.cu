@@ -51,14 +51,14 @@ void expand_fp8_scales(const float* sfw, int E, int N, int K, int half_rows, flo
 }
 
 size_t fp8w_workspace_bytes(int experts, int sms, int tile_n) {
-  fp8w_check_tile(tile_n);
+  mixed_check_tile(tile_n, "fp8-weight");
   if (tile_n == 64) return detail::fp8w_n64_workspace_bytes(experts, sms);
   if (tile_n == 128) return detail::fp8w_n128_workspace_bytes(experts, sms);
   return detail::workspace_bytes<fp8w::Gemm<256>::Type, false, false, true, true>(experts, sms);
 }
 
 void grouped_gemm_fp8w(const Grouped& g, cudaStream_t stream) {
-  fp8w_check_tile(g.swap_tile_n);
+  mixed_check_tile(g.swap_tile_n, "fp8-weight");
   const char* what = "fp8-weight grouped GEMM";
   if (g.K % 16 != 0)
     throw UsageError(std::string("cutlass ") + what + ": K=" + std::to_string(g.K) +

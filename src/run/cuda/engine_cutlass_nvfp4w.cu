@@ -60,14 +60,14 @@ void write_nvfp4_paired(const MatrixView& m, uint8_t* out, int* nan_seen, cudaSt
 }
 
 size_t nvfp4w_workspace_bytes(int experts, int sms, int tile_n) {
-  fp8w_check_tile(tile_n);
+  mixed_check_tile(tile_n, "nvfp4-weight");
   if (tile_n == 64) return detail::nvfp4w_n64_workspace_bytes(experts, sms);
   if (tile_n == 128) return detail::nvfp4w_n128_workspace_bytes(experts, sms);
   return detail::workspace_bytes<nvfp4w::Gemm<256>::Type, false, false, true>(experts, sms);
 }
 
 void grouped_gemm_nvfp4w(const Grouped& g, cudaStream_t stream) {
-  fp8w_check_tile(g.swap_tile_n);
+  mixed_check_tile(g.swap_tile_n, "nvfp4-weight");
   const char* what = "nvfp4-weight grouped GEMM";
   if (g.K % 16 != 0)
     throw UsageError(std::string("cutlass ") + what + ": K=" + std::to_string(g.K) +

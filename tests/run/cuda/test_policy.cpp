@@ -547,3 +547,46 @@ TEST(CudaPolicy, ConcurrentBucketsSwitch) {
 
 }  // namespace
 }  // namespace epmoe::test
+
+namespace epmoe::test {
+namespace {
+
+// The mixed-input GEMMs refuse what they cannot run before any CUDA call, naming the GEMM, the
+// argument and its value (host only: the pointers are never read).
+TEST(CudaPolicy, MixedInputGemmsRefuseBadArguments) {
+  if (!cuda::cutlass_engine::available()) GTEST_SKIP() << "built without CUTLASS";
+  namespace ce = cuda::cutlass_engine;
+  auto message = [](auto&& call) {
+    try {
+      call();
+    } catch (const UsageError& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  static const float fake_alpha = 1.f;
+  ce::Grouped g;
+  g.experts = 4;
+  g.N = 256;
+  g.K = 256;
+  g.alpha = &fake_alpha;
+  g.swap_tile_n = 96;
+  std::string m = message([&] { ce::grouped_gemm_nvfp4w(g, nullptr); });
+  EXPECT_NE(m.find("nvfp4-weight"), std::string::npos) << m;
+  EXPECT_NE(m.find("swap_tile_n=96"), std::string::npos) << m;
+  g.swap_tile_n = 256;
+  g.K = 100;
+  m = message([&] { ce::grouped_gemm_nvfp4w(g, nullptr); });
+  EXPECT_NE(m.find("K=100"), std::string::npos) << m;
+  g.K = 256;
+  g.alpha = nullptr;
+  m = message([&] { ce::grouped_gemm_nvfp4w(g, nullptr); });
+  EXPECT_NE(m.find("alpha"), std::string::npos) << m;
+  g.swap_tile_n = 192;
+  m = message([&] { ce::grouped_gemm_fp8w(g, nullptr); });
+  EXPECT_NE(m.find("fp8-weight"), std::string::npos) << m;
+  EXPECT_NE(m.find("swap_tile_n=192"), std::string::npos) << m;
+}
+
+}  // namespace
+}  // namespace epmoe::test
