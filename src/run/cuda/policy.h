@@ -33,14 +33,17 @@ int block_m(double expected_rows, int forced, int decode_max_rows = 0);
 // expert fits one m-tile of the decode kernels, which stream each weight once; beyond, they would
 // stream it twice and CUTLASS's 128-row tiles win.
 constexpr int kCutlassMinRows = 33;
-// nvfp4 weights are widened to bf16 first (~6 ms for 128 DeepSeek-V3 experts), which the GEMMs
-// only repay at larger M: 64 rows per expert measured 10.3 ms widened vs 8.6 ms on mma.sync,
-// 256 rows 10.9 ms vs 17.6 ms.
+// nvfp4 weights without paired copies are widened to bf16 first (~6 ms for 128 DeepSeek-V3
+// experts), which the GEMMs only repay at larger M: 64 rows per expert measured 10.3 ms widened vs
+// 8.6 ms on mma.sync, 256 rows 10.9 ms vs 17.6 ms. (With paired copies CUTLASS runs nvfp4w, no
+// widening; this crossover, which applies where the decode engines do not take both GEMMs, was not
+// re-measured for it.)
 constexpr int kCutlassMinRowsNvfp4 = 128;
 // Whether a call runs on the CUTLASS engine. automatic: from kCutlassMinRows (nvfp4:
 // kCutlassMinRowsNvfp4) expected rows per expert on; cutlass: always; mma: never. Never in a build
 // without CUTLASS (validate() rejects engine cutlass there). Every weight format qualifies: what
-// CUTLASS has no kernel for is widened to bf16 (widen.h).
+// CUTLASS has no kernel for is widened to bf16 (widen.h), except where the mixed-input GEMM takes it
+// (fp8 weights with a bf16 operand; nvfp4 weights with paired copies).
 // decode_max_rows > 0 (tuning.decode_max_rows) replaces the crossover: CUTLASS above that many
 // rows per expert.
 bool use_cutlass(RunnerEngine engine, WeightFormat wf, double expected_rows, int decode_max_rows = 0);
@@ -235,7 +238,8 @@ int decode_max_rows(WeightFormat wf, const DecodeEngines& d32, int tuned, bool p
 // engine_wgmma_nvfp4_wide.cu: the prepared register-decode engine with token tiles of up to
 // kWgmmaWideBlockM rows. Used for both GEMMs above decode_max_rows and up to kNvfp4WideMaxRows
 // expected rows per expert where both have the nvfp4 decode engine (d32) on prepared weights,
-// unless the engine is forced to cutlass (which widens nvfp4 to bf16 in scratch instead).
+// unless the engine is forced to cutlass (which runs nvfp4w on paired copies, or widens nvfp4 to
+// bf16 in scratch).
 // Measured on an H200, DeepSeek-V3 experts, 128 local (bench/results/2026-12-01-session11-h200.md):
 // at 64 / 128 / 256 / 512 / 1024 rows per expert 2.48 / 3.37 / 6.64 / 13.06 / 26.0 ms, against the
 // 32-row decode engine's 2.75 / 5.53 at 64 / 128 and widened CUTLASS's 13.62 at 512 and 22.4 at
