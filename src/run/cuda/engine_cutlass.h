@@ -219,6 +219,17 @@ inline void mixed_check_tile(int tile_n, const char* what) {
     throw UsageError(std::string("cutlass ") + what + " grouped GEMM: swap_tile_n=" + std::to_string(tile_n) +
                      " has no instantiation; use 64, 128 or 256");
 }
+// The shape rules both mixed-input GEMMs share: a token tile they have, 16-byte TMA rows of their
+// one-byte weights (K % 16) and of the bf16 output (N % 8).
+inline void mixed_check_shape(const Grouped& g, const char* what) {
+  mixed_check_tile(g.swap_tile_n, what);
+  if (g.K % 16 != 0)
+    throw UsageError(std::string("cutlass ") + what + " grouped GEMM: K=" + std::to_string(g.K) +
+                     " must be a multiple of 16 (16-byte TMA rows of one-byte weights)");
+  if (g.N % 8 != 0)
+    throw UsageError(std::string("cutlass ") + what + " grouped GEMM: N=" + std::to_string(g.N) +
+                     " must be a multiple of 8 (16-byte TMA rows of the bf16 output and of fp8 row scales)");
+}
 size_t fp8w_workspace_bytes(int experts, int sms, int tile_n);
 void grouped_gemm_fp8w(const Grouped& g, cudaStream_t stream);
 // fp8 weights' tile scales [E][tiles][kb] (MatrixView::scales; a W13 stored as two halves of

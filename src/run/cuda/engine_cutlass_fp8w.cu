@@ -58,14 +58,8 @@ size_t fp8w_workspace_bytes(int experts, int sms, int tile_n) {
 }
 
 void grouped_gemm_fp8w(const Grouped& g, cudaStream_t stream) {
-  mixed_check_tile(g.swap_tile_n, "fp8-weight");
+  mixed_check_shape(g, "fp8-weight");
   const char* what = "fp8-weight grouped GEMM";
-  if (g.K % 16 != 0)
-    throw UsageError(std::string("cutlass ") + what + ": K=" + std::to_string(g.K) +
-                     " must be a multiple of 16 (16-byte TMA rows of e4m3)");
-  if (g.N % 8 != 0)
-    throw UsageError(std::string("cutlass ") + what + ": N=" + std::to_string(g.N) +
-                     " must be a multiple of 8 (16-byte TMA rows of scales and of the bf16 output)");
   if (!g.sfw) throw UsageError(std::string("cutlass ") + what + ": the row scales (expand_fp8_scales) must be non-null");
   if (g.sfa || g.alpha || g.halves || g.glu || g.src)
     throw UsageError(std::string("cutlass ") + what + ": takes no row scales, alpha, halves, glu or source");

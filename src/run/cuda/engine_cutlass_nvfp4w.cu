@@ -67,14 +67,8 @@ size_t nvfp4w_workspace_bytes(int experts, int sms, int tile_n) {
 }
 
 void grouped_gemm_nvfp4w(const Grouped& g, cudaStream_t stream) {
-  mixed_check_tile(g.swap_tile_n, "nvfp4-weight");
+  mixed_check_shape(g, "nvfp4-weight");
   const char* what = "nvfp4-weight grouped GEMM";
-  if (g.K % 16 != 0)
-    throw UsageError(std::string("cutlass ") + what + ": K=" + std::to_string(g.K) +
-                     " must be a multiple of 16 (16-byte TMA rows of paired weights)");
-  if (g.N % 8 != 0)
-    throw UsageError(std::string("cutlass ") + what + ": N=" + std::to_string(g.N) +
-                     " must be a multiple of 8 (16-byte TMA rows of the bf16 output)");
   if (!g.alpha)
     throw UsageError(std::string("cutlass ") + what + ": alpha (2^8 / global scale per expert) must be non-null");
   if (g.sfa || g.sfw || g.halves || g.glu || g.src)
