@@ -58,7 +58,8 @@ class CudaRunner final : public Runner {
   // tuning.nvfp4_mixed in a CUTLASS build also their paired copies (prepare_nvfp4_paired, one byte
   // per weight) for the mixed-input GEMM at large M; a run of the same w (the same
   // scale pointers) then skips those launches. Returns the bytes; 0 (w unchanged) for other formats,
-  // shapes the engines do not take, or nvfp4 with nvfp4_prepare off. Run w only with this runner.
+  // shapes the engines do not take, or nvfp4 with nvfp4_prepare and nvfp4_mixed off. Run w only
+  // with this runner.
   size_t prepare(ExpertWeights& w, Stream stream) override;
   void run(const DispatchOutput& in, const ExpertWeights& w, bf16_raw* y, Stream stream) override;
 
