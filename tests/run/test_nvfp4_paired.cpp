@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstdint>
 #include <random>
+#include <vector>
 
 #include "epmoe/numeric.h"
 
@@ -69,6 +70,25 @@ TEST(Nvfp4Paired, CodesAndScalesCarryTheirOffsets) {
     const uint32_t sc = np::pair_scale_bf16x2(np::pair_bits(2, 2, s), 0);
     EXPECT_EQ(half_f32(sc, 0), std::ldexp(num::e4m3_to_f32(static_cast<uint8_t>(s)), cuda::nvfp4_layout::kScaleExp))
         << "scale " << s;
+  }
+}
+
+// W13's GLU order: a permutation of the 2I rows in which each 16 rows are 8 gate rows and, 8 rows
+// below each, the up row of the same intermediate column; glu_column inverts it.
+TEST(Nvfp4Paired, GluOrderPairsGateAndUpRows) {
+  for (const int I : {8, 16, 576, 768, 2880}) {
+    std::vector<int> seen(2 * size_t(I), 0);
+    for (int s = 0; s < 2 * I; ++s) {
+      const int r = np::glu_row(s, I);
+      ASSERT_GE(r, 0);
+      ASSERT_LT(r, 2 * I);
+      ++seen[size_t(r)];
+      const int j = s < I ? s : s - I;
+      EXPECT_EQ(np::glu_column(r), j) << "I " << I << " row " << s;
+      EXPECT_EQ(r % 16 >= 8, s >= I) << "I " << I << " row " << s;
+      if (s < I) EXPECT_EQ(np::glu_row(s + I, I), r + 8) << "I " << I << ": the up row 8 below its gate";
+    }
+    for (int r = 0; r < 2 * I; ++r) EXPECT_EQ(seen[size_t(r)], 1) << "I " << I << " row " << r;
   }
 }
 

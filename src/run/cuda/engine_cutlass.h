@@ -111,7 +111,7 @@ struct Grouped {
   void* workspace = nullptr;         // *_workspace_bytes(experts, sms) bytes, 256-byte aligned
   int sms = 0;                       // multiprocessors of the device (persistent grid)
   // grouped_gemm_bf16_glu sets it for its tables: N is I, the problem 2I wide (W13's gate and up
-  // rows), out [rows][I].
+  // rows), out [rows][I]. The caller sets it for grouped_gemm_nvfp4w's SwiGLU form (the same).
   bool glu = false;
   // grouped_gemm_bf16 / grouped_gemm_fp8 run their swap-AB instantiation (the same product; the
   // workspace then needs *_swap_workspace_bytes). Not with src (the SwiGLU GEMM is not swapped).
@@ -249,19 +249,31 @@ void grouped_gemm_fp8w_n128(const Grouped& g, cudaStream_t stream);
 // decoded weights carry 2^-8; widen::inverse_scales with factor 256): the bits of widen::to_bf16
 // followed by the swapped grouped_gemm_bf16 with alpha 1/gs. g.W is the paired copy
 // (write_nvfp4_paired), token tiles g.swap_tile_n = 64, 128 or 256 (fp8w_tile_exists); g.sfa,
-// g.sfw, halves, glu and src must be unset. Needs K % 16 == 0 and N % 8 == 0 (UsageError otherwise).
-size_t nvfp4w_workspace_bytes(int experts, int sms, int tile_n);
+// g.sfw, halves and src must be unset. Needs K % 16 == 0 and N % 8 == 0 (UsageError otherwise).
+// With g.glu, GEMM1 with SwiGLU in its epilogue: g.W is W13's paired copy in GLU order
+// (write_nvfp4_paired with glu_order), N = I, out the intermediate [rows][I] = bf16(silu(g) * u),
+// g and u the bf16-rounded products (times alpha) -- the bits of the plain GEMM over 2I columns
+// followed by swiglu's bf16 intermediate (nvfp4w::GluOp).
+size_t nvfp4w_workspace_bytes(int experts, int sms, int tile_n, bool glu = false);
 void grouped_gemm_nvfp4w(const Grouped& g, cudaStream_t stream);
 // The paired copy (nvfp4_paired.h) of nvfp4 matrix m: [experts][rows][cols] bytes, two per pair of
 // weights (both codes and their block scale). out 16-byte aligned; cols % 16 == 0. A NaN block
 // scale, which the copy cannot hold, sets the device int *nan_seen to 1 (the copy is then unusable).
+// glu_order (a W13, rows = 2I, I % 8 == 0): rows in nvfp4_paired::glu_row's order, for g.glu.
 size_t nvfp4_paired_bytes(const MatrixView& m);
-void write_nvfp4_paired(const MatrixView& m, uint8_t* out, int* nan_seen, cudaStream_t stream);
-namespace detail {  // engine_cutlass_nvfp4w_n{64,128}.cu
+void write_nvfp4_paired(const MatrixView& m, uint8_t* out, int* nan_seen, cudaStream_t stream,
+                        bool glu_order = false);
+namespace detail {  // engine_cutlass_nvfp4w_n{64,128}.cu, engine_cutlass_nvfp4w_glu{,_n64,_n128}.cu
 size_t nvfp4w_n64_workspace_bytes(int experts, int sms);
 void grouped_gemm_nvfp4w_n64(const Grouped& g, cudaStream_t stream);
 size_t nvfp4w_n128_workspace_bytes(int experts, int sms);
 void grouped_gemm_nvfp4w_n128(const Grouped& g, cudaStream_t stream);
+size_t nvfp4w_glu_workspace_bytes(int experts, int sms, int tile_n);
+void grouped_gemm_nvfp4w_glu(const Grouped& g, cudaStream_t stream);
+size_t nvfp4w_glu_n64_workspace_bytes(int experts, int sms);
+void grouped_gemm_nvfp4w_glu_n64(const Grouped& g, cudaStream_t stream);
+size_t nvfp4w_glu_n128_workspace_bytes(int experts, int sms);
+void grouped_gemm_nvfp4w_glu_n128(const Grouped& g, cudaStream_t stream);
 }  // namespace detail
 
 // The experts a SwiGLU pass leaves alone: those whose row count lies in `fused` (none by default),
@@ -471,7 +483,7 @@ __device__ void fill_one(const T& t, const FillArgs& a) {
   t.sa[grp] = cute::make_stride(int64_t(K), cute::Int<1>{}, cute::Int<0>{});
   t.sb[grp] = cute::make_stride(int64_t(K), cute::Int<1>{}, cute::Int<0>{});
   if constexpr (T::swap) {
-    t.shapes[grp] = typename T::Shape3{N, m, K};
+    t.shapes[grp] = typename T::Shape3{glu ? 2 * N : N, m, K};  // glu: the nvfp4w SwiGLU GEMM
     t.a[grp] = w_ptr;
     t.b[grp] = rows_ptr;
     t.sd[grp] = cute::make_stride(cute::Int<1>{}, out_ld, cute::Int<0>{});
@@ -546,12 +558,16 @@ typename Gemm::Arguments make_args(const Tables<Gemm, kScaled, kSource, kSwap, k
     args.epilogue.ptr_C = nullptr;
     args.epilogue.thread.alpha = 1.0f;
     args.epilogue.thread.beta = 0.0f;
-    if constexpr (requires { args.epilogue.thread.dAlpha; }) {  // not the glu GEMM's epilogue
+    if constexpr (requires { args.epilogue.thread.dAlpha; }) {  // not the glu GEMMs' epilogues
       if (alpha) {
         // The ptr-array scalar broadcast reads alpha_ptr[group * stride_L] for each tile's group.
         args.epilogue.thread.alpha_ptr = alpha;
         args.epilogue.thread.dAlpha = {cute::_0{}, cute::_0{}, int64_t(1)};
       }
+    } else if constexpr (requires { args.epilogue.thread.alpha_ptr; }) {
+      // The register-direct SwiGLU epilogues: nvfp4w::GluOp reads alpha_ptr[group] (the bf16 one
+      // takes no alpha).
+      args.epilogue.thread.alpha_ptr = alpha;
     }
   }
   args.hw_info.device_id = device;

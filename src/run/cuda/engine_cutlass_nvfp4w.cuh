@@ -22,6 +22,12 @@
 #include "run/cuda/nvfp4_paired.h"
 
 #if defined(EPMOE_WITH_CUTLASS)
+#include <cuda_bf16.h>
+
+#include "cutlass/epilogue/collective/default_epilogue_array.hpp"
+#include "cutlass/epilogue/collective/detail.hpp"
+#include "run/cuda/silu.cuh"
+
 namespace epmoe::cuda::cutlass_engine::nvfp4w {
 // One byte of the paired copy: a type of its own, so that CUTLASS converts it with the converter
 // below (TMA moves it as uint8, its size in bits).
@@ -75,6 +81,90 @@ struct Gemm {
   static_assert(Mainloop::KernelConversionMode == cutlass::detail::ConversionMode::DirectConvert);
   static_assert(!Mainloop::SwapAB, "the weights must be the register operand as given");
   static_assert(Mainloop::DispatchPolicy::Stages >= 3, "too few pipeline stages");
+};
+
+// GEMM1 with SwiGLU in its epilogue (grouped_gemm_nvfp4w with g.glu): W13's paired copy in GLU
+// order (nvfp4_paired::glu_row: each 16 weight rows are 8 gate rows, then the up rows of the same 8
+// intermediate columns). In the m64nN accumulator fragment a thread holds rows r and r + 8 of its
+// warp's 16 ((2 columns, 2 rows, N / 8 groups of 8 columns), r = lane / 4), so element i + 2 is the
+// up value of gate element i: SwiGLU needs no data from other threads. The problem is 2I weight
+// rows; D is the intermediate [rows][I] (column-major out^T, stride I between token rows).
+//
+// Register-direct (CUTLASS's no-smem ptr-array epilogue behind its TMA adapter, as the bf16
+// one-GEMM SwiGLU): each value is rounded to bf16 after alpha as GEMM1's store rounds it, then
+// silu(g) * u as the SwiGLU pass computes it (silu.cuh), rounded: that pass's bits. Lanes l and l ^ 4
+// hold neighbouring intermediate columns of the same two tokens, so one shuffle gives each a
+// column pair of one token: 4-byte stores.
+using GluStride = cute::Stride<cute::_1, int64_t, cute::_0>;
+using GluBase = cutlass::epilogue::collective::DefaultEpilogueArray<
+    void, GluStride*, GluStride*, cutlass::epilogue::thread::LinearCombination<cutlass::bfloat16_t, 1, float, float>,
+    cutlass::epilogue::PtrArrayNoSmemWarpSpecialized>;
+
+struct GluOp : GluBase {
+  typename GluBase::Params glu_params;  // the base keeps its copy private
+  CUTLASS_HOST_DEVICE GluOp(typename GluBase::Params const& p) : GluBase(p), glu_params(p) {}
+
+  template <class ProblemShapeMNKL, class BlockShapeMNK, class BlockCoordMNKL, class FrgEngine, class FrgLayout,
+            class TiledMma, class ResidueMNK>
+  CUTLASS_HOST_DEVICE void operator()(ProblemShapeMNKL problem_shape_mnkl, BlockShapeMNK blk_shape_MNK,
+                                      BlockCoordMNKL blk_coord_mnkl,
+                                      cute::Tensor<FrgEngine, FrgLayout> const& accumulators, TiledMma tiled_mma,
+                                      ResidueMNK, int thread_idx, char*) {
+#if defined(__CUDA_ARCH__)
+    using namespace cute;
+    static_assert(decltype(size<0>(accumulators))::value % 4 == 0, "(2 columns, 2 rows, ...) per m64 fragment");
+    const int M = int(get<0>(problem_shape_mnkl));  // 2I weight rows
+    const int N = int(get<1>(problem_shape_mnkl));  // the expert's token rows
+    auto [m_coord, n_coord, k_coord, l_coord] = blk_coord_mnkl;
+    bf16_raw* D = reinterpret_cast<bf16_raw*>(glu_params.ptr_D[l_coord]);
+    const int64_t ld = get<1>(glu_params.dD[l_coord]);
+    const float* alpha_ptr = glu_params.thread.alpha_ptr;
+    const float alpha = alpha_ptr ? alpha_ptr[l_coord] : 1.0f;
+    Tensor cD = local_tile(make_identity_tensor(make_shape(M, N)), take<0, 2>(blk_shape_MNK),
+                           make_coord(m_coord, n_coord));
+    Tensor tCcD = tiled_mma.get_thread_slice(thread_idx).partition_C(cD);
+    CUTLASS_PRAGMA_UNROLL
+    for (int i = 0; i < int(size(accumulators)); i += 4) {
+      const int r = get<0>(tCcD(i)), c = get<1>(tCcD(i));  // gate row r (r % 16 < 8), tokens c, c + 1
+      bf16_raw h[2];
+      CUTLASS_PRAGMA_UNROLL
+      for (int j = 0; j < 2; ++j) {
+        const float g = __bfloat162float(__float2bfloat16_rn(alpha * accumulators(i + j)));
+        const float u = __bfloat162float(__float2bfloat16_rn(alpha * accumulators(i + j + 2)));
+        h[j] = __bfloat16_as_ushort(__float2bfloat16_rn(silu(g) * u));
+      }
+      // Even r keeps token c and takes its neighbour's column r + 1; odd r keeps token c + 1.
+      const bool odd = r & 1;
+      const bf16_raw other = static_cast<bf16_raw>(__shfl_xor_sync(0xffffffffu, uint32_t(odd ? h[0] : h[1]), 4));
+      const int tok = odd ? c + 1 : c;
+      const int col = nvfp4_paired::glu_column(r) - (odd ? 1 : 0);
+      const uint32_t v = odd ? uint32_t(other) | (uint32_t(h[1]) << 16) : uint32_t(h[0]) | (uint32_t(other) << 16);
+      if (r < M && tok < N) *reinterpret_cast<uint32_t*>(D + int64_t(tok) * ld + col) = v;
+    }
+#endif
+  }
+};
+using GluEpilogue = cutlass::epilogue::collective::detail::Sm90TmaWarpSpecializedAdapter<GluOp>;
+
+// Without the TMA epilogue's staging buffer the builder's stage count left no room for what else
+// the ptr-array kernel keeps in shared memory (its tensor maps and barriers, ~4 KiB): 14 stages of
+// the 64-wide tile came to 233472 bytes, over the 232448 an H200 block may have. Hence the carveout.
+constexpr int kGluCarveout = 4096;
+constexpr int kMaxSmem = 232448;  // sm_90 dynamic shared memory per block
+
+template <int kTileN>
+struct GluGemm {
+  using TileShape = cute::Shape<cute::_128, cute::Int<kTileN>, cute::_64>;
+  using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, paired_t, cutlass::layout::RowMajor*, 16,
+      cutlass::bfloat16_t, cutlass::layout::ColumnMajor*, 8, float, TileShape, ClusterShape,
+      cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(sizeof(typename GluEpilogue::SharedStorage)) +
+                                                        kGluCarveout>,
+      cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperative>::CollectiveOp;
+  using Type = swap::GemmOf<Mainloop, GluEpilogue>;
+  static_assert(Mainloop::KernelConversionMode == cutlass::detail::ConversionMode::DirectConvert);
+  static_assert(!Mainloop::SwapAB, "the weights must be the register operand as given");
+  static_assert(Type::GemmKernel::SharedStorageSize <= kMaxSmem, "more shared memory than a block may have");
 };
 
 }  // namespace epmoe::cuda::cutlass_engine::nvfp4w

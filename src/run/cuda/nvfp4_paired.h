@@ -88,4 +88,16 @@ EPMOE_HD constexpr uint32_t pair_scale_bf16x2(uint32_t w, int i) {
   return bits * 0x10001u + (kExpBase << 7) * 0x10001u;
 }
 
+// W13's copy in GLU order (the one-GEMM SwiGLU on the paired copy, engine_cutlass_nvfp4w.cuh):
+// row `s` of the 2I rows (gate rows 0..I-1, then the up rows) goes to row glu_row(s, I), so that
+// each 16 rows are 8 gate rows and the up rows of the same 8 intermediate columns -- the rows r and
+// r + 8 that one thread of a wgmma accumulator fragment holds. Needs I % 8 == 0.
+EPMOE_HD constexpr int glu_row(int s, int I) {
+  const int j = s < I ? s : s - I;  // the intermediate column
+  return (j / 8) * 16 + (s < I ? 0 : 8) + j % 8;
+}
+// Its inverse: the intermediate column of GLU-order row r is (r / 16) * 8 + r % 8, an up row where
+// r % 16 >= 8.
+EPMOE_HD constexpr int glu_column(int r) { return (r / 16) * 8 + r % 8; }
+
 }  // namespace epmoe::cuda::nvfp4_paired

@@ -50,7 +50,8 @@ size_t prepare_fp8_row_scales(ExpertWeights& w, DeviceBuffer& rows13, DeviceBuff
   return n13 + n2;
 }
 
-size_t prepare_nvfp4_paired(const ExpertWeights& w, DeviceBuffer& w13, DeviceBuffer& w2, cudaStream_t stream) {
+size_t prepare_nvfp4_paired(const ExpertWeights& w, DeviceBuffer& w13, DeviceBuffer& w2, cudaStream_t stream,
+                            bool glu_order) {
   if (w.w13.format != WeightFormat::nvfp4 || w.w2.format != WeightFormat::nvfp4 || w.w13.experts <= 0) return 0;
   if (w.hidden % 16 != 0 || w.intermediate % 16 != 0) return 0;
   const size_t n13 = cutlass_engine::nvfp4_paired_bytes(w.w13), n2 = cutlass_engine::nvfp4_paired_bytes(w.w2);
@@ -58,7 +59,7 @@ size_t prepare_nvfp4_paired(const ExpertWeights& w, DeviceBuffer& w13, DeviceBuf
   w2.reserve(n2);
   DeviceBuffer flag(sizeof(int));
   EPMOE_CUDA_CHECK(cudaMemsetAsync(flag.get(), 0, sizeof(int), stream));
-  cutlass_engine::write_nvfp4_paired(w.w13, w13.get<uint8_t>(), flag.get<int>(), stream);
+  cutlass_engine::write_nvfp4_paired(w.w13, w13.get<uint8_t>(), flag.get<int>(), stream, glu_order);
   cutlass_engine::write_nvfp4_paired(w.w2, w2.get<uint8_t>(), flag.get<int>(), stream);
   int nan_seen = 0;
   EPMOE_CUDA_CHECK(cudaMemcpyAsync(&nan_seen, flag.get(), sizeof(int), cudaMemcpyDeviceToHost, stream));

@@ -40,9 +40,12 @@ size_t prepare_fp8_row_scales(ExpertWeights& w, DeviceBuffer& rows13, DeviceBuff
 // into `w13` / `w2` (grown as needed) for the mixed-input GEMM of nvfp4 weights (CutlassPath::nvfp4w).
 // Nothing in w points at them: the runner keeps which data they came from. Returns their bytes, 0
 // for other formats or shapes and where a block scale is NaN (which the copy cannot hold: such
-// weights keep the widened path); synchronizes `stream` to learn that. Must be redone if the weights change. Enqueued on `stream` on the
-// current device; needs a build with CUTLASS.
-size_t prepare_nvfp4_paired(const ExpertWeights& w, DeviceBuffer& w13, DeviceBuffer& w2, cudaStream_t stream);
+// weights keep the widened path); synchronizes `stream` to learn that. With glu_order, W13's copy
+// is in nvfp4_paired::glu_row's order (GEMM1 with SwiGLU in its epilogue; needs I % 8 == 0, which
+// I % 16 gives). Must be redone if the weights change. Enqueued on `stream` on the current device;
+// needs a build with CUTLASS.
+size_t prepare_nvfp4_paired(const ExpertWeights& w, DeviceBuffer& w13, DeviceBuffer& w2, cudaStream_t stream,
+                            bool glu_order = false);
 // Bytes of those scales for E experts of hidden size H and intermediate size I (I % 64 == 0): one
 // per 64 rows of W13 and 128-block of H.
 inline size_t fp8_glu_scales_bytes(int E, int H, int I) {

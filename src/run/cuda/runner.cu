@@ -53,7 +53,11 @@ size_t CudaRunner::prepare(ExpertWeights& w, Stream stream) {
   cudaStream_t st = static_cast<cudaStream_t>(stream);
   size_t bytes = nvfp4 ? prepare_nvfp4_weights(w, prep13_, prep2_, st) : fp8 ? prepare_fp8_glu_scales(w, prep13_, st) : 0;
   if (paired) {
-    const size_t n = prepare_nvfp4_paired(w, paired13_, paired2_, st);
+    // GEMM1 on them runs SwiGLU in its epilogue where the intermediate stays bf16 (the fp8 round
+    // trip's 128-column blocks span two of its tiles): W13's copy is then in GLU order.
+    const bool glu = cfg_.effective_intermediate_quant() != IntermediateQuant::fp8;
+    const size_t n = prepare_nvfp4_paired(w, paired13_, paired2_, st, glu);
+    paired13_glu_ = n && glu;
     paired_src13_ = n ? w.w13.data : nullptr;
     paired_src2_ = n ? w.w2.data : nullptr;
     bytes += n;

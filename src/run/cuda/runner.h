@@ -174,6 +174,7 @@ class CudaRunner final : public Runner {
   // prepare() with tuning.nvfp4_mixed: nvfp4 W13 / W2 paired (nvfp4_paired.h) for the mixed-input
   // GEMM, and the codes they were written from (a run uses them only for these).
   DeviceBuffer paired13_, paired2_;
+  bool paired13_glu_ = false;  // W13's copy in GLU order (nvfp4_paired::glu_row): GEMM1 fuses SwiGLU
   const void* paired_src13_ = nullptr;
   const void* paired_src2_ = nullptr;
   bool paired_for(const ExpertWeights& w) const {

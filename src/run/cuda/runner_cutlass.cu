@@ -165,6 +165,14 @@ void run_fp8w(cutlass_engine::Grouped g, const MatrixView& m, int half_rows, con
   run_mixed(g, tile_n, tail_ws, [st](const cutlass_engine::Grouped& x) { cutlass_engine::grouped_gemm_fp8w(x, st); });
 }
 
+// GEMM1 `g` (N = 2I) as its one-GEMM SwiGLU form writing the intermediate `h` [rows][I].
+cutlass_engine::Grouped glu_of(cutlass_engine::Grouped g, bf16_raw* h) {
+  g.N /= 2;
+  g.glu = true;
+  g.out = h;
+  return g;
+}
+
 // GEMM `g` (bf16 A) with nvfp4 weights on the mixed-input GEMM (CutlassPath::nvfp4w): their paired
 // copy `paired` (prepare) and alpha = 2^8 / gs per expert.
 void run_nvfp4w(cutlass_engine::Grouped g, const void* paired, const float* alpha, int tile_n, void* tail_ws,
@@ -220,7 +228,8 @@ int CudaRunner::run_widened(const cutlass_engine::Grouped& g, const MatrixView& 
 //     in its main loop (run_fp8w; with tuning.fp8_mixed off widened to those values + CUTLASS bf16),
 //     so that a bf16 operand keeps its numerics (never requantized to e4m3);
 //   nvfp4 weights: the mixed-input GEMM on their paired copy where prepare() wrote one (run_nvfp4w,
-//     alpha = 2^8 / gs), else widened to bf16(e2m1 * block scale) + CUTLASS bf16 with alpha = 1/gs
+//     alpha = 2^8 / gs; GEMM1 with SwiGLU in its epilogue where the intermediate stays bf16 and
+//     W13's copy is in GLU order, no pass), else widened to bf16(e2m1 * block scale) + CUTLASS bf16 with alpha = 1/gs
 //     per expert (the same bits).
 // Where 1/gs goes: into the bf16 GEMM's epilogue as a per-group alpha (a runtime argument of the
 // existing instantiation), so it multiplies the fp32 accumulator before the one bf16 rounding,
@@ -261,7 +270,9 @@ void CudaRunner::run_cutlass(const DispatchOutput& in, const ExpertWeights& w, b
   const bool nvfp4 = wf == WeightFormat::nvfp4;
   const bool fuse = plan.fused_swiglu;
   const bool glu_split = plan.glu_split;
-  last_swiglu_fused_ = fuse;
+  // GEMM1 on nvfp4w with SwiGLU in its epilogue (prepare() wrote W13's copy in GLU order).
+  const bool nv_glu = p1 == CutlassPath::nvfp4w && paired13_glu_;
+  last_swiglu_fused_ = fuse || nv_glu;
   last_glu_split_ = glu_split;
   // A direct GEMM reports its buckets' tile (or kByRows); a widened pair its single width.
   last_swap_tile_n_ = plan.tile_n(p1 == CutlassPath::widened ? p2 : p1);
@@ -292,7 +303,8 @@ void CudaRunner::run_cutlass(const DispatchOutput& in, const ExpertWeights& w, b
   // Either mixed-input GEMM at its token tile and at the tail's (run_mixed), 256-byte aligned.
   auto mixed_bytes = [&](int tile) {
     return std::max(mixed1 || mixed2 ? cutlass_engine::fp8w_workspace_bytes(E, sms_, tile) : 0,
-                    nv1 || nv2 ? cutlass_engine::nvfp4w_workspace_bytes(E, sms_, tile) : 0);
+                    std::max(nv1 || nv2 ? cutlass_engine::nvfp4w_workspace_bytes(E, sms_, tile) : 0,
+                             nv_glu ? cutlass_engine::nvfp4w_workspace_bytes(E, sms_, tile, true) : 0));
   };
   const size_t mixed_ws =
       (std::max(mixed_bytes(plan.fp8w_tile_n), mixed_bytes(cutlass_engine::Grouped::kPartTail)) + 255) / 256 * 256;
@@ -320,7 +332,7 @@ void CudaRunner::run_cutlass(const DispatchOutput& in, const ExpertWeights& w, b
   const int chunk1 = plan.chunk1, chunk2 = plan.chunk2;
   scratch_.reserve(plan.scratch_bytes());
   reserve_routing(E, max_tiles, max_rows);
-  if (!fp8_glu) gu_.reserve(size_t(max_rows) * 2 * I * 2);
+  if (!fp8_glu && !nv_glu) gu_.reserve(size_t(max_rows) * 2 * I * 2);
   o_.reserve(size_t(max_rows) * H * 2);
   if (fp8_1) {
     a8_.reserve(size_t(max_rows) * H);
@@ -414,6 +426,9 @@ void CudaRunner::run_cutlass(const DispatchOutput& in, const ExpertWeights& w, b
       run_buckets(g1, plan.buckets, false, st, fork, ws_stride, er, glu_split ? h_.get<bf16_raw>() : nullptr, pair);
     else if (mixed1)
       run_fp8w(g1, w.w13, I, prep_row13, row_sf_.get<float>(), plan.fp8w_tile_n, tail_ws, st);
+    else if (nv_glu)
+      run_nvfp4w(glu_of(g1, h_.get<bf16_raw>()), paired13_.get(), inv_gs_.get<float>(), plan.fp8w_tile_n, tail_ws,
+                 st);
     else if (nv1)
       run_nvfp4w(g1, paired13_.get(), inv_gs_.get<float>(), plan.fp8w_tile_n, tail_ws, st);
     else
@@ -423,7 +438,7 @@ void CudaRunner::run_cutlass(const DispatchOutput& in, const ExpertWeights& w, b
   if (fp8_glu) {
     cutlass_engine::quantize_intermediate(h_.get<bf16_raw>(), offsets_.get<int32_t>(), cnt_.get<int32_t>(), E, I,
                                           max_rows, in.quant.ue8m0, h8_.get<uint8_t>(), hs_.get<float>(), st, pdl_);
-  } else if (!fuse) {
+  } else if (!fuse && !nv_glu) {
     // With glu_split the pass leaves the unswapped buckets' experts, whose rows GEMM1 wrote.
     cutlass_engine::SwigluSkip skip;
     if (glu_split) {

@@ -586,6 +586,24 @@ TEST(CudaPolicy, MixedInputGemmsRefuseBadArguments) {
   m = message([&] { ce::grouped_gemm_fp8w(g, nullptr); });
   EXPECT_NE(m.find("fp8-weight"), std::string::npos) << m;
   EXPECT_NE(m.find("swap_tile_n=192"), std::string::npos) << m;
+  g.swap_tile_n = 256;
+  g.alpha = &fake_alpha;
+  g.glu = true;
+  g.halves = true;
+  m = message([&] { ce::grouped_gemm_nvfp4w(g, nullptr); });
+  EXPECT_NE(m.find("halves"), std::string::npos) << m;
+  // W13's paired copy in GLU order needs whole 16-row groups of 8 gate and 8 up rows.
+  alignas(16) static uint8_t fake[16];
+  static int fake_flag = 0;
+  MatrixView w13;
+  w13.format = WeightFormat::nvfp4;
+  w13.device = DeviceKind::cuda;
+  w13.experts = 1;
+  w13.rows = 24;
+  w13.cols = 64;
+  w13.data = w13.scales = fake;
+  m = message([&] { ce::write_nvfp4_paired(w13, fake, &fake_flag, nullptr, true); });
+  EXPECT_NE(m.find("rows=24"), std::string::npos) << m;
 }
 
 }  // namespace

@@ -127,7 +127,9 @@ TEST(CutlassEngine, Fp8WeightsDecodedInMainLoop) {
 // nvfp4 weights on the mixed-input GEMM from their paired copies (prepare with
 // tuning.nvfp4_mixed; engine_cutlass_nvfp4w.cuh): the decoded weights are the widened values times
 // 2^-8 and alpha 2^8 / gs, so the output equals the widened path's swapped run bit for bit, and the
-// reference within the bound. Each token-tile width, bf16 / fp8 / nvfp4 dispatch, gpt-oss-like
+// reference within the bound. GEMM1 runs SwiGLU in its epilogue (W13's copy in GLU order) except
+// with the fp8 intermediate (iq=fp8): against the widened GEMM1 and the SwiGLU pass, the same bits.
+// Each token-tile width, bf16 / fp8 / nvfp4 dispatch, gpt-oss-like
 // shapes (H 2880, I 576), Qwen3-30B and Mixtral expert shapes, every row on one expert, T = 1
 // (T = 0 returns before any engine), experts without rows, DeepSeek-V3 expert shapes at large M.
 void run_nvfp4w_problem(const Problem& p, uint32_t seed) {
@@ -152,6 +154,8 @@ void run_nvfp4w_problem(const Problem& p, uint32_t seed) {
     EPMOE_CUDA_CHECK(cudaDeviceSynchronize());
     *engines = runner.last_engines();
     EXPECT_EQ(runner.last_widen_chunks(), paired ? 0 : 2);
+    // The paired GEMM1 runs SwiGLU in its epilogue unless the intermediate takes the fp8 round trip.
+    if (paired) EXPECT_EQ(runner.last_swiglu_fused(), p.iq == kNone);
     return y.download();
   };
   const std::string mixed = "cutlass-nvfp4w-swap" + std::to_string(tile);
