@@ -172,10 +172,11 @@ int decode_max_rows(WeightFormat wf, const DecodeEngines& d32, int tuned, bool p
   return 0;
 }
 
-double nvfp4_wide_max_rows(int hidden, int intermediate, int tuned, bool paired) {
+double nvfp4_wide_max_rows(int hidden, int intermediate, int tuned, bool paired, int experts) {
   if (tuned > 0) return double(tuned);
-  if (paired) return kNvfp4WideMaxRowsPaired;
-  return 3 * int64_t(hidden) * intermediate < kNvfp4WideSmallExpert ? kNvfp4WideMaxRowsSmall : kNvfp4WideMaxRows;
+  const bool small = 3 * int64_t(hidden) * intermediate < kNvfp4WideSmallExpert;
+  if (paired) return experts < kSplitMinExperts ? 0.0 : small ? kNvfp4WideMaxRowsPairedSmall : kNvfp4WideMaxRowsPaired;
+  return small ? kNvfp4WideMaxRowsSmall : kNvfp4WideMaxRows;
 }
 
 bool use_nvfp4_wide(RunnerEngine engine, const DecodeEngines& d32, bool prepared, double expected_rows,

@@ -267,11 +267,20 @@ constexpr int64_t kNvfp4WideSmallExpert = int64_t(16) << 20;
 // expert: DeepSeek-V3 2.482 / 3.106 / 4.075 (192) against 2.349 / 2.914 / 5.135; Qwen3-235B and
 // gpt-oss-120b at 128 / 256 0.771 / 1.046 and 0.989 / 1.337 against 0.718 / 1.409 and 0.929 /
 // 1.770; Qwen3-30B and Mixtral-8x7B at 128 0.263 and 0.420 against 0.278 and 0.486. So the wide
-// engine keeps up to 128 rows for every shape (5% and 14% lost at Qwen3-30B's and Mixtral's 128).
+// engine kept up to 128 rows for every shape (5% and 14% lost at Qwen3-30B's and Mixtral's 128).
+// With SwiGLU in nvfp4w's GEMM1 epilogue (session 39, bench/results/2026-12-04-session39-h200.md,
+// call 2, ABAB) at 64 / 128 rows: DeepSeek-V3 2.56 / 3.06 against wide 2.35 / 2.90, Qwen3-235B
+// 0.618 / 0.743 against 0.565 / 0.722, gpt-oss-120b 0.797 / 0.951 against 0.758 / 0.930 (wide
+// keeps 128); Qwen3-30B 0.208 / 0.254 against 0.200 / 0.279, and at 96 rows (call 3) 0.247 against
+// 0.235 (small experts: wide up to 96, kNvfp4WideMaxRowsPairedSmall); Mixtral-8x7B (4 local
+// experts) 0.344 / 0.399 against 0.438 / 0.490, at 48 rows (call 3) 0.354 against 0.418: with few
+// experts (under kSplitMinExperts) nvfp4w follows the decode engine directly.
 constexpr double kNvfp4WideMaxRowsPaired = 128.0;
+constexpr double kNvfp4WideMaxRowsPairedSmall = 96.0;
 // tuned > 0 (tuning.nvfp4_wide_max_rows) replaces the measured bound, for re-measuring it;
-// `paired`: the weights have their paired copies (kNvfp4WideMaxRowsPaired).
-double nvfp4_wide_max_rows(int hidden, int intermediate, int tuned = 0, bool paired = false);
+// `paired`: the weights have their paired copies (the bounds above; 0 under kSplitMinExperts
+// local `experts`).
+double nvfp4_wide_max_rows(int hidden, int intermediate, int tuned = 0, bool paired = false, int experts = 1 << 30);
 bool use_nvfp4_wide(RunnerEngine engine, const DecodeEngines& d32, bool prepared, double expected_rows,
                     int decode_max_rows, double max_rows);
 

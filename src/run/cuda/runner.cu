@@ -142,7 +142,7 @@ void CudaRunner::run(const DispatchOutput& in, const ExpertWeights& w, bf16_raw*
   const bool prepared = w.w13.prepared && w.w2.prepared;
   const int decode_limit = policy::decode_max_rows(w.w13.format, d32, cfg_.tuning.decode_max_rows, prepared, E,
                                                    3 * int64_t(H) * I, fp8_mixed_);
-  const double wide_limit = policy::nvfp4_wide_max_rows(H, I, cfg_.tuning.nvfp4_wide_max_rows, paired_for(w));
+  const double wide_limit = policy::nvfp4_wide_max_rows(H, I, cfg_.tuning.nvfp4_wide_max_rows, paired_for(w), E);
   const bool wide = force_bm_ == 0 && policy::use_nvfp4_wide(engine_, d32, prepared, avg, decode_limit, wide_limit);
   // The wide engine's token tiles: 128 or 160 rows, or by rows (tuning.nvfp4_wide_rows = 0): each
   // expert the height that gives it fewer tiles, in a second table and a second launch per GEMM.

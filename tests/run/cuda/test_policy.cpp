@@ -475,10 +475,15 @@ TEST(CudaPolicy, PairedNvfp4OnTheMixedInputGemm) {
   const auto none = plan(ActFormat::bf16, 256, false);
   EXPECT_EQ(none.gemm1, P::widened);
   EXPECT_EQ(none.gemm2, P::widened);
-  // The wide engine's bound with the copies, for every shape; a tuned bound still wins.
-  EXPECT_EQ(pol::nvfp4_wide_max_rows(7168, 2048, 0, true), pol::kNvfp4WideMaxRowsPaired);
-  EXPECT_EQ(pol::nvfp4_wide_max_rows(2048, 768, 0, true), pol::kNvfp4WideMaxRowsPaired);
+  // The wide engine's bound with the copies: 128 rows, 96 for small experts (Qwen3-30B), none for
+  // few local experts (Mixtral's 4); a tuned bound still wins.
+  EXPECT_EQ(pol::nvfp4_wide_max_rows(7168, 2048, 0, true, 128), pol::kNvfp4WideMaxRowsPaired);
+  EXPECT_EQ(pol::nvfp4_wide_max_rows(2880, 2880, 0, true, 64), pol::kNvfp4WideMaxRowsPaired);
+  EXPECT_EQ(pol::nvfp4_wide_max_rows(2048, 768, 0, true, 64), pol::kNvfp4WideMaxRowsPairedSmall);
+  EXPECT_EQ(pol::nvfp4_wide_max_rows(4096, 14336, 0, true, 4), 0.0);
+  EXPECT_EQ(pol::nvfp4_wide_max_rows(4096, 14336, 0, false, 4), pol::kNvfp4WideMaxRows);
   EXPECT_EQ(pol::nvfp4_wide_max_rows(2048, 768, 300, true), 300.0);
+  EXPECT_EQ(pol::nvfp4_wide_max_rows(4096, 14336, 300, true, 4), 300.0);
   EXPECT_EQ(pol::nvfp4_wide_max_rows(7168, 2048, 0, false), pol::kNvfp4WideMaxRows);
 }
 

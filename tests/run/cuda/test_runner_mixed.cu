@@ -183,27 +183,33 @@ TEST(CutlassEngine, Nvfp4WeightsDecodedInMainLoop) {
   for (const Problem& p : problems) run_nvfp4w_problem(p, seed++);
 }
 
-// The automatic choice with paired copies (prepare, tuning.nvfp4_mixed): the wide engine up to
-// policy::kNvfp4WideMaxRowsPaired (128) expected rows per expert, nvfp4w above at any M; without
-// them the wide engine keeps its own bound (640) and widened CUTLASS follows. Each run also
-// against the reference.
+// The automatic choice with paired copies (prepare, tuning.nvfp4_mixed), on small experts (H 256,
+// I 128): the wide engine up to policy::kNvfp4WideMaxRowsPairedSmall (96) expected rows per expert,
+// nvfp4w above at any M, and with few local experts (4, under kSplitMinExperts) nvfp4w right after
+// the decode engine; without the copies the wide engine keeps its own bound (512 for small experts)
+// and widened CUTLASS follows. Each run also against the reference.
 TEST(CutlassEngine, PairedNvfp4AutomaticChoice) {
   EPMOE_REQUIRE_GPU();
   EPMOE_REQUIRE_CUTLASS();
   struct Case {
-    int C;  // expected rows per expert C * 2 / 4
+    int E, C;  // expected rows per expert C * 2 / E
     bool mixed;
     const char* expect;
   };
-  const std::string wide = "wgmma-nvfp4w/wgmma-nvfp4w", paired = "cutlass-nvfp4w-swap256/cutlass-nvfp4w-swap256";
+  const char* wide = "wgmma-nvfp4w/wgmma-nvfp4w";
   const std::vector<Case> cases = {
-      {256, true, wide.c_str()},     {260, true, paired.c_str()}, {260, false, wide.c_str()},
-      {1400, true, paired.c_str()},  {1400, false, "cutlass-bf16(widened nvfp4)/cutlass-bf16(widened nvfp4)"},
+      {16, 768, true, wide},  // 96 rows
+      {16, 784, true, "cutlass-nvfp4w-swap128/cutlass-nvfp4w-swap128"},  // 98 rows
+      {16, 784, false, wide},
+      {4, 80, true, "cutlass-nvfp4w-swap64/cutlass-nvfp4w-swap64"},  // 40 rows, few experts
+      {4, 80, false, wide},
+      {16, 4800, true, "cutlass-nvfp4w-swap256/cutlass-nvfp4w-swap256"},  // 600 rows
+      {16, 4800, false, "cutlass-bf16(widened nvfp4)/cutlass-bf16(widened nvfp4)"},
   };
   uint32_t seed = 2900;
   for (const Case& c : cases) {
-    const Problem p{256, 128, 4, 2, c.C, A::bf16, W::nvfp4, kNone, Load::uniform, -1, -1, false, "", "choice"};
-    SCOPED_TRACE("C " + std::to_string(c.C) + (c.mixed ? " paired" : " no paired copy"));
+    const Problem p{256, 128, c.E, 2, c.C, A::bf16, W::nvfp4, kNone, Load::uniform, -1, -1, false, "", "choice"};
+    SCOPED_TRACE("E " + std::to_string(c.E) + " C " + std::to_string(c.C) + (c.mixed ? " paired" : " no paired copy"));
     const ProblemData data(p, seed++);
     MoeConfig cfg = data.cfg;
     cfg.tuning.nvfp4_mixed = c.mixed;
