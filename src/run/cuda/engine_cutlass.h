@@ -311,6 +311,7 @@ void quantize_intermediate(const bf16_raw* h, const int32_t* offsets, const int3
 #include <array>
 #include <memory>
 #include <mutex>
+#include <type_traits>
 #include <string>
 
 #include "core/cuda/check.h"
@@ -403,6 +404,20 @@ struct Tables {
     return t;
   }
 };
+
+// Whether two instantiations' tables have one layout (every element and stride type alike), so
+// that one fill may write both (a head launch's fill writing its tail's, Grouped::Part).
+template <class G1, class G2, bool kScaled, bool kSource = false, bool kSwap = false, bool kMixed = false>
+constexpr bool same_tables() {
+  using A = Tables<G1, kScaled, kSource, kSwap, kMixed>;
+  using B = Tables<G2, kScaled, kSource, kSwap, kMixed>;
+  return std::is_same_v<typename A::Shape3, typename B::Shape3> && std::is_same_v<typename A::EA, typename B::EA> &&
+         std::is_same_v<typename A::EB, typename B::EB> && std::is_same_v<typename A::ED, typename B::ED> &&
+         std::is_same_v<typename A::StrideA, typename B::StrideA> &&
+         std::is_same_v<typename A::StrideB, typename B::StrideB> &&
+         std::is_same_v<typename A::StrideD, typename B::StrideD> && std::is_same_v<typename A::EC, typename B::EC> &&
+         std::is_same_v<typename A::StrideC, typename B::StrideC>;
+}
 
 // One thread per group (an expert, or with `halves` a half of one): shapes (the expert's rows may
 // be 0: the scheduler gives it no tiles; an expert outside `ranges` is given 0 rows, so that it
@@ -662,8 +677,11 @@ void run(const Grouped& g, const char* what, cudaStream_t stream) {
     fp.a[0] = fill_args(g);
     int most = groups;
     if (const Grouped* q = g.pair) {
-      // The pair runs this same instantiation later (its own call, tables_filled).
-      if (q->swap_ab != g.swap_ab || (g.swap_ab && q->swap_tile_n != g.swap_tile_n) || q->glu != g.glu ||
+      // The pair runs this same instantiation later (its own call, tables_filled), or is the tail
+      // launch of this head (Grouped::Part), whose narrower tile has tables of the same layout
+      // (same_tables, asserted where the head's instantiation is).
+      const bool tail = g.part == Grouped::Part::head && q->part == Grouped::Part::tail;
+      if (q->swap_ab != g.swap_ab || (g.swap_ab && q->swap_tile_n != g.swap_tile_n && !tail) || q->glu != g.glu ||
           bool(q->src) != bool(g.src) || bool(q->sfw) != bool(g.sfw) || !q->workspace || q->workspace == g.workspace ||
           (q->halves && q->alpha))
         throw UsageError(std::string("cutlass ") + what +

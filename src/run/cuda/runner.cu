@@ -60,6 +60,17 @@ size_t CudaRunner::prepare(ExpertWeights& w, Stream stream) {
     paired13_glu_ = n && glu;
     paired_src13_ = n ? w.w13.data : nullptr;
     paired_src2_ = n ? w.w2.data : nullptr;
+    // Their GEMMs' alpha, 2^8 / gs per expert (W13's E, then W2's), once instead of per call.
+    paired_gs13_ = paired_gs2_ = nullptr;
+    if (n) {
+      const int E = w.w13.experts;
+      paired_alpha_.reserve(size_t(E) * 2 * sizeof(float));
+      widen::inverse_scales(w.w13.global_scale, E, paired_alpha_.get<float>(), st, 256.0f);
+      widen::inverse_scales(w.w2.global_scale, E, paired_alpha_.get<float>() + E, st, 256.0f);
+      paired_gs13_ = w.w13.global_scale;
+      paired_gs2_ = w.w2.global_scale;
+      bytes += size_t(E) * 2 * sizeof(float);
+    }
     bytes += n;
   }
   if (fp8 && fp8_mixed_ && cutlass_engine::available()) {

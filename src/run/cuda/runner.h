@@ -177,6 +177,11 @@ class CudaRunner final : public Runner {
   bool paired13_glu_ = false;  // W13's copy in GLU order (nvfp4_paired::glu_row): GEMM1 fuses SwiGLU
   const void* paired_src13_ = nullptr;
   const void* paired_src2_ = nullptr;
+  // Their GEMMs' alpha 2^8 / gs, [2][E], and the global scales it came from (a run uses it only for
+  // these; otherwise it computes its own per call).
+  DeviceBuffer paired_alpha_;
+  const float* paired_gs13_ = nullptr;
+  const float* paired_gs2_ = nullptr;
   bool paired_for(const ExpertWeights& w) const {
     return paired_src13_ && w.w13.data == paired_src13_ && w.w2.data == paired_src2_;
   }

@@ -137,20 +137,24 @@ size_t bucket_workspace(const std::vector<policy::RowBucket>& buckets, bool fp8,
 // token tiles. With 256-wide tiles they run as a head and a tail launch (Grouped::Part): an
 // expert's rows past a multiple of 256, up to 128 of them, go to a 128-wide tile of the tail
 // instead of a second 256-wide tile (under the router, an expert of 257-300 rows at a 256-row
-// mean). The tail has its own workspace region `tail_ws` (tables and CUTLASS's workspace); an
-// empty tail launch returns before CUTLASS's prologue.
+// mean). The tail has its own workspace region `tail_ws` (tables and CUTLASS's workspace), which
+// the head's table fill writes too (Grouped::pair); an empty tail launch returns before CUTLASS's
+// prologue.
 template <class Gemm>
 void run_mixed(cutlass_engine::Grouped g, int tile_n, void* tail_ws, Gemm gemm) {
   g.swap_ab = true;
   g.swap_tile_n = tile_n;
   g.ranges = cutlass_engine::RowRanges{};
   if (tile_n != cutlass_engine::Grouped::kPartRows || !tail_ws) return gemm(g);
+  cutlass_engine::Grouped tail = g;
+  tail.part = cutlass_engine::Grouped::Part::tail;
+  tail.swap_tile_n = cutlass_engine::Grouped::kPartTail;
+  tail.workspace = tail_ws;
   g.part = cutlass_engine::Grouped::Part::head;
+  g.pair = &tail;
   gemm(g);
-  g.part = cutlass_engine::Grouped::Part::tail;
-  g.swap_tile_n = cutlass_engine::Grouped::kPartTail;
-  g.workspace = tail_ws;
-  gemm(g);
+  tail.tables_filled = true;
+  gemm(tail);
 }
 
 // GEMM `g` (bf16 A) with fp8 weights `m` on the mixed-input GEMM (CutlassPath::fp8w): m's tile
@@ -348,11 +352,17 @@ void CudaRunner::run_cutlass(const DispatchOutput& in, const ExpertWeights& w, b
   // prepare() may have reordered W13's scales once already (prepare_fp8_glu_scales).
   const float* glu_sfw = fp8_glu ? static_cast<const float*>(w.w13.prepared) : nullptr;
   if (fp8_glu && !glu_sfw) glu_sfw_.reserve(fp8_glu_scales_bytes(E, H, I));
-  if (nvfp4) {
-    // The paired GEMM's weights carry 2^-8 (nvfp4w), its alpha 2^8 / gs.
+  // Per-expert alpha of nvfp4 weights, [2][E] (W13, W2): 1/gs widened; the paired GEMM's weights
+  // carry 2^-8 (nvfp4w), its alpha 2^8 / gs, which prepare() wrote for these global scales.
+  const float* inv_gs = nullptr;
+  if (nvfp4 && nv1 && nv2 && w.w13.global_scale == paired_gs13_ && w.w2.global_scale == paired_gs2_) {
+    inv_gs = paired_alpha_.get<float>();
+  } else if (nvfp4) {
     inv_gs_.reserve(size_t(E) * 2 * sizeof(float));
-    widen::inverse_scales(w.w13.global_scale, E, inv_gs_.get<float>(), st, nv1 ? 256.0f : 1.0f);
-    widen::inverse_scales(w.w2.global_scale, E, inv_gs_.get<float>() + E, st, nv2 ? 256.0f : 1.0f);
+    float* const inv = inv_gs_.get<float>();
+    widen::inverse_scales(w.w13.global_scale, E, inv, st, nv1 ? 256.0f : 1.0f);
+    widen::inverse_scales(w.w2.global_scale, E, inv + E, st, nv2 ? 256.0f : 1.0f);
+    inv_gs = inv;
   }
 
   launch_count(in, bm, cnt_.get<int32_t>(), offsets_.get<int32_t>(), fill_.get<int32_t>(), tiles_.get<MTile>(),
@@ -419,7 +429,7 @@ void CudaRunner::run_cutlass(const DispatchOutput& in, const ExpertWeights& w, b
       gemm1_swiglu(g1, gu_.get<bf16_raw>(), st);
     else
       last_widen_chunks_ +=
-          run_widened(g1, w.w13, nvfp4 ? inv_gs_.get<float>() : nullptr, chunk1, st, gu_.get<bf16_raw>());
+          run_widened(g1, w.w13, nvfp4 ? inv_gs : nullptr, chunk1, st, gu_.get<bf16_raw>());
   } else {
     g1.A = a_.get<bf16_raw>();
     if (p1 == CutlassPath::bf16)
@@ -427,12 +437,12 @@ void CudaRunner::run_cutlass(const DispatchOutput& in, const ExpertWeights& w, b
     else if (mixed1)
       run_fp8w(g1, w.w13, I, prep_row13, row_sf_.get<float>(), plan.fp8w_tile_n, tail_ws, st);
     else if (nv_glu)
-      run_nvfp4w(glu_of(g1, h_.get<bf16_raw>()), paired13_.get(), inv_gs_.get<float>(), plan.fp8w_tile_n, tail_ws,
+      run_nvfp4w(glu_of(g1, h_.get<bf16_raw>()), paired13_.get(), inv_gs, plan.fp8w_tile_n, tail_ws,
                  st);
     else if (nv1)
-      run_nvfp4w(g1, paired13_.get(), inv_gs_.get<float>(), plan.fp8w_tile_n, tail_ws, st);
+      run_nvfp4w(g1, paired13_.get(), inv_gs, plan.fp8w_tile_n, tail_ws, st);
     else
-      last_widen_chunks_ += run_widened(g1, w.w13, nvfp4 ? inv_gs_.get<float>() : nullptr, chunk1, st);
+      last_widen_chunks_ += run_widened(g1, w.w13, nvfp4 ? inv_gs : nullptr, chunk1, st);
   }
 
   if (fp8_glu) {
@@ -461,9 +471,9 @@ void CudaRunner::run_cutlass(const DispatchOutput& in, const ExpertWeights& w, b
     else if (mixed2)
       run_fp8w(g2, w.w2, H, prep_row2, row_sf_.get<float>(), plan.fp8w_tile_n, tail_ws, st);
     else if (nv2)
-      run_nvfp4w(g2, paired2_.get(), inv_gs_.get<float>() + E, plan.fp8w_tile_n, tail_ws, st);
+      run_nvfp4w(g2, paired2_.get(), inv_gs + E, plan.fp8w_tile_n, tail_ws, st);
     else
-      last_widen_chunks_ += run_widened(g2, w.w2, nvfp4 ? inv_gs_.get<float>() + E : nullptr, chunk2, st);
+      last_widen_chunks_ += run_widened(g2, w.w2, nvfp4 ? inv_gs + E : nullptr, chunk2, st);
   }
 
   launch_reduce(in, pair_pos_.get<int32_t>(), o_.get<bf16_raw>(), y, st, pdl_);
