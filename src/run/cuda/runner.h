@@ -56,7 +56,8 @@ class CudaRunner final : public Runner {
   // tuning.fp8_mixed in a CUTLASS build both matrices' scales per weight row for the mixed-input
   // GEMM (prepare_fp8_row_scales), w.w2.prepared pointed at W2's; nvfp4 weights with
   // tuning.nvfp4_mixed in a CUTLASS build also their paired copies (prepare_nvfp4_paired, one byte
-  // per weight) for the mixed-input GEMM at large M; a run of the same w (the same
+  // per weight; W13's in GLU order unless the intermediate is quantized to fp8) and those GEMMs'
+  // alpha (2^8 / gs per expert) for the mixed-input GEMM at large M; a run of the same w (the same
   // scale pointers) then skips those launches. Returns the bytes; 0 (w unchanged) for other formats,
   // shapes the engines do not take, or nvfp4 with nvfp4_prepare and nvfp4_mixed off. Run w only
   // with this runner.

@@ -351,8 +351,10 @@ TEST(CudaRunner, PrepareStep) {
       cuda::CudaRunner runner(cfg, 0);
       const size_t bytes = runner.prepare(w, nullptr);
       if (wf == WeightFormat::nvfp4 && on) {
-        // With nvfp4_mixed (and CUTLASS) the paired copies too, one byte per weight.
-        const size_t paired = cuda::cutlass_engine::available() ? size_t(E) * 3 * H * I : 0;
+        // With nvfp4_mixed (and CUTLASS) the paired copies too, one byte per weight, and their
+        // GEMMs' alpha (one float per expert and matrix).
+        const size_t paired =
+            cuda::cutlass_engine::available() ? size_t(E) * 3 * H * I + size_t(E) * 2 * sizeof(float) : 0;
         EXPECT_EQ(bytes, cuda::nvfp4_prepared_bytes(w.w13, true, I) + cuda::nvfp4_prepared_bytes(w.w2, false, H) + paired);
         EXPECT_NE(w.w13.prepared, nullptr);
         EXPECT_NE(w.w2.prepared, nullptr);
