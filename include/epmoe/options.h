@@ -77,16 +77,18 @@ struct Tuning {
                                 //   bf16 operand decode the weights in the main loop; 0: widen them
                                 //   to bf16 first (same bits)
   bool nvfp4_mixed = true;      // [local] EPMOE_NVFP4_MIXED=0|1: the prepare step also writes nvfp4
-                                //   weights as one byte per weight (code + half its block scale), which
-                                //   CUTLASS GEMMs decode in the main loop; 0: no such copy, large-M
-                                //   nvfp4 GEMMs widen to bf16 first (same bits)
+                                //   weights as one byte per weight (both codes of a pair and their
+                                //   block scale), which CUTLASS GEMMs decode in the main loop; 0: no
+                                //   such copy, large-M nvfp4 GEMMs widen to bf16 first (same bits)
   int decode_max_rows = 0;      // [local] EPMOE_DECODE_MAX_ROWS=0..65536: expected rows per expert
                                 //   up to which engine auto keeps the 32-row decode engines (above:
                                 //   CUTLASS, or for prepared nvfp4 the wide engine up to 640 rows);
                                 //   0 = the measured per-format crossover (policy.h)
   int nvfp4_wide_max_rows = 0;  // [local] EPMOE_NVFP4_WIDE_MAX_ROWS=0..65536: expected rows per expert
                                 //   up to which engine auto runs prepared nvfp4 on the wide engine
-                                //   (above: widened CUTLASS); 0 = the measured bound (policy.h: 640,
+                                //   (above: CUTLASS, on the paired copy or widened); 0 = the
+                                //   measured bound (policy.h: with paired copies 128, 96 for experts
+                                //   under 16 M weights, none on under 16 local experts; else 640,
                                 //   512 for experts under 16 M weights)
   CutlassSwap cutlass_swap = CutlassSwap::automatic;  // [local] EPMOE_CUTLASS_SWAP=auto|0|1|64|128|192|byrows:
                                 //   CUTLASS GEMMs swap-AB (64/128/192: that token-tile width; auto:

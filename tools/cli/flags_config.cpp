@@ -58,7 +58,7 @@ const FlagSpec kTuningFlags[] = {
     {"fp8-mixed", "0|1", "runner cuda: fp8 weights x bf16 decoded in the CUTLASS GEMM, 0 widens them (env EPMOE_FP8_MIXED)"},
     {"nvfp4-mixed", "0|1", "runner cuda: prepare nvfp4 weights 1 byte each for the CUTLASS GEMM, 0 widens them (env EPMOE_NVFP4_MIXED)"},
     {"decode-max-rows", "N", "runner cuda: expected rows per expert up to which the decode engines run, above CUTLASS (prepared nvfp4: the wide engine up to 640); 0 = measured crossover (env EPMOE_DECODE_MAX_ROWS)"},
-    {"nvfp4-wide-max-rows", "N", "runner cuda: expected rows per expert up to which prepared nvfp4 runs the wide engine, above widened CUTLASS; 0 = measured bound, 640 or 512 for small experts (env EPMOE_NVFP4_WIDE_MAX_ROWS)"},
+    {"nvfp4-wide-max-rows", "N", "runner cuda: expected rows per expert up to which prepared nvfp4 runs the wide engine, above CUTLASS (on the paired copy, or widened); 0 = measured bound: with paired copies 128, 96 for small experts, none on under 16 local experts, else 640 or 512 (env EPMOE_NVFP4_WIDE_MAX_ROWS)"},
     {"cutlass-swap", "auto|0|1|64|128|192|byrows", "runner cuda: CUTLASS GEMMs swap-AB (weights in the 128-row tile; 64/128/192: token-tile width; byrows: per expert by its rows; auto: byrows except small experts) (env EPMOE_CUTLASS_SWAP)"},
     {"comm-sms", "N", "dispatcher nvlink: SMs of the dispatch and combine kernels (env EPMOE_COMM_SMS)"},
     {"push-warps", "N", "dispatcher nvlink: combine warps per CTA that push rows, 4..12 (env EPMOE_NVL_PUSH_WARPS)"},
