@@ -75,19 +75,26 @@ struct Loads : Base {
   }
 };
 
-// CUTLASS's register-direct ptr-array epilogue with its tile operation replaced. D is the
-// intermediate [rows][I] (group pointer and row stride I from the tables). In the m64nN
-// accumulator fragment ((2 columns, 2 rows, N / 8 groups of 8 columns) per thread, N = 2 * kHalf)
-// the up value of element i is element i + kHalf / 2.
-using EpiBase = cutlass::epilogue::collective::DefaultEpilogueArray<
-    void, cute::Stride<int64_t, cute::_1, cute::_0>*, cute::Stride<int64_t, cute::_1, cute::_0>*,
-    cutlass::epilogue::thread::LinearCombination<cutlass::bfloat16_t, 1, float, float>,
-    cutlass::epilogue::PtrArrayNoSmemWarpSpecialized>;
+// CUTLASS's register-direct ptr-array epilogue (bf16 D of stride type StrideD), whose tile
+// operation the SwiGLU epilogues replace (EpilogueOp below; nvfp4w::GluOp), keeping its Params.
+template <class StrideD>
+struct RegisterEpilogue
+    : cutlass::epilogue::collective::DefaultEpilogueArray<
+          void, StrideD*, StrideD*, cutlass::epilogue::thread::LinearCombination<cutlass::bfloat16_t, 1, float, float>,
+          cutlass::epilogue::PtrArrayNoSmemWarpSpecialized> {
+  using Base = cutlass::epilogue::collective::DefaultEpilogueArray<
+      void, StrideD*, StrideD*, cutlass::epilogue::thread::LinearCombination<cutlass::bfloat16_t, 1, float, float>,
+      cutlass::epilogue::PtrArrayNoSmemWarpSpecialized>;
+  typename Base::Params glu_params;  // the base keeps its copy private
+  CUTLASS_HOST_DEVICE RegisterEpilogue(typename Base::Params const& p) : Base(p), glu_params(p) {}
+};
 
+// The one-GEMM SwiGLU's tile operation. D is the intermediate [rows][I] (group pointer and row
+// stride I from the tables). In the m64nN accumulator fragment ((2 columns, 2 rows, N / 8 groups
+// of 8 columns) per thread, N = 2 * kHalf) the up value of element i is element i + kHalf / 2.
 template <int kHalf>
-struct EpilogueOp : EpiBase {
-  typename EpiBase::Params glu_params;  // the base keeps its copy private
-  CUTLASS_HOST_DEVICE EpilogueOp(typename EpiBase::Params const& p) : EpiBase(p), glu_params(p) {}
+struct EpilogueOp : RegisterEpilogue<cute::Stride<int64_t, cute::_1, cute::_0>> {
+  using RegisterEpilogue<cute::Stride<int64_t, cute::_1, cute::_0>>::RegisterEpilogue;
 
   template <class ProblemShapeMNKL, class BlockShapeMNK, class BlockCoordMNKL, class FrgEngine, class FrgLayout,
             class TiledMma, class ResidueMNK>
@@ -102,8 +109,8 @@ struct EpilogueOp : EpiBase {
     const int M = int(get<0>(problem_shape_mnkl));
     const int I = int(get<1>(problem_shape_mnkl)) / 2;
     auto [m_coord, n_coord, k_coord, l_coord] = blk_coord_mnkl;
-    bf16_raw* D = reinterpret_cast<bf16_raw*>(glu_params.ptr_D[l_coord]);
-    const int64_t ld = get<0>(glu_params.dD[l_coord]);
+    bf16_raw* D = reinterpret_cast<bf16_raw*>(this->glu_params.ptr_D[l_coord]);
+    const int64_t ld = get<0>(this->glu_params.dD[l_coord]);
     // Each accumulator's (row, column) in the problem (columns over 2I as the tiles are laid out).
     Tensor cD = local_tile(make_identity_tensor(make_shape(M, 2 * I)), take<0, 2>(blk_shape_MNK),
                            make_coord(m_coord, n_coord));

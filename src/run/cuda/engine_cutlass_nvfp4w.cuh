@@ -24,9 +24,7 @@
 #if defined(EPMOE_WITH_CUTLASS)
 #include <cuda_bf16.h>
 
-#include "cutlass/epilogue/collective/default_epilogue_array.hpp"
-#include "cutlass/epilogue/collective/detail.hpp"
-#include "run/cuda/silu.cuh"
+#include "run/cuda/engine_cutlass_glu.cuh"  // glu::RegisterEpilogue, silu
 
 namespace epmoe::cuda::cutlass_engine::nvfp4w {
 // One byte of the paired copy: a type of its own, so that CUTLASS converts it with the converter
@@ -95,14 +93,10 @@ struct Gemm {
 // silu(g) * u as the SwiGLU pass computes it (silu.cuh), rounded: that pass's bits. Lanes l and l ^ 4
 // hold neighbouring intermediate columns of the same two tokens, so one shuffle gives each a
 // column pair of one token: 4-byte stores.
-using GluStride = cute::Stride<cute::_1, int64_t, cute::_0>;
-using GluBase = cutlass::epilogue::collective::DefaultEpilogueArray<
-    void, GluStride*, GluStride*, cutlass::epilogue::thread::LinearCombination<cutlass::bfloat16_t, 1, float, float>,
-    cutlass::epilogue::PtrArrayNoSmemWarpSpecialized>;
+using GluBase = glu::RegisterEpilogue<cute::Stride<cute::_1, int64_t, cute::_0>>;  // D column-major
 
 struct GluOp : GluBase {
-  typename GluBase::Params glu_params;  // the base keeps its copy private
-  CUTLASS_HOST_DEVICE GluOp(typename GluBase::Params const& p) : GluBase(p), glu_params(p) {}
+  using GluBase::GluBase;
 
   template <class ProblemShapeMNKL, class BlockShapeMNK, class BlockCoordMNKL, class FrgEngine, class FrgLayout,
             class TiledMma, class ResidueMNK>
