@@ -127,7 +127,8 @@ struct GluOp : GluBase {
         const float u = __bfloat162float(__float2bfloat16_rn(alpha * accumulators(i + j + 2)));
         h[j] = __bfloat16_as_ushort(__float2bfloat16_rn(silu(g) * u));
       }
-      // Even r keeps token c and takes its neighbour's column r + 1; odd r keeps token c + 1.
+      // Lane pairs (l, l ^ 4) hold intermediate columns j (r even) and j + 1 (r odd): the even lane
+      // stores token c's (j, j + 1), the odd lane token c + 1's.
       const bool odd = r & 1;
       const bf16_raw other = static_cast<bf16_raw>(__shfl_xor_sync(0xffffffffu, uint32_t(odd ? h[0] : h[1]), 4));
       const int tok = odd ? c + 1 : c;
