@@ -17,18 +17,21 @@ namespace epmoe::cuda {
 
 namespace {
 
+// GEMM1 `g` (N = 2I) as its one-GEMM SwiGLU form writing the intermediate `h` [rows][I].
+cutlass_engine::Grouped glu_of(cutlass_engine::Grouped g, bf16_raw* h) {
+  g.N /= 2;
+  g.glu = true;
+  g.out = h;
+  return g;
+}
+
 // GEMM1 `g` (N = 2I, W = W13 of g.experts experts, out = the intermediate [rows][I]) with SwiGLU
 // fused: where I % 128 == 0 as one GEMM whose tiles hold both halves of 128 intermediate columns
 // (grouped_gemm_bf16_glu: the unfused bits), else as its gate half into `gate` [rows][I] and its
 // up half with SwiGLU in the epilogue, reading `gate`.
 void gemm1_swiglu(const cutlass_engine::Grouped& g, bf16_raw* gate, cudaStream_t st) {
   const int I = g.N / 2;
-  if (cutlass_engine::glu_fits(I) && !g.alpha) {
-    cutlass_engine::Grouped glu = g;
-    glu.N = I;
-    cutlass_engine::grouped_gemm_bf16_glu(glu, st);
-    return;
-  }
+  if (cutlass_engine::glu_fits(I) && !g.alpha) return cutlass_engine::grouped_gemm_bf16_glu(glu_of(g, g.out), st);
   cutlass_engine::Grouped half = g;
   half.N = I;
   half.w_expert_stride = int64_t(2) * I * g.K;
@@ -95,10 +98,7 @@ void run_buckets(cutlass_engine::Grouped g, const std::vector<policy::RowBucket>
     if (fp8) {
       cutlass_engine::grouped_gemm_fp8(g, s);
     } else if (glu_out && !g.swap_ab) {
-      cutlass_engine::Grouped glu = g;
-      glu.N = g.N / 2;
-      glu.out = glu_out;
-      cutlass_engine::grouped_gemm_bf16_glu(glu, s);
+      cutlass_engine::grouped_gemm_bf16_glu(glu_of(g, glu_out), s);
     } else {
       cutlass_engine::grouped_gemm_bf16(g, s);
     }
@@ -167,14 +167,6 @@ void run_fp8w(cutlass_engine::Grouped g, const MatrixView& m, int half_rows, con
   g.sfw = prepared ? prepared : row_sf;
   g.sfa = nullptr;
   run_mixed(g, tile_n, tail_ws, [st](const cutlass_engine::Grouped& x) { cutlass_engine::grouped_gemm_fp8w(x, st); });
-}
-
-// GEMM1 `g` (N = 2I) as its one-GEMM SwiGLU form writing the intermediate `h` [rows][I].
-cutlass_engine::Grouped glu_of(cutlass_engine::Grouped g, bf16_raw* h) {
-  g.N /= 2;
-  g.glu = true;
-  g.out = h;
-  return g;
 }
 
 // GEMM `g` (bf16 A) with nvfp4 weights on the mixed-input GEMM (CutlassPath::nvfp4w): their paired
@@ -428,8 +420,7 @@ void CudaRunner::run_cutlass(const DispatchOutput& in, const ExpertWeights& w, b
     if (p1 == CutlassPath::bf16)
       gemm1_swiglu(g1, gu_.get<bf16_raw>(), st);
     else
-      last_widen_chunks_ +=
-          run_widened(g1, w.w13, nvfp4 ? inv_gs : nullptr, chunk1, st, gu_.get<bf16_raw>());
+      last_widen_chunks_ += run_widened(g1, w.w13, inv_gs, chunk1, st, gu_.get<bf16_raw>());
   } else {
     g1.A = a_.get<bf16_raw>();
     if (p1 == CutlassPath::bf16)
@@ -437,12 +428,11 @@ void CudaRunner::run_cutlass(const DispatchOutput& in, const ExpertWeights& w, b
     else if (mixed1)
       run_fp8w(g1, w.w13, I, prep_row13, row_sf_.get<float>(), plan.fp8w_tile_n, tail_ws, st);
     else if (nv_glu)
-      run_nvfp4w(glu_of(g1, h_.get<bf16_raw>()), paired13_.get(), inv_gs, plan.fp8w_tile_n, tail_ws,
-                 st);
+      run_nvfp4w(glu_of(g1, h_.get<bf16_raw>()), paired13_.get(), inv_gs, plan.fp8w_tile_n, tail_ws, st);
     else if (nv1)
       run_nvfp4w(g1, paired13_.get(), inv_gs, plan.fp8w_tile_n, tail_ws, st);
     else
-      last_widen_chunks_ += run_widened(g1, w.w13, nvfp4 ? inv_gs : nullptr, chunk1, st);
+      last_widen_chunks_ += run_widened(g1, w.w13, inv_gs, chunk1, st);
   }
 
   if (fp8_glu) {
