@@ -137,10 +137,12 @@ struct Grouped {
   // Which of an expert's rows this launch takes (the mixed-input GEMMs under uneven loads): all,
   // or split where an expert has more than kPartRows rows and the remainder past a multiple of
   // kPartRows is at most kPartTail -- the head takes the rows up to that multiple, the tail launch
-  // (its pointers advanced past the head's rows) the remainder, so that an expert of 257-384 rows
-  // is one 256-wide tile and one narrower one instead of two 256-wide tiles.
+  // (its pointers advanced past the head's rows) the remainder, so that an expert of 257-320 rows
+  // is one 256-wide tile and one 64-wide one instead of two 256-wide tiles. The tail tile decodes
+  // its weights again, so it costs ~0.6 of a 256-wide one at 64 wide and ~0.75 at 128 wide: 64
+  // took DeepSeek-V3 under the router 3.5% below 128 (bench/results/history-runner.md, session 40).
   enum class Part { all, head, tail };
-  static constexpr int kPartRows = 256, kPartTail = 128;
+  static constexpr int kPartRows = 256, kPartTail = 64;
   Part part = Part::all;
 };
 

@@ -135,8 +135,8 @@ size_t bucket_workspace(const std::vector<policy::RowBucket>& buckets, bool fp8,
 
 // The mixed-input GEMMs (fp8w, nvfp4w) are swapped launches over all experts with `tile_n`-wide
 // token tiles. With 256-wide tiles they run as a head and a tail launch (Grouped::Part): an
-// expert's rows past a multiple of 256, up to 128 of them, go to a 128-wide tile of the tail
-// instead of a second 256-wide tile (under the router, an expert of 257-300 rows at a 256-row
+// expert's rows past a multiple of 256, up to 64 of them, go to a 64-wide tile of the tail
+// instead of a second 256-wide tile (under the router, an expert of 257-306 rows at a 256-row
 // mean). The tail has its own workspace region `tail_ws` (tables and CUTLASS's workspace), which
 // the head's table fill writes too (Grouped::pair); an empty tail launch returns before CUTLASS's
 // prologue.
