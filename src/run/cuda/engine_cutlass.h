@@ -130,20 +130,31 @@ struct Grouped {
   // instantiation (the same entry point, flags and tile; its own workspace, rows and pointers),
   // whose own call then sets tables_filled and launches only its GEMM. The runner pairs each
   // launch of a split GEMM2 with GEMM1's launch of the same tile: GEMM2's tables depend only on
-  // the counts and its pointers, so one fill kernel per tile writes both (runner_cutlass.cu).
+  // the counts and its pointers, so one fill kernel per tile writes both (runner_cutlass.cu). A
+  // head launch (Part) pairs its tail, whose own `pair` may be the mid launch: one fill for all
+  // three (kMaxFill tables at most).
   const Grouped* pair = nullptr;
   // The tables in `workspace` were written by an earlier call's fill (as its `pair`): no fill.
   bool tables_filled = false;
-  // Which of an expert's rows this launch takes (the mixed-input GEMMs under uneven loads): all,
-  // or split where an expert has more than kPartRows rows and the remainder past a multiple of
-  // kPartRows is at most kPartTail -- the head takes the rows up to that multiple, the tail launch
-  // (its pointers advanced past the head's rows) the remainder, so that an expert of 257-320 rows
-  // is one 256-wide tile and one 64-wide one instead of two 256-wide tiles. The tail tile decodes
-  // its weights again, so it costs ~0.6 of a 256-wide one at 64 wide and ~0.75 at 128 wide: 64
-  // took DeepSeek-V3 under the router 3.5% below 128 (bench/results/history-runner.md, session 40).
-  enum class Part { all, head, tail };
-  static constexpr int kPartRows = 256, kPartTail = 64;
+  // Which of an expert's rows this launch takes (the mixed-input GEMMs at 256-wide tiles under
+  // uneven loads). An expert's rows past its last multiple of kPartRows (all of them under
+  // kPartRows) go to the tail launch (64-wide tiles) where there are at most kPartTail, to the mid
+  // launch (128-wide; only where `with_mid`, set alike in all three) where there are at most
+  // kPartMid, else to the head with the rest; the head takes the multiples. A tail or mid tile
+  // after a head tile decodes the expert's weights again, which costs ~0.61 (64 wide) and ~0.74
+  // (128 wide) of a 256-wide tile, still less than a second 256-wide one; an expert of at most 128
+  // rows has no head tile, so nothing is decoded twice (bench/results/history-runner.md, session
+  // 40). `all`: every row, one launch.
+  enum class Part { all, head, tail, mid };
+  static constexpr int kPartRows = 256, kPartTail = 64, kPartMid = 128, kMaxFill = 3;
   Part part = Part::all;
+  bool with_mid = false;
+  // The launch of an expert's rows past its last multiple of kPartRows, `rem` of them.
+  static constexpr Part remainder_part(int rem, bool with_mid) {
+    return rem == 0 || rem > (with_mid ? kPartMid : kPartTail) ? Part::head
+           : rem <= kPartTail                                  ? Part::tail
+                                                               : Part::mid;
+  }
 };
 
 size_t bf16_workspace_bytes(int experts, int sms);
@@ -445,12 +456,13 @@ struct FillArgs {
   bf16_raw* out;
   bool halves, glu;
   Grouped::Part part;
+  bool with_mid;
 };
 inline FillArgs fill_args(const Grouped& g) {
   const int64_t w_stride =
       g.w_expert_stride ? g.w_expert_stride : int64_t(g.N) * g.K * (g.halves || g.glu ? 2 : 1);
   return FillArgs{g.experts, g.N,  g.K,   g.rows, g.offsets, g.ranges, g.A,      g.sfa,
-                  g.W,       w_stride, g.sfw, g.src,  g.out,     g.halves, g.glu, g.part};
+                  g.W,       w_stride, g.sfw, g.src,  g.out,     g.halves, g.glu, g.part, g.with_mid};
 }
 template <class T>
 __device__ void fill_one(const T& t, const FillArgs& a) {
@@ -474,12 +486,12 @@ __device__ void fill_one(const T& t, const FillArgs& a) {
   int skip = 0;  // rows of the expert before this launch's (Grouped::Part)
   if (a.part != Grouped::Part::all) {
     const int rem = m % Grouped::kPartRows;
-    const bool split = m > Grouped::kPartRows && rem > 0 && rem <= Grouped::kPartTail;
+    const Grouped::Part owner = Grouped::remainder_part(rem, a.with_mid);
     if (a.part == Grouped::Part::head) {
-      m -= split ? rem : 0;
+      m -= owner == Grouped::Part::head ? 0 : rem;
     } else {
       skip = m - rem;
-      m = split ? rem : 0;
+      m = owner == a.part ? rem : 0;
     }
   }
   // One block sees every group (kFillOneBlock): whether any has rows. Several blocks cannot
@@ -529,11 +541,12 @@ __device__ void fill_one(const T& t, const FillArgs& a) {
   }
 }
 
-// One launch's tables (blockIdx.y 0) and, where the grid has a second row, its Grouped::pair's.
+// One launch's tables (blockIdx.y 0) and, in the grid's further rows, those of its Grouped::pair
+// chain (pair, pair->pair).
 template <class T>
 struct FillPair {
-  T t[2];
-  FillArgs a[2];
+  T t[Grouped::kMaxFill];
+  FillArgs a[Grouped::kMaxFill];
 };
 template <class T>
 __global__ void fill_tables(const FillPair<T> p) {
@@ -677,24 +690,26 @@ void run(const Grouped& g, const char* what, cudaStream_t stream) {
     FillPair<T> fp{};
     fp.t[0] = t;
     fp.a[0] = fill_args(g);
-    int most = groups;
-    if (const Grouped* q = g.pair) {
+    int most = groups, fills = 1;
+    for (const Grouped* q = g.pair; q; q = q->pair, ++fills) {
       // The pair runs this same instantiation later (its own call, tables_filled), or is the tail
-      // launch of this head (Grouped::Part), whose narrower tile has tables of the same layout
-      // (same_tables, asserted where the head's instantiation is).
-      const bool tail = g.part == Grouped::Part::head && q->part == Grouped::Part::tail;
-      if (q->swap_ab != g.swap_ab || (g.swap_ab && q->swap_tile_n != g.swap_tile_n && !tail) || q->glu != g.glu ||
-          bool(q->src) != bool(g.src) || bool(q->sfw) != bool(g.sfw) || !q->workspace || q->workspace == g.workspace ||
-          (q->halves && q->alpha))
+      // or mid launch of this head (Grouped::Part), whose narrower tile has tables of the same
+      // layout (same_tables, asserted where the head's instantiation is).
+      const bool part = g.part == Grouped::Part::head &&
+                        (q->part == Grouped::Part::tail || q->part == Grouped::Part::mid);
+      if (fills == Grouped::kMaxFill || q->swap_ab != g.swap_ab ||
+          (g.swap_ab && q->swap_tile_n != g.swap_tile_n && !part) || q->glu != g.glu || bool(q->src) != bool(g.src) ||
+          bool(q->sfw) != bool(g.sfw) || !q->workspace || q->workspace == g.workspace || (q->halves && q->alpha))
         throw UsageError(std::string("cutlass ") + what +
-                         ": the pair must be a GEMM of the same kind and tile with a workspace of its own");
+                         ": the pair must be a GEMM of the same kind and tile with a workspace of its own "
+                         "(at most " + std::to_string(Grouped::kMaxFill - 1) + " in a chain)");
       const int q_groups = q->halves ? 2 * q->experts : q->experts;
-      fp.t[1] = T::carve(q->workspace, q_groups);
-      fp.a[1] = fill_args(*q);
+      fp.t[fills] = T::carve(q->workspace, q_groups);
+      fp.a[fills] = fill_args(*q);
       most = std::max(most, q_groups);
     }
     const bool one_block = most <= kFillOneBlock;
-    const dim3 fill_grid(one_block ? 1 : (most + 127) / 128, g.pair ? 2 : 1);
+    const dim3 fill_grid(one_block ? 1 : (most + 127) / 128, fills);
     const dim3 fill_block = one_block ? dim3((most + 31) / 32 * 32) : dim3(128);
     launch_kernel(fill_tables<T>, fill_grid, fill_block, 0, stream, g.pdl, fp);
   }

@@ -65,8 +65,10 @@ void grouped_gemm_fp8w(const Grouped& g, cudaStream_t stream) {
     throw UsageError(std::string("cutlass ") + what + ": takes no row scales, alpha, halves, glu or source");
   if (g.swap_tile_n == 64) return detail::grouped_gemm_fp8w_n64(g, stream);
   if (g.swap_tile_n == 128) return detail::grouped_gemm_fp8w_n128(g, stream);
-  // The head launch's fill writes its tail's tables (run_mixed, Grouped::kPartTail): one layout.
+  // The head launch's fill writes its tail's and mid's tables (run_mixed, Grouped::Part): one layout.
   static_assert(detail::same_tables<fp8w::Gemm<256>::Type, fp8w::Gemm<Grouped::kPartTail>::Type, false, false, true,
+                                    true>() &&
+                detail::same_tables<fp8w::Gemm<256>::Type, fp8w::Gemm<Grouped::kPartMid>::Type, false, false, true,
                                     true>());
   detail::run<fp8w::Gemm<256>::Type, false, false, true, true>(g, "fp8-weight (256-wide token tiles)", stream);
 }

@@ -90,9 +90,10 @@ void grouped_gemm_nvfp4w(const Grouped& g, cudaStream_t stream) {
   if (g.glu) return detail::grouped_gemm_nvfp4w_glu(g, stream);
   if (g.swap_tile_n == 64) return detail::grouped_gemm_nvfp4w_n64(g, stream);
   if (g.swap_tile_n == 128) return detail::grouped_gemm_nvfp4w_n128(g, stream);
-  // The head launch's fill writes its tail's tables (run_mixed, Grouped::kPartTail): one layout.
+  // The head launch's fill writes its tail's and mid's tables (run_mixed, Grouped::Part): one layout.
   static_assert(
-      detail::same_tables<nvfp4w::Gemm<256>::Type, nvfp4w::Gemm<Grouped::kPartTail>::Type, false, false, true>());
+      detail::same_tables<nvfp4w::Gemm<256>::Type, nvfp4w::Gemm<Grouped::kPartTail>::Type, false, false, true>() &&
+      detail::same_tables<nvfp4w::Gemm<256>::Type, nvfp4w::Gemm<Grouped::kPartMid>::Type, false, false, true>());
   detail::run<nvfp4w::Gemm<256>::Type, false, false, true>(g, "nvfp4-weight (256-wide token tiles)", stream);
 }
 

@@ -17,9 +17,10 @@ size_t nvfp4w_glu_workspace_bytes(int experts, int sms, int tile_n) {
 void grouped_gemm_nvfp4w_glu(const Grouped& g, cudaStream_t stream) {
   if (g.swap_tile_n == 64) return grouped_gemm_nvfp4w_glu_n64(g, stream);
   if (g.swap_tile_n == 128) return grouped_gemm_nvfp4w_glu_n128(g, stream);
-  // The head launch's fill writes its tail's tables (run_mixed, Grouped::kPartTail): one layout.
+  // The head launch's fill writes its tail's and mid's tables (run_mixed, Grouped::Part): one layout.
   static_assert(
-      same_tables<nvfp4w::GluGemm<256>::Type, nvfp4w::GluGemm<Grouped::kPartTail>::Type, false, false, true>());
+      same_tables<nvfp4w::GluGemm<256>::Type, nvfp4w::GluGemm<Grouped::kPartTail>::Type, false, false, true>() &&
+      same_tables<nvfp4w::GluGemm<256>::Type, nvfp4w::GluGemm<Grouped::kPartMid>::Type, false, false, true>());
   run<nvfp4w::GluGemm<256>::Type, false, false, true>(g, "nvfp4-weight SwiGLU (256-wide token tiles)", stream);
 }
 

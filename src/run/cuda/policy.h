@@ -339,6 +339,9 @@ struct CutlassPlan {
   // The mixed-input GEMMs, fp8w and nvfp4w (always swapped, one launch over all experts): the
   // token-tile width, fp8w_tile_n().
   int fp8w_tile_n = 256;
+  // At 256-wide tiles they also run a mid launch (128-wide tiles, cutlass_engine::Grouped::Part)
+  // for remainders of 65-128 rows: experts of kMixedMidMinExpert weights or more.
+  bool mixed_mid = false;
   // Widened weights: bytes of one expert of W13 / W2 in bf16, and experts per widen-and-GEMM chunk,
   // as many whole experts as fit in the scratch bound (at least one, at most 65535), from the
   // configuration alone so that graph replays see the same chunks.
@@ -353,6 +356,13 @@ struct CutlassPlan {
 CutlassPlan cutlass_plan(const DispatchOutput& in, const ExpertWeights& w, IntermediateQuant iq, bool fused_swiglu,
                          CutlassSwap swap, double expected_rows, size_t widen_scratch_bytes, bool fp8_mixed = true,
                          bool nvfp4_paired = false);
+// A mid launch of the 256-wide mixed-input GEMMs (Grouped::Part) pays where experts are large.
+// Measured on an H200 (bench/results/2026-12-04-session40-h200.md, call 4, alternating), M 32768
+// nvfp4 skewed (every cold expert 128 rows): DeepSeek-V3 (44 M weights) 5.68 -> 5.05 ms, fp8w
+// 5.83 -> 5.10; Qwen3-235B (18.9 M) 1.933 -> 1.935; Qwen3-30B (4.7 M) 0.458 -> 0.469 at M 16384 and
+// under the router 0.446 -> 0.460 and 0.742 -> 0.756: with short K loops a third launch's ramp and
+// half-empty wave cost more than the padding it saves. Uniform loads unchanged at every shape.
+constexpr int64_t kMixedMidMinExpert = int64_t(16) << 20;
 // The fp8w token tile for a mean of `expected_rows` per expert: the narrowest of 64 / 128 / 256
 // holding it (a wider tile multiplies padding; TMA loads no rows past an expert's end, so the
 // padding costs tensor-core time only), 256 above.

@@ -134,49 +134,62 @@ size_t bucket_workspace(const std::vector<policy::RowBucket>& buckets, bool fp8,
 }
 
 // The mixed-input GEMMs (fp8w, nvfp4w) are swapped launches over all experts with `tile_n`-wide
-// token tiles. With 256-wide tiles they run as a head and a tail launch (Grouped::Part): an
-// expert's rows past a multiple of 256, up to 64 of them, go to a 64-wide tile of the tail
-// instead of a second 256-wide tile (under the router, an expert of 257-306 rows at a 256-row
-// mean). The tail has its own workspace region `tail_ws` (tables and CUTLASS's workspace), which
-// the head's table fill writes too (Grouped::pair); an empty tail launch returns before CUTLASS's
+// token tiles. With 256-wide tiles they run as head, tail and mid launches (Grouped::Part): an
+// expert's rows past a multiple of 256 (all of them under 256) go to a 64-wide tile of the tail
+// where there are at most 64 of them, to a 128-wide tile of the mid launch where there are at most
+// 128 (`mid`, CutlassPlan::mixed_mid: large experts), instead of a 256-wide tile (under the
+// router, an expert of 257-306 rows at a 256-row mean; skewed, the cold experts' 128 rows). The
+// tail and mid launches have their own workspace regions (tables and CUTLASS's workspace), which
+// the head's table fill writes too (Grouped::pair); an empty launch returns before CUTLASS's
 // prologue.
+struct PartWorkspaces {
+  void* tail = nullptr;
+  void* mid = nullptr;  // null: no mid launch
+};
 template <class Gemm>
-void run_mixed(cutlass_engine::Grouped g, int tile_n, void* tail_ws, Gemm gemm) {
+void run_mixed(cutlass_engine::Grouped g, int tile_n, PartWorkspaces ws, Gemm gemm) {
+  using cutlass_engine::Grouped;
   g.swap_ab = true;
   g.swap_tile_n = tile_n;
   g.ranges = cutlass_engine::RowRanges{};
-  if (tile_n != cutlass_engine::Grouped::kPartRows || !tail_ws) return gemm(g);
-  cutlass_engine::Grouped tail = g;
-  tail.part = cutlass_engine::Grouped::Part::tail;
-  tail.swap_tile_n = cutlass_engine::Grouped::kPartTail;
-  tail.workspace = tail_ws;
-  g.part = cutlass_engine::Grouped::Part::head;
+  if (tile_n != Grouped::kPartRows || !ws.tail) return gemm(g);
+  g.with_mid = ws.mid != nullptr;
+  Grouped tail = g, mid = g;
+  tail.part = Grouped::Part::tail;
+  tail.swap_tile_n = Grouped::kPartTail;
+  tail.workspace = ws.tail;
+  mid.part = Grouped::Part::mid;
+  mid.swap_tile_n = Grouped::kPartMid;
+  mid.workspace = ws.mid;
+  g.part = Grouped::Part::head;
   g.pair = &tail;
+  tail.pair = g.with_mid ? &mid : nullptr;
   gemm(g);
-  tail.tables_filled = true;
+  tail.tables_filled = mid.tables_filled = true;
   gemm(tail);
+  if (g.with_mid) gemm(mid);
 }
 
 // GEMM `g` (bf16 A) with fp8 weights `m` on the mixed-input GEMM (CutlassPath::fp8w): m's tile
 // scales per row, `prepared` (prepare_fp8_row_scales) or written into `row_sf` here
 // (expand_fp8_scales; half_rows = I for W13, whose scale grid restarts at I, N for W2).
 void run_fp8w(cutlass_engine::Grouped g, const MatrixView& m, int half_rows, const float* prepared, float* row_sf,
-              int tile_n, void* tail_ws, cudaStream_t st) {
+              int tile_n, PartWorkspaces parts, cudaStream_t st) {
   if (!prepared)
     cutlass_engine::expand_fp8_scales(static_cast<const float*>(m.scales), g.experts, g.N, g.K, half_rows, row_sf, st);
   g.sfw = prepared ? prepared : row_sf;
   g.sfa = nullptr;
-  run_mixed(g, tile_n, tail_ws, [st](const cutlass_engine::Grouped& x) { cutlass_engine::grouped_gemm_fp8w(x, st); });
+  run_mixed(g, tile_n, parts, [st](const cutlass_engine::Grouped& x) { cutlass_engine::grouped_gemm_fp8w(x, st); });
 }
 
 // GEMM `g` (bf16 A) with nvfp4 weights on the mixed-input GEMM (CutlassPath::nvfp4w): their paired
 // copy `paired` (prepare) and alpha = 2^8 / gs per expert.
-void run_nvfp4w(cutlass_engine::Grouped g, const void* paired, const float* alpha, int tile_n, void* tail_ws,
+void run_nvfp4w(cutlass_engine::Grouped g, const void* paired, const float* alpha, int tile_n, PartWorkspaces parts,
                 cudaStream_t st) {
   g.W = paired;
   g.alpha = alpha;
   g.sfw = g.sfa = nullptr;
-  run_mixed(g, tile_n, tail_ws, [st](const cutlass_engine::Grouped& x) { cutlass_engine::grouped_gemm_nvfp4w(x, st); });
+  run_mixed(g, tile_n, parts, [st](const cutlass_engine::Grouped& x) { cutlass_engine::grouped_gemm_nvfp4w(x, st); });
 }
 
 }  // namespace
@@ -296,14 +309,17 @@ void CudaRunner::run_cutlass(const DispatchOutput& in, const ExpertWeights& w, b
                                             : 0,
                                     any_bf16 ? bucket_workspace(plan.buckets, false, E, sms_, glu_split) : 0);
   StreamFork* const fork = concurrent_buckets_ && plan.buckets.size() > 1 ? &fork_ : nullptr;
-  // Either mixed-input GEMM at its token tile and at the tail's (run_mixed), 256-byte aligned.
+  // Either mixed-input GEMM at its token tile and at the tail's and mid's (run_mixed), 256-byte aligned.
   auto mixed_bytes = [&](int tile) {
     return std::max(mixed1 || mixed2 ? cutlass_engine::fp8w_workspace_bytes(E, sms_, tile) : 0,
                     std::max(nv1 || nv2 ? cutlass_engine::nvfp4w_workspace_bytes(E, sms_, tile) : 0,
                              nv_glu ? cutlass_engine::nvfp4w_workspace_bytes(E, sms_, tile, true) : 0));
   };
   const size_t mixed_ws =
-      (std::max(mixed_bytes(plan.fp8w_tile_n), mixed_bytes(cutlass_engine::Grouped::kPartTail)) + 255) / 256 * 256;
+      (std::max({mixed_bytes(plan.fp8w_tile_n), mixed_bytes(cutlass_engine::Grouped::kPartTail),
+                 mixed_bytes(cutlass_engine::Grouped::kPartMid)}) +
+       255) /
+      256 * 256;
   // One region per launch of each GEMM (run_buckets: GEMM1's fills also write GEMM2's tables).
   cws_.reserve(std::max({ws_stride * 2 * plan.buckets.size(),
                          any_widened ? bucket_workspace({policy::RowBucket{0, policy::RowBucket{}.hi, sw}}, false, E,
@@ -312,9 +328,13 @@ void CudaRunner::run_cutlass(const DispatchOutput& in, const ExpertWeights& w, b
                          fuse ? std::max(cutlass_engine::swiglu_workspace_bytes(E, sms_),
                                          cutlass_engine::glu_workspace_bytes(E, sms_))
                               : 0,
-                         2 * mixed_ws}));
-  // The mixed-input GEMMs' tail launches (run_mixed) use the second half of their reservation.
-  void* const tail_ws = mixed_ws ? static_cast<uint8_t*>(cws_.get()) + mixed_ws : nullptr;
+                         3 * mixed_ws}));
+  // The mixed-input GEMMs' tail and mid launches (run_mixed) use the second and third thirds of
+  // their reservation.
+  const PartWorkspaces parts =
+      mixed_ws ? PartWorkspaces{static_cast<uint8_t*>(cws_.get()) + mixed_ws,
+                                plan.mixed_mid ? static_cast<uint8_t*>(cws_.get()) + 2 * mixed_ws : nullptr}
+               : PartWorkspaces{};
   // fp8w GEMMs: the tile scales on each weight row, as prepare() wrote them for these weights, or
   // per call into row_sf_, which both GEMMs share: W2's expansion is a plain launch after the
   // SwiGLU pass, which waits for GEMM1 to complete (PDL), so GEMM1 has read W13's by then.
@@ -426,11 +446,11 @@ void CudaRunner::run_cutlass(const DispatchOutput& in, const ExpertWeights& w, b
     if (p1 == CutlassPath::bf16)
       run_buckets(g1, plan.buckets, false, st, fork, ws_stride, er, glu_split ? h_.get<bf16_raw>() : nullptr, pair);
     else if (mixed1)
-      run_fp8w(g1, w.w13, I, prep_row13, row_sf_.get<float>(), plan.fp8w_tile_n, tail_ws, st);
+      run_fp8w(g1, w.w13, I, prep_row13, row_sf_.get<float>(), plan.fp8w_tile_n, parts, st);
     else if (nv_glu)
-      run_nvfp4w(glu_of(g1, h_.get<bf16_raw>()), paired13_.get(), inv_gs, plan.fp8w_tile_n, tail_ws, st);
+      run_nvfp4w(glu_of(g1, h_.get<bf16_raw>()), paired13_.get(), inv_gs, plan.fp8w_tile_n, parts, st);
     else if (nv1)
-      run_nvfp4w(g1, paired13_.get(), inv_gs, plan.fp8w_tile_n, tail_ws, st);
+      run_nvfp4w(g1, paired13_.get(), inv_gs, plan.fp8w_tile_n, parts, st);
     else
       last_widen_chunks_ += run_widened(g1, w.w13, inv_gs, chunk1, st);
   }
@@ -459,9 +479,9 @@ void CudaRunner::run_cutlass(const DispatchOutput& in, const ExpertWeights& w, b
     if (p2 == CutlassPath::bf16)
       run_buckets(g2, plan.buckets, false, st, fork, ws_stride, er, nullptr, pair, true);
     else if (mixed2)
-      run_fp8w(g2, w.w2, H, prep_row2, row_sf_.get<float>(), plan.fp8w_tile_n, tail_ws, st);
+      run_fp8w(g2, w.w2, H, prep_row2, row_sf_.get<float>(), plan.fp8w_tile_n, parts, st);
     else if (nv2)
-      run_nvfp4w(g2, paired2_.get(), inv_gs + E, plan.fp8w_tile_n, tail_ws, st);
+      run_nvfp4w(g2, paired2_.get(), inv_gs + E, plan.fp8w_tile_n, parts, st);
     else
       last_widen_chunks_ += run_widened(g2, w.w2, nvfp4 ? inv_gs + E : nullptr, chunk2, st);
   }

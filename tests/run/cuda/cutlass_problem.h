@@ -11,10 +11,14 @@
 
 namespace epmoe::test {
 
-// listed: top_k 1 and exactly kListedRows[e] rows on expert e (E = 8), the tokens shuffled;
-// tokens past their sum route nowhere.
-enum class Load { uniform, uneven, one_expert, listed };
+// listed / listed_wide: top_k 1 and exactly kListedRows[e] / kListedRowsWide[e] rows on expert e
+// (E = 8), the tokens shuffled; tokens past their sum route nowhere. The wide list's mean (250)
+// takes the mixed-input GEMMs' 256-wide tiles, and its experts every part of Grouped::Part: mid
+// whole (100, 128), tail whole (40), head alone (200, 512), head + tail (300), head + mid (340,
+// 380).
+enum class Load { uniform, uneven, one_expert, listed, listed_wide };
 inline const std::vector<int> kListedRows = {0, 1, 33, 64, 100, 257, 200, 150};
+inline const std::vector<int> kListedRowsWide = {100, 40, 128, 300, 380, 200, 512, 340};
 
 struct Problem {
   int H, I, E, K, C;
@@ -36,12 +40,13 @@ struct Problem {
 // last two experts (groups with no rows); 5% of the (token, k) entries are -1.
 inline std::vector<int32_t> make_ids(const Problem& p, int64_t T, std::mt19937& rng) {
   std::vector<int32_t> ids(size_t(T) * p.K, -1);
-  if (p.load == Load::listed) {
+  if (p.load == Load::listed || p.load == Load::listed_wide) {
+    const std::vector<int>& listed = p.load == Load::listed ? kListedRows : kListedRowsWide;
     EXPECT_EQ(p.K, 1);
-    EXPECT_EQ(p.E, int(kListedRows.size()));
+    EXPECT_EQ(p.E, int(listed.size()));
     int64_t t = 0;
     for (int e = 0; e < p.E; ++e)
-      for (int r = 0; r < kListedRows[e] && t < T; ++r) ids[t++] = e;
+      for (int r = 0; r < listed[e] && t < T; ++r) ids[t++] = e;
     std::shuffle(ids.begin(), ids.end(), rng);
     return ids;
   }

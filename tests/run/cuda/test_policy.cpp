@@ -611,5 +611,41 @@ TEST(CudaPolicy, MixedInputGemmsRefuseBadArguments) {
   EXPECT_NE(m.find("rows=24"), std::string::npos) << m;
 }
 
+// Which launch of a 256-wide mixed-input GEMM takes an expert's remainder past its last multiple of
+// 256 (Grouped::Part; the fill computes each launch's rows from it on the device), with and without
+// the mid launch, and which shapes have one.
+TEST(CudaPolicy, MixedInputRemainderParts) {
+  using G = cuda::cutlass_engine::Grouped;
+  using P = G::Part;
+  struct Case {
+    int rows;
+    P with_mid, without;
+  };
+  for (const Case& c : {Case{0, P::head, P::head}, Case{1, P::tail, P::tail}, Case{64, P::tail, P::tail},
+                        Case{65, P::mid, P::head}, Case{128, P::mid, P::head}, Case{129, P::head, P::head},
+                        Case{255, P::head, P::head}, Case{256, P::head, P::head}, Case{300, P::tail, P::tail},
+                        Case{320, P::tail, P::tail}, Case{321, P::mid, P::head}, Case{384, P::mid, P::head},
+                        Case{385, P::head, P::head}, Case{512, P::head, P::head}, Case{600, P::mid, P::head}}) {
+    SCOPED_TRACE("rows " + std::to_string(c.rows));
+    EXPECT_EQ(G::remainder_part(c.rows % G::kPartRows, true), c.with_mid);
+    EXPECT_EQ(G::remainder_part(c.rows % G::kPartRows, false), c.without);
+  }
+  static_assert(G::kPartTail < G::kPartMid && G::kPartMid < G::kPartRows && G::kMaxFill == 3);
+  // Large experts only (kMixedMidMinExpert): DeepSeek-V3, Qwen3-235B, gpt-oss-120b, not Qwen3-30B.
+  struct Shape {
+    int H, I;
+    bool mid;
+  };
+  for (const Shape& sh : {Shape{7168, 2048, true}, Shape{4096, 1536, true}, Shape{2880, 2880, true},
+                          Shape{2048, 768, false}}) {
+    const PlanInputs pi(64, sh.H, sh.I, WeightFormat::nvfp4, ActFormat::bf16, true);
+    const auto plan = cuda::policy::cutlass_plan(pi.in, pi.w, IntermediateQuant::none, false, CutlassSwap::automatic,
+                                                 512.0, 0, true, true);
+    EXPECT_EQ(plan.gemm1, cuda::policy::CutlassPath::nvfp4w);
+    EXPECT_EQ(plan.fp8w_tile_n, 256);
+    EXPECT_EQ(plan.mixed_mid, sh.mid) << "H " << sh.H << " I " << sh.I;
+  }
+}
+
 }  // namespace
 }  // namespace epmoe::test

@@ -111,6 +111,10 @@ TEST(CutlassEngine, Fp8WeightsDecodedInMainLoop) {
       {1024, 512, 8, 2, 200, A::bf16, W::fp8, kNone, Load::uneven, -1, -1, false, "", "tile 64"},
       {1024, 512, 8, 2, 400, A::bf16, W::fp8, kNone, Load::uneven, -1, -1, false, "", "tile 128"},
       {1024, 512, 8, 2, 600, A::bf16, W::fp8, kNone, Load::uneven, -1, -1, false, "", "tile 256"},
+      // 256-wide tiles with every Grouped::Part: head and tail launches, whole and after a head (small
+      // experts: no mid launch), and with the mid launch (experts of 18.9 M weights).
+      {1024, 512, 8, 1, 2000, A::bf16, W::fp8, kNone, Load::listed_wide, -1, -1, false, "", "parts, no mid"},
+      {2048, 3072, 8, 1, 2000, A::bf16, W::fp8, kNone, Load::listed_wide, -1, 256, false, "", "every part"},
       // One GEMM mixed, the other on the fp8 GEMM.
       {1024, 512, 8, 2, 600, A::fp8, W::fp8, kNone, Load::uneven, -1, -1, false, "", "W2 only"},
       {1024, 512, 8, 2, 600, A::bf16, W::fp8, kFp8, Load::uneven, -1, -1, false, "", "W13 only"},
@@ -170,6 +174,9 @@ TEST(CutlassEngine, Nvfp4WeightsDecodedInMainLoop) {
       {1024, 512, 8, 2, 200, A::bf16, W::nvfp4, kNone, Load::uneven, -1, -1, false, "", "tile 64"},
       {1024, 512, 8, 2, 400, A::bf16, W::nvfp4, kNone, Load::uneven, -1, -1, false, "", "tile 128"},
       {1024, 512, 8, 2, 600, A::bf16, W::nvfp4, kNone, Load::uneven, -1, -1, false, "", "tile 256"},
+      {1024, 512, 8, 1, 2000, A::bf16, W::nvfp4, kNone, Load::listed_wide, -1, -1, false, "", "parts, no mid"},
+      {2048, 3072, 8, 1, 2000, A::bf16, W::nvfp4, kNone, Load::listed_wide, -1, 256, false, "", "every part"},
+      {2048, 3072, 8, 1, 2000, A::fp8, W::nvfp4, kFp8, Load::listed_wide, -1, 256, false, "", "every part iq=fp8"},
       {1024, 512, 8, 2, 600, A::nvfp4, W::nvfp4, kNone, Load::uneven, -1, -1, false, "", "nvfp4 dispatch"},
       {1024, 512, 8, 2, 600, A::fp8, W::nvfp4, kFp8, Load::uneven, -1, -1, false, "", "fp8 dispatch iq=fp8"},
       {2880, 576, 4, 2, 200, A::bf16, W::nvfp4, kNone, Load::uneven, -1, -1, false, "", "odd tiles"},
