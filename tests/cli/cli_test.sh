@@ -103,10 +103,14 @@ expect 2 "--combine-mode=dma is not a combine mode|needs at least 2 GPUs|unknown
 # bench runner --dry-run (CUDA builds): the plan of rows and tiles, without a GPU. Uniform rows fill
 # the tiles exactly, and of the split's launches (one per tile: 4, or 2 at a mean of up to 64 rows)
 # only one has rows; the router's spread pads the tiles. Few experts (Mixtral's 4) run one launch.
+# The last two columns: the mixed-input GEMM's MMA rows / M and token tiles per expert; skewed,
+# DeepSeek-V3's cold experts (128 rows) take one 128-wide mid tile each and its 12 hot experts (1493
+# or 1494 rows) six 256-wide tiles: 33280 / 32768 rows, 188 / 128 tiles.
 if "$epmoe" bench runner --help >/dev/null 2>&1; then
-  expect 0 '^\| 32768 \| 256\.0 \| 128 \| 256\.\.256 \| 1\.00 \| 1\.00 \| 1\.00 \| 1 of 4 / 1 of 4 \|$' -- bench runner --dry-run --preset deepseek-v3 --m 32768
-  expect 0 '^\| 4096 \| 32\.0 \| 128 \| [0-9]+\.\.[0-9]+ \| 1\.[0-9][0-9] \| [0-9.]+ \| [0-9.]+ \| [1-2] of 2 / [1-2] of 2 \|$' -- bench runner --dry-run --preset deepseek-v3 --m 4096 --routing router
-  expect 0 '^\| 2048 \| 512\.0 \| 4 \| 512\.\.512 \| 1\.00 \| 1\.00 \| 1\.00 \| 1 of 1 / 1 of 1 \|$' -- bench runner --dry-run --preset mixtral-8x7b --m 2048
+  expect 0 '^\| 32768 \| 256\.0 \| 128 \| 256\.\.256 \| 1\.00 \| 1\.00 \| 1\.00 \| 1 of 4 / 1 of 4 \| 1\.00 \| 1\.00 \|$' -- bench runner --dry-run --preset deepseek-v3 --m 32768
+  expect 0 '^\| 4096 \| 32\.0 \| 128 \| [0-9]+\.\.[0-9]+ \| 1\.[0-9][0-9] \| [0-9.]+ \| [0-9.]+ \| [1-2] of 2 / [1-2] of 2 \| [0-9.]+ \| [0-9.]+ \|$' -- bench runner --dry-run --preset deepseek-v3 --m 4096 --routing router
+  expect 0 '^\| 2048 \| 512\.0 \| 4 \| 512\.\.512 \| 1\.00 \| 1\.00 \| 1\.00 \| 1 of 1 / 1 of 1 \| 1\.00 \| 2\.00 \|$' -- bench runner --dry-run --preset mixtral-8x7b --m 2048
+  expect 0 '^\| 32768 \| 256\.0 \| 128 \| 128\.\.1494 \| .* \| 1\.02 \| 1\.47 \|$' -- bench runner --dry-run --preset deepseek-v3 --m 32768 --skew
   expect 0 'routing skewed' -- bench runner --dry-run --preset mixtral-8x7b --skew --m 128
 fi
 # --dump: a prefix in a missing folder is refused before any work.

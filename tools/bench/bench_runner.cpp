@@ -346,7 +346,12 @@ void bench_preset(const Opts& o, const ModelPreset& given, double hbm_gbs, const
 // runner's choice (RUNNER.md); this shows what each would compute, without a GPU. The last column
 // counts the split's launches per GEMM (one per tile over its ranges) that have rows, of all it
 // makes: every tile is launched (the host never sees the counts), and a launch without rows still
-// costs a table fill and a GEMM launch that returns at once (~2.3 + ~2.5 us, session 33).
+// costs a table fill and a GEMM launch that returns at once (~2.3 + ~2.5 us, session 33). The
+// mixed-input GEMMs (fp8w, nvfp4w: weights decoded in the main loop) run one token-tile width
+// for all experts (policy::fp8w_tile_n), at 256 with head, tail and mid launches
+// (cutlass_engine::Grouped::Part); their columns are the MMA rows / M and the token tiles per
+// expert with rows: each token tile decodes the expert's weights once, which bounds a narrow
+// tile's cost from below (a 64-wide tile ~0.61 of a 256-wide one, session 40).
 void print_plan(const Opts& o) {
   const long long maxM = *std::max_element(o.Ms.begin(), o.Ms.end());
   for (const ModelPreset* given : o.presets) {
@@ -359,8 +364,9 @@ void print_plan(const Opts& o) {
                 pre.name.c_str(), H, I, E, brows.describe(), cutlass_swap_name(pre.config.tuning.cutlass_swap),
                 o.row_buckets.empty() ? "" : ", --row-buckets");
     std::printf("| M | mean rows per expert | experts with rows | rows per expert | MMA rows / M: 32-row m-tiles | "
-                "CUTLASS split, bf16 | CUTLASS split, fp8 | launches with rows, bf16 / fp8 |\n"
-                "|---|---|---|---|---|---|---|---|\n");
+                "CUTLASS split, bf16 | CUTLASS split, fp8 | launches with rows, bf16 / fp8 | mixed-input GEMM | "
+                "its token tiles per expert |\n"
+                "|---|---|---|---|---|---|---|---|---|---|\n");
     for (const long long M : o.Ms) {
       const std::vector<int> counts = brows.counts(M);
       const double mean = double(M) / E;
@@ -397,9 +403,33 @@ void print_plan(const Opts& o) {
         return Split{double(mma) / double(M), busy_launches, int(launches.size())};
       };
       const Split sb = split(false), s8 = split(true);
+      // The mixed-input GEMMs: MMA rows and token tiles (weight decodes) over the experts with rows.
+      using Grouped = cuda::cutlass_engine::Grouped;
+      const int mixed_tile = cuda::policy::fp8w_tile_n(mean);
+      const bool mid = cuda::policy::mixed_mid(H, I);
+      long long mixed_mma = 0, mixed_tiles = 0;
+      for (const int c : counts) {
+        if (c <= 0) continue;
+        if (mixed_tile < Grouped::kPartRows) {
+          const int tiles = (c + mixed_tile - 1) / mixed_tile;
+          mixed_mma += int64_t(tiles) * mixed_tile;
+          mixed_tiles += tiles;
+          continue;
+        }
+        const int rem = c % Grouped::kPartRows;
+        const Grouped::Part owner = Grouped::remainder_part(rem, mid);
+        const int heads = c / Grouped::kPartRows + (owner == Grouped::Part::head && rem > 0);
+        const int part_tile = owner == Grouped::Part::tail ? Grouped::kPartTail
+                              : owner == Grouped::Part::mid ? Grouped::kPartMid
+                                                            : 0;
+        mixed_mma += int64_t(heads) * Grouped::kPartRows + part_tile;
+        mixed_tiles += heads + (part_tile > 0);
+      }
+      const int touched = brows.touched(M);
       const auto [lo, hi] = std::minmax_element(counts.begin(), counts.end());
-      std::printf("| %lld | %.1f | %d | %d..%d | %.2f | %.2f | %.2f | %d of %d / %d of %d |\n", M, mean, brows.touched(M),
-                  *lo, *hi, double(decode) / double(M), sb.mma, s8.mma, sb.busy, sb.launches, s8.busy, s8.launches);
+      std::printf("| %lld | %.1f | %d | %d..%d | %.2f | %.2f | %.2f | %d of %d / %d of %d | %.2f | %.2f |\n", M, mean,
+                  touched, *lo, *hi, double(decode) / double(M), sb.mma, s8.mma, sb.busy, sb.launches, s8.busy,
+                  s8.launches, double(mixed_mma) / double(M), touched ? double(mixed_tiles) / touched : 0.0);
     }
   }
   std::fflush(stdout);

@@ -227,7 +227,7 @@ CutlassPlan cutlass_plan(const DispatchOutput& in, const ExpertWeights& w, Inter
   p.gemm1 = wf == WeightFormat::bf16 ? CutlassPath::bf16 : fp8_1 ? CutlassPath::fp8 : other;
   p.gemm2 = wf == WeightFormat::bf16 ? CutlassPath::bf16 : fp8_2 ? CutlassPath::fp8 : other;
   p.fp8w_tile_n = fp8w_tile_n(expected_rows);
-  p.mixed_mid = 3 * int64_t(H) * I >= kMixedMidMinExpert;
+  p.mixed_mid = mixed_mid(H, I);
   p.split_w13 = p.gemm1 == CutlassPath::fp8 && I % 128 != 0;
   p.swap_tile_n = swap_tile_n(swap, expected_rows);
   p.buckets = row_buckets(swap, expected_rows, fp8w, split_weight_bytes(E, H, I, fp8w), E);

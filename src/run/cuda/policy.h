@@ -363,6 +363,10 @@ CutlassPlan cutlass_plan(const DispatchOutput& in, const ExpertWeights& w, Inter
 // under the router 0.446 -> 0.460 and 0.742 -> 0.756: with short K loops a third launch's ramp and
 // half-empty wave cost more than the padding it saves. Uniform loads unchanged at every shape.
 constexpr int64_t kMixedMidMinExpert = int64_t(16) << 20;
+// Whether experts of hidden x intermediate have the mid launch (CutlassPlan::mixed_mid).
+constexpr bool mixed_mid(int hidden, int intermediate) {
+  return 3 * int64_t(hidden) * intermediate >= kMixedMidMinExpert;
+}
 // The fp8w token tile for a mean of `expected_rows` per expert: the narrowest of 64 / 128 / 256
 // holding it (a wider tile multiplies padding; TMA loads no rows past an expert's end, so the
 // padding costs tensor-core time only), 256 above.
