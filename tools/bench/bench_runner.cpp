@@ -416,12 +416,11 @@ void print_plan(const Opts& o) {
           mixed_tiles += tiles;
           continue;
         }
-        const int rem = c % Grouped::kPartRows;
-        const Grouped::Part owner = Grouped::remainder_part(rem, mid);
-        const int heads = c / Grouped::kPartRows + (owner == Grouped::Part::head && rem > 0);
-        const int part_tile = owner == Grouped::Part::tail ? Grouped::kPartTail
-                              : owner == Grouped::Part::mid ? Grouped::kPartMid
-                                                            : 0;
+        const int head = Grouped::part_rows(c, Grouped::Part::head, mid).rows;
+        const int heads = (head + Grouped::kPartRows - 1) / Grouped::kPartRows;
+        const int part_tile = Grouped::part_rows(c, Grouped::Part::tail, mid).rows  ? Grouped::kPartTail
+                              : Grouped::part_rows(c, Grouped::Part::mid, mid).rows ? Grouped::kPartMid
+                                                                                    : 0;
         mixed_mma += int64_t(heads) * Grouped::kPartRows + part_tile;
         mixed_tiles += heads + (part_tile > 0);
       }

@@ -155,6 +155,18 @@ struct Grouped {
            : rem <= kPartTail                                  ? Part::tail
                                                                : Part::mid;
   }
+  // Of an expert's m rows, those launch `part` takes (`rows`) and the rows before them (`skip`):
+  // the table fill's rule, also what `bench runner --dry-run` counts.
+  struct PartRows {
+    int skip, rows;
+  };
+  static constexpr PartRows part_rows(int m, Part part, bool with_mid) {
+    if (part == Part::all) return {0, m};
+    const int rem = m % kPartRows;
+    const Part owner = remainder_part(rem, with_mid);
+    if (part == Part::head) return {0, owner == Part::head ? m : m - rem};
+    return {m - rem, owner == part ? rem : 0};
+  }
 };
 
 size_t bf16_workspace_bytes(int experts, int sms);
@@ -482,18 +494,9 @@ __device__ void fill_one(const T& t, const FillArgs& a) {
   const bool in = grp < (halves ? 2 * E : E);
   const int e = halves ? grp >> 1 : grp, h = halves ? grp & 1 : 0;
   const int rows_e = in ? rows[e] : 0;
-  int m = ranges.contains(rows_e) ? rows_e : 0;
-  int skip = 0;  // rows of the expert before this launch's (Grouped::Part)
-  if (a.part != Grouped::Part::all) {
-    const int rem = m % Grouped::kPartRows;
-    const Grouped::Part owner = Grouped::remainder_part(rem, a.with_mid);
-    if (a.part == Grouped::Part::head) {
-      m -= owner == Grouped::Part::head ? 0 : rem;
-    } else {
-      skip = m - rem;
-      m = owner == a.part ? rem : 0;
-    }
-  }
+  // This launch's rows of the expert and the rows before them (Grouped::Part).
+  const Grouped::PartRows part = Grouped::part_rows(ranges.contains(rows_e) ? rows_e : 0, a.part, a.with_mid);
+  const int m = part.rows, skip = part.skip;
   // One block sees every group (kFillOneBlock): whether any has rows. Several blocks cannot
   // tell without a second pass, so they keep the launch (1).
   if (gridDim.x == 1) {

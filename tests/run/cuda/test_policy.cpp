@@ -631,6 +631,24 @@ TEST(CudaPolicy, MixedInputRemainderParts) {
     EXPECT_EQ(G::remainder_part(c.rows % G::kPartRows, false), c.without);
   }
   static_assert(G::kPartTail < G::kPartMid && G::kPartMid < G::kPartRows && G::kMaxFill == 3);
+  // The rows each launch takes (part_rows, the fill's rule): every row once, the head whole 256-row
+  // tiles unless it owns the remainder, the tail and mid within their tiles, after the head's rows.
+  for (const bool mid : {true, false})
+    for (int m = 0; m <= 1100; ++m) {
+      SCOPED_TRACE("rows " + std::to_string(m) + (mid ? " with mid" : " without"));
+      const G::PartRows all = G::part_rows(m, P::all, mid), head = G::part_rows(m, P::head, mid),
+                        tail = G::part_rows(m, P::tail, mid), middle = G::part_rows(m, P::mid, mid);
+      ASSERT_EQ(all.rows, m);
+      ASSERT_EQ(all.skip, 0);
+      ASSERT_EQ(head.skip, 0);
+      ASSERT_EQ(head.rows + tail.rows + middle.rows, m);
+      const P owner = G::remainder_part(m % G::kPartRows, mid);
+      ASSERT_TRUE(owner == P::head || head.rows % G::kPartRows == 0);
+      ASSERT_LE(tail.rows, G::kPartTail);
+      ASSERT_LE(middle.rows, mid ? G::kPartMid : 0);
+      if (tail.rows) ASSERT_EQ(tail.skip, head.rows);
+      if (middle.rows) ASSERT_EQ(middle.skip, head.rows);
+    }
   // Large experts only (kMixedMidMinExpert): DeepSeek-V3, Qwen3-235B, gpt-oss-120b, not Qwen3-30B.
   struct Shape {
     int H, I;
