@@ -1,12 +1,19 @@
 #!/usr/bin/env python3
-"""Plots `epmoe bench runner` tables committed under bench/results/ (docs/runner_h200.png).
+"""Plots the runner's latest settled sweeps committed under bench/results/ (docs/runner_h200.png)
+against the runner's targets: floor / time per preset and format, nvfp4 against fp8 at decode sizes
+(with the best any exact nvfp4 kernel could do there), and skewed / routed loads against uniform.
 
-Every markdown table whose header starts with "| M | format" is read; for each (M, format) the
-row of the most recently committed file wins, so the plot shows the latest measured engine at each
-point and never a number that was not measured. Tables of runs that are not the default setup
-(skewed routing, a forced engine, another library) follow a line `<!-- plot: skip -->` and are left
-out up to the next `## ` heading. The third panel is the roofline ratio (floor / time, the bench's
-column since it has one). Needs matplotlib (pip install matplotlib).
+It reads the summary tables that sessions commit from `epmoe bench runner` sweeps, of two shapes:
+  | preset | M | format | uniform ms (floor / time) | router ms | router / uniform | skew ms | ... |
+  | preset | M | bf16 | fp8 | nvfp4 | ...                      (uniform; an empty preset repeats)
+A cell's first number is the time in ms. The HBM copy rate of a table is the last "HBM copy [was]
+N GB/s" written before it in its file. For each (preset, M, format, routing) the table of the most
+recently committed file wins (later in the file wins within one). Tables after a line
+`<!-- plot: skip -->` are left out up to the next `## ` heading.
+
+The floor is `epmoe bench runner`'s: max(weight bytes / (0.9 x HBM copy), FLOPs / P), P = 700
+TFLOP/s (bf16, nvfp4 weights) or 1100 (fp8), every local expert receiving rows; where a table also
+prints the ratio, the script checks that its own floor agrees. Needs matplotlib.
 usage: python3 bench/plot_runner.py [results_dir] [out.png]
 """
 import glob
@@ -14,6 +21,44 @@ import os
 import re
 import subprocess
 import sys
+
+# preset: (H, I, local experts as the bench runs them: the model's experts / 2)
+SHAPES = {
+    "deepseek-v3": (7168, 2048, 128),
+    "qwen3-235b-a22b": (4096, 1536, 64),
+    "qwen3-30b-a3b": (2048, 768, 64),
+    "mixtral-8x7b": (4096, 14336, 4),
+    "gpt-oss-120b": (2880, 2880, 64),
+}
+NAMES = {"deepseek-v3": "DeepSeek-V3", "qwen3-235b-a22b": "Qwen3-235B", "qwen3-30b-a3b": "Qwen3-30B",
+         "mixtral-8x7b": "Mixtral-8x7B", "gpt-oss-120b": "gpt-oss-120b"}
+FORMATS = ("bf16", "fp8", "nvfp4")
+P = {"bf16": 700e12, "fp8": 1100e12, "nvfp4": 700e12}
+H200_BF16_DENSE = 989e12  # the tensor cores' dense bf16 peak: no exact nvfp4 kernel beats it on Hopper
+
+
+def preset_key(name):
+    k = name.strip().lower().replace("`", "")
+    for p in SHAPES:
+        if k == p or k == NAMES[p].lower():
+            return p
+    return None
+
+
+def weight_bytes(preset, fmt):
+    H, I, E = SHAPES[preset]
+    el = 3.0 * H * I * E
+    return {"bf16": 2 * el, "fp8": el + el / (128 * 128) * 4, "nvfp4": el / 2 + el / 16}[fmt]
+
+
+def flops(preset, M):
+    H, I, _ = SHAPES[preset]
+    return 2.0 * M * 3 * H * I
+
+
+def floor_ms(preset, fmt, M, copy_gbs):
+    """The bench's floor; every local expert has rows (uniform loads at M >= the local experts)."""
+    return max(weight_bytes(preset, fmt) / (0.9 * copy_gbs * 1e9), flops(preset, M) / P[fmt]) * 1e3
 
 
 def committed_at(path):
@@ -28,12 +73,22 @@ def committed_at(path):
     return int(os.path.getmtime(path))
 
 
-def read_tables(path, want="deepseek-v3"):
-    """Rows of the runner tables of preset `want`: a table belongs to the preset named by the last
-    "# epmoe bench runner: <gpu>, <preset> H=..." line before it (files without one: deepseek-v3)."""
-    rows = []
+def first_number(cell):
+    m = re.match(r"\**\s*([0-9]+\.[0-9]+)", cell.strip())
+    return float(m.group(1)) if m else None
+
+
+def printed_ratio(cell):
+    m = re.match(r"\**\s*[0-9.]+\s*\**\s*\((0\.[0-9]+|1\.[0-9]+)\)", cell.strip())
+    return float(m.group(1)) if m else None
+
+
+def read_points(path):
+    """(preset, M, format, routing) -> (ms, copy GB/s, printed floor / time or None), in file order."""
+    points = []
+    copy_gbs = None
     header = None
-    preset = "deepseek-v3"
+    preset = None
     skip = False
     for line in open(path, encoding="utf-8"):
         line = line.strip()
@@ -41,82 +96,141 @@ def read_tables(path, want="deepseek-v3"):
             skip = False
         if line == "<!-- plot: skip -->":
             skip = True
-        if skip:
-            continue
-        m = re.search(r"epmoe bench runner: .*?, (\S+) H=\d+", line)
+        m = re.search(r"HBM copy (?:was )?(\d{4}) GB/s", line)
         if m:
-            preset = m.group(1)
-        if not line.startswith("|"):
-            header = None
+            copy_gbs = float(m.group(1))
+        if skip or not line.startswith("|"):
+            header = None if not line.startswith("|") else header
             continue
         cells = [c.strip() for c in line.strip("|").split("|")]
-        if cells[:2] == ["M", "format"]:
+        if cells[:2] == ["preset", "M"]:
             header = cells
-        elif header and preset == want and not set(cells[0]) <= set("-: "):
-            rows.append(dict(zip(header, cells)))
-    return rows
+            preset = None
+            continue
+        if not header or set(cells[0]) <= set("-: ") and set(cells[1]) <= set("-: "):
+            continue
+        preset = preset_key(cells[0]) or (preset if not cells[0] else None)
+        if preset is None or copy_gbs is None or not cells[1].isdigit():
+            continue
+        M = int(cells[1])
+        row = dict(zip(header, cells))
+        if "format" in header and cells[2] in FORMATS:
+            for col, routing in (("uniform ms (floor / time)", "uniform"), ("router ms", "router"),
+                                 ("skew ms", "skew")):
+                t = first_number(row.get(col, ""))
+                if t:
+                    points.append(((preset, M, cells[2], routing), (t, copy_gbs, printed_ratio(row.get(col, "")))))
+        else:
+            for fmt in FORMATS:
+                t = first_number(row.get(fmt, ""))
+                if t:
+                    points.append(((preset, M, fmt, "uniform"), (t, copy_gbs, printed_ratio(row[fmt]))))
+    return points
+
+
+def latest_points(results):
+    latest, source = {}, {}
+    for path in sorted(glob.glob(os.path.join(results, "*.md")), key=committed_at):
+        for key, val in read_points(path):
+            latest[key] = val
+            source[key] = os.path.basename(path)
+    for (preset, M, fmt, routing), (t, copy_gbs, ratio) in latest.items():
+        mine = floor_ms(preset, fmt, M, copy_gbs) / t
+        if ratio is not None and abs(mine - ratio) > 0.015:
+            raise SystemExit(f"{source[(preset, M, fmt, routing)]}: {preset} M {M} {fmt} prints floor / time "
+                             f"{ratio}, this script's floor gives {mine:.3f}: the accounting differs")
+    return latest, source
 
 
 def main():
     here = os.path.dirname(os.path.abspath(__file__))
     results = sys.argv[1] if len(sys.argv) > 1 else os.path.join(here, "results")
     out = sys.argv[2] if len(sys.argv) > 2 else os.path.join(here, "..", "docs", "runner_h200.png")
-    latest = {}
-    for path in sorted(glob.glob(os.path.join(results, "*.md")), key=committed_at):
-        for r in read_tables(path):
-            try:
-                engine = r.get("engine", "mma")
-                # GEMM2 on fp8 operands means the intermediate was re-quantized (intermediate_quant fp8),
-                # swapped or not (cutlass-fp8-swap64 / -swap128 / -byrows).
-                g2 = engine.split("/")[-1]
-                iq = g2.startswith("wgmma-fp8") or g2.startswith("cutlass-fp8")
-                key = (int(r["M"]), r["format"] + (" (iq fp8)" if iq else ""))
-                ratio = float(r["floor / time"]) if r.get("floor / time") else None
-                latest[key] = (float(r["TFLOP/s"]), float(r["weight GB/s"]), engine,
-                               os.path.basename(path), ratio)
-            except (KeyError, ValueError):
-                continue
+    latest, source = latest_points(results)
+    if not latest:
+        raise SystemExit(f"no sweep tables under {results}")
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    fig, (a1, a2, a3) = plt.subplots(1, 3, figsize=(17, 4.5))
-    for fmt in sorted({k[1] for k in latest}):
-        pts = sorted((m, v) for (m, f), v in latest.items() if f == fmt)
-        ms = [m for m, _ in pts]
-        for ax, col in ((a1, 1), (a2, 0)):
-            line, = ax.plot(ms, [v[col] for _, v in pts], label=fmt)
-            # Hollow: measured only with the first engine (mma.sync for everything), since replaced
-            # at that point and not measured again.
-            for m, v in pts:
-                old = v[2] == "mma"
-                ax.plot([m], [v[col]], marker="o", color=line.get_color(),
-                        markerfacecolor="white" if old else line.get_color())
-        rp = [(m, v[4]) for m, v in pts if v[4] is not None]
-        if rp:
-            a3.plot([m for m, _ in rp], [r for _, r in rp], marker="o", label=fmt)
-    a1.axhline(4216, color="gray", ls="--", lw=1)
-    a1.text(130, 4250, "HBM copy 4216 GB/s", fontsize=8, color="gray")
-    a2.axhline(700, color="tab:blue", ls=":", lw=1)
-    a2.axhline(1100, color="tab:orange", ls=":", lw=1)
-    a2.text(130, 720, "bf16 target 700", fontsize=8)
-    a2.text(130, 1120, "fp8 target 1100", fontsize=8)
-    a3.axhline(0.91, color="gray", ls="--", lw=1)
-    a3.text(130, 0.93, "target 0.91 (time <= 1.10 x floor)", fontsize=8, color="gray")
-    for ax, title, yl in ((a1, "weights streamed (decode regime)", "weight GB/s"),
-                          (a2, "tensor throughput (prefill regime)", "TFLOP/s"),
-                          (a3, "roofline: floor / time", "max(bytes/(0.9 x copy), FLOPs/P) / time")):
-        ax.set_xscale("log", base=2)
-        ax.set_xlabel("M = rows routed to this GPU (128 local experts)")
-        ax.set_ylabel(yl)
-        ax.set_title(title)
+    colors = {"bf16": "tab:blue", "fp8": "tab:green", "nvfp4": "tab:red"}
+    presets = [p for p in SHAPES if any(k[0] == p for k in latest)]
+    xs = range(len(presets))
+    fig, ((a1, a2), (a3, a4)) = plt.subplots(2, 2, figsize=(15, 9.5))
+
+    # 1: floor / time against M, uniform, DeepSeek-V3 (the other presets are in panel 2).
+    for fmt in FORMATS:
+        pts = sorted((k[1], floor_ms(k[0], fmt, k[1], v[1]) / v[0]) for k, v in latest.items()
+                     if k[0] == "deepseek-v3" and k[2] == fmt and k[3] == "uniform")
+        a1.plot([m for m, _ in pts], [r for _, r in pts], marker="o", color=colors[fmt], label=fmt)
+    a1.axhline(0.91, color="gray", ls="--", lw=1)
+    a1.text(0.01, 0.92, "target 0.91 (bf16 and fp8: time <= 1.10 x floor)", transform=a1.get_yaxis_transform(),
+            fontsize=8, color="gray")
+    a1.set_xscale("log", base=2)
+    a1.set_xlabel("M = rows routed to this GPU (128 local experts)")
+    a1.set_ylabel("floor / time")
+    a1.set_title("DeepSeek-V3, uniform: floor = max(bytes / (0.9 x copy), FLOPs / P)")
+    a1.legend(fontsize=8)
+
+    # 2: floor / time per preset at M 8192 (hollow) and 32768 (filled).
+    for fi, fmt in enumerate(FORMATS):
+        for M, face in ((8192, "white"), (32768, None)):
+            pts = [(i, floor_ms(p, fmt, M, latest[(p, M, fmt, "uniform")][1]) / latest[(p, M, fmt, "uniform")][0])
+                   for i, p in enumerate(presets) if (p, M, fmt, "uniform") in latest]
+            a2.plot([i + (fi - 1) * 0.2 for i, _ in pts], [r for _, r in pts], "o", color=colors[fmt],
+                    markerfacecolor=face or colors[fmt], label=f"{fmt} M {M}")
+    a2.axhline(0.91, color="gray", ls="--", lw=1)
+    a2.set_xticks(list(xs), [NAMES[p] for p in presets], fontsize=8)
+    a2.set_ylabel("floor / time")
+    a2.set_title("every preset at M 8192 (hollow) and 32768 (filled), uniform")
+    a2.legend(fontsize=7, ncol=3)
+
+    # 3: nvfp4 / fp8 time at decode sizes, and the lowest an exact nvfp4 kernel could reach there
+    # (its bytes at the full copy rate, or its FLOPs at the dense bf16 peak, over fp8's measured time).
+    for mi, (M, face) in enumerate(((128, None), (2048, "white"))):
+        meas, best = [], []
+        for i, p in enumerate(presets):
+            n, f = latest.get((p, M, "nvfp4", "uniform")), latest.get((p, M, "fp8", "uniform"))
+            if n and f:
+                meas.append((i, n[0] / f[0]))
+                bound = max(weight_bytes(p, "nvfp4") / (n[1] * 1e9), flops(p, M) / H200_BF16_DENSE) * 1e3
+                best.append((i, bound / f[0]))
+        off = (mi - 0.5) * 0.3
+        a3.plot([i + off for i, _ in meas], [r for _, r in meas], "o", color="tab:red",
+                markerfacecolor=face or "tab:red", label=f"measured, M {M}")
+        a3.plot([i + off for i, _ in best], [r for _, r in best], "_", color="black", ms=14, mew=2,
+                label="bound: max(bytes / copy, FLOPs / 989 TFLOP/s) / fp8 time" if mi == 0 else None)
+    a3.axhline(0.60, color="gray", ls="--", lw=1)
+    a3.text(0.01, 0.62, "target 0.60", transform=a3.get_yaxis_transform(), fontsize=8, color="gray")
+    a3.set_xticks(list(xs), [NAMES[p] for p in presets], fontsize=8)
+    a3.set_ylabel("nvfp4 time / fp8 time")
+    a3.set_title("nvfp4 against fp8 (iq fp8) at decode sizes")
+    a3.legend(fontsize=7)
+
+    # 4: skewed and routed loads against uniform, M 32768 (filled) and 8192 (hollow).
+    for fi, fmt in enumerate(FORMATS):
+        for routing, marker in (("skew", "s"), ("router", "^")):
+            for M, face in ((8192, "white"), (32768, None)):
+                pts = [(i, latest[(p, M, fmt, routing)][0] / latest[(p, M, fmt, "uniform")][0])
+                       for i, p in enumerate(presets)
+                       if (p, M, fmt, routing) in latest and (p, M, fmt, "uniform") in latest]
+                a4.plot([i + (fi - 1) * 0.2 for i, _ in pts], [r for _, r in pts], marker, color=colors[fmt],
+                        markerfacecolor=face or colors[fmt], label=f"{fmt} {routing}" if M == 32768 else None)
+    a4.axhline(1.10, color="gray", ls="--", lw=1)
+    a4.text(0.01, 1.11, "target 1.10", transform=a4.get_yaxis_transform(), fontsize=8, color="gray")
+    a4.set_xticks(list(xs), [NAMES[p] for p in presets], fontsize=8)
+    a4.set_ylabel("time / uniform time")
+    a4.set_title("skewed (square) and router (triangle) loads, M 32768 filled, 8192 hollow")
+    a4.legend(fontsize=7, ncol=3)
+    for ax in (a1, a2, a3, a4):
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
-    fig.suptitle("epmoe runner, one H200, DeepSeek-V3 experts (H 7168, I 2048): latest measurement per point;\n"
-                 "hollow = measured only with the first (mma.sync) engine, not re-measured since", fontsize=10)
+    files = sorted(set(source.values()))
+    fig.suptitle("epmoe runner on one H200 against its targets: the latest settled sweep per point\n"
+                 f"(from {', '.join(files)})", fontsize=10)
     fig.tight_layout()
-    fig.savefig(out, dpi=110)
+    fig.savefig(out, dpi=100)
     for k in sorted(latest):
-        print(k, latest[k])
+        t, copy_gbs, _ = latest[k]
+        print(*k, f"{t:.3f} ms", f"floor/time {floor_ms(k[0], k[2], k[1], copy_gbs) / t:.2f}", source[k])
 
 
 if __name__ == "__main__":
