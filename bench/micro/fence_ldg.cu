@@ -16,6 +16,10 @@
 //   fence     the engine's order: loads, then fence.proxy.async, then the barrier
 //   after     fence.proxy.async and the barrier first, then the loads
 //   block     loads, then fence.acq_rel.cta (__threadfence_block), then the barrier
+// and the same question for cp.async into a shared-memory ring (the wide nvfp4 engine issues the
+// copies of stage s + ahead, then waits for stage s and fences):
+//   cp-before the copies of stage s + ahead, then cp.async.wait_group for stage s, fence, barrier
+//   cp-after  the wait, fence and barrier first, then the copies (the bf16 / fp8 decode engines)
 // Printed per variant and CTAs per SM: GB/s and its ratio to a device-to-device copy measured in
 // the same run. If `fence` is far below `bar` and `after` close to it, the engine's loads should
 // move after its barrier (or the fence leave the loop).
@@ -32,8 +36,8 @@
 namespace {
 
 constexpr int kThreads = 128, kBlock = 9216, kAhead = 2, kRing = kAhead + 1;
-enum Variant { kNone, kBar, kFence, kAfter, kBlockFence, kVariants };
-const char* const kNames[kVariants] = {"none", "bar", "fence", "after", "block"};
+enum Variant { kNone, kBar, kFence, kAfter, kBlockFence, kCpBefore, kCpAfter, kVariants };
+const char* const kNames[kVariants] = {"none", "bar", "fence", "after", "block", "cp-before", "cp-after"};
 
 struct Regs {
   uint4 c[4];
@@ -88,15 +92,74 @@ __global__ void __launch_bounds__(kThreads) stream_kernel(const uint8_t* W, int6
   if (sum == 0x9e3779b9u) sink[0] = sum;  // keeps the loads
 }
 
+__device__ __forceinline__ void cp16(uint32_t dst, const void* src) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src));
+}
+
+// The cp.async form: a ring of kSlots 9 KB slots; a thread copies its 4 x 16 bytes of codes, the
+// first 64 threads 16 bytes of scales each (as the wide engine), and reads its own bytes back.
+template <int V>
+__global__ void __launch_bounds__(kThreads) ring_kernel(const uint8_t* W, int64_t blocks, unsigned* sink) {
+  // kAhead + 2 slots: the copy of stage s + ahead (issued before step s's barrier in cp-before)
+  // goes into the slot of stage s - 2, which every thread finished reading before step s - 1's barrier.
+  constexpr int kSlots = kAhead + 2;
+  __shared__ alignas(128) uint8_t ring[kSlots][kBlock];
+  const int tid = threadIdx.x;
+  const int64_t mine = int64_t(blockIdx.x) < blocks ? (blocks - 1 - blockIdx.x) / gridDim.x + 1 : 0;
+  int64_t next = 0;
+  auto copy = [&]() {
+    if (next < mine) {
+      const uint8_t* p = W + (int64_t(blockIdx.x) + next * gridDim.x) * kBlock;
+      uint8_t* d = ring[next % kSlots];
+#pragma unroll
+      for (int i = 0; i < 4; ++i)
+        cp16(static_cast<uint32_t>(__cvta_generic_to_shared(d + i * 2048 + tid * 16)), p + i * 2048 + tid * 16);
+      if (tid < 64) cp16(static_cast<uint32_t>(__cvta_generic_to_shared(d + 8192 + tid * 16)), p + 8192 + tid * 16);
+    }
+    ++next;
+    asm volatile("cp.async.commit_group;\n" ::);
+  };
+#pragma unroll
+  for (int j = 0; j < kAhead; ++j) copy();
+  unsigned sum = 0;
+  for (int64_t s = 0; s < mine; ++s) {
+    if constexpr (V == kCpBefore) copy();  // stage s + ahead, before waiting for stage s
+    // Stage s complete: kAhead groups younger than it may stay in flight (before) or kAhead - 1
+    // (after: stage s + ahead is not issued yet).
+    if constexpr (V == kCpBefore)
+      asm volatile("cp.async.wait_group %0;\n" ::"n"(kAhead));
+    else
+      asm volatile("cp.async.wait_group %0;\n" ::"n"(kAhead - 1));
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+    __syncthreads();
+    if constexpr (V == kCpAfter) copy();
+    const uint8_t* d = ring[s % kSlots];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const uint4 v = *reinterpret_cast<const uint4*>(d + i * 2048 + tid * 16);
+      sum += v.x ^ v.y ^ v.z ^ v.w;
+    }
+  }
+  asm volatile("cp.async.wait_all;\n" ::);
+  if (sum == 0x9e3779b9u) sink[0] = sum;
+}
+
 template <int V>
 float time_variant(const uint8_t* W, int64_t blocks, int grid, unsigned* sink) {
   cudaEvent_t a, b;
   EPMOE_CUDA_CHECK(cudaEventCreate(&a));
   EPMOE_CUDA_CHECK(cudaEventCreate(&b));
-  stream_kernel<V><<<grid, kThreads>>>(W, blocks, sink);  // warm-up
+  auto launch = [&]() {
+    if constexpr (V >= kCpBefore)
+      ring_kernel<V><<<grid, kThreads>>>(W, blocks, sink);
+    else
+      stream_kernel<V><<<grid, kThreads>>>(W, blocks, sink);
+  };
+  launch();  // warm-up
+  EPMOE_CUDA_CHECK(cudaGetLastError());
   EPMOE_CUDA_CHECK(cudaEventRecord(a));
   constexpr int kReps = 3;
-  for (int i = 0; i < kReps; ++i) stream_kernel<V><<<grid, kThreads>>>(W, blocks, sink);
+  for (int i = 0; i < kReps; ++i) launch();
   EPMOE_CUDA_CHECK(cudaEventRecord(b));
   EPMOE_CUDA_CHECK(cudaEventSynchronize(b));
   float ms = 0;
@@ -144,13 +207,17 @@ int main(int argc, char** argv) {
   std::printf("# register-ring loads (%d ahead, 9 KB blocks, 128 threads per CTA) and a fence per step: %s, %d SMs, "
               "%ld MiB; HBM copy %.0f GB/s\n",
               kAhead, prop.name, prop.multiProcessorCount, mib, copy_gbs);
-  std::printf("| CTAs per SM | none | bar | fence | after | block |\n|---|---|---|---|---|---|\n");
+  std::printf("| CTAs per SM |");
+  for (const char* n : kNames) std::printf(" %s |", n);
+  std::printf("\n|---|---|---|---|---|---|---|---|\n");
   for (int per_sm : {2, 3, 4}) {
     const int grid = prop.multiProcessorCount * per_sm;
     const float ms[kVariants] = {time_variant<kNone>(W, blocks, grid, sink), time_variant<kBar>(W, blocks, grid, sink),
                                  time_variant<kFence>(W, blocks, grid, sink),
                                  time_variant<kAfter>(W, blocks, grid, sink),
-                                 time_variant<kBlockFence>(W, blocks, grid, sink)};
+                                 time_variant<kBlockFence>(W, blocks, grid, sink),
+                                 time_variant<kCpBefore>(W, blocks, grid, sink),
+                                 time_variant<kCpAfter>(W, blocks, grid, sink)};
     std::printf("| %d |", per_sm);
     for (float t : ms) {
       const double gbs = double(bytes) / (t * 1e6);
@@ -160,8 +227,11 @@ int main(int argc, char** argv) {
   }
   std::printf("\n(GB/s of weights read; in parentheses, the ratio to the HBM copy rate.) Variants: %s = loads only; "
               "%s = + a barrier per step; %s = loads, fence.proxy.async, barrier (the prepared nvfp4 engine); %s = "
-              "fence and barrier, then the loads; %s = loads, __threadfence_block, barrier.\n",
-              kNames[kNone], kNames[kBar], kNames[kFence], kNames[kAfter], kNames[kBlockFence]);
+              "fence and barrier, then the loads; %s = loads, __threadfence_block, barrier; %s = cp.async of stage s + "
+              "ahead, then wait for stage s, fence, barrier (the wide nvfp4 engine's order); %s = wait, fence, barrier, "
+              "then the cp.async (the bf16 / fp8 decode engines' order).\n",
+              kNames[kNone], kNames[kBar], kNames[kFence], kNames[kAfter], kNames[kBlockFence], kNames[kCpBefore],
+              kNames[kCpAfter]);
   cudaEventDestroy(a);
   cudaEventDestroy(b);
   cudaFree(W);
