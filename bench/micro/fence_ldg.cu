@@ -32,6 +32,7 @@
 #include <cstdlib>
 
 #include "core/cuda/check.h"
+#include "run/cuda/engine_mma.cuh"  // the engines' streaming loads
 
 namespace {
 
@@ -44,19 +45,6 @@ struct Regs {
   uint2 s;
 };
 
-__device__ __forceinline__ uint4 ldg16(const uint8_t* p) {
-  uint4 v;
-  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-               : "l"(p));
-  return v;
-}
-__device__ __forceinline__ uint2 ldg8(const uint8_t* p) {
-  uint2 v;
-  asm volatile("ld.global.nc.L1::no_allocate.v2.u32 {%0, %1}, [%2];\n" : "=r"(v.x), "=r"(v.y) : "l"(p));
-  return v;
-}
-
 template <int V>
 __global__ void __launch_bounds__(kThreads) stream_kernel(const uint8_t* W, int64_t blocks, unsigned* sink) {
   const int tid = threadIdx.x;
@@ -66,8 +54,8 @@ __global__ void __launch_bounds__(kThreads) stream_kernel(const uint8_t* W, int6
     if (next >= mine) return;
     const uint8_t* p = W + (int64_t(blockIdx.x) + next * gridDim.x) * kBlock + tid * 16;
 #pragma unroll
-    for (int i = 0; i < 4; ++i) r.c[i] = ldg16(p + i * 2048);
-    r.s = ldg8(W + (int64_t(blockIdx.x) + next * gridDim.x) * kBlock + 8192 + tid * 8);
+    for (int i = 0; i < 4; ++i) r.c[i] = epmoe::cuda::gemm::ldg_stream16(p + i * 2048);
+    r.s = epmoe::cuda::gemm::ldg_stream8(W + (int64_t(blockIdx.x) + next * gridDim.x) * kBlock + 8192 + tid * 8);
     ++next;
   };
   Regs ring[kRing];

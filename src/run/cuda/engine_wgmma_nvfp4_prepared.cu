@@ -46,6 +46,8 @@ using namespace wgf4;
 using gemm::cp_async16;
 using gemm::cp_commit;
 using gemm::cp_wait;
+using gemm::ldg_stream16;
+using gemm::ldg_stream8;
 using gemm::smem_u32;
 
 constexpr int kBlock = kPreparedBlock;
@@ -53,19 +55,6 @@ constexpr int kAheadA = 1;            // token stages loaded ahead
 constexpr int kSlotsA = kAheadA + 2;  // token ring slots (the batches of step s - 1 may still run)
 constexpr int kAtoms = 2 * kBT * 128;  // one token stage: two SW128 atoms [32][128 B]
 constexpr int kSmem = kAtoms * kSlotsA + 1024;
-
-__device__ __forceinline__ uint4 ldg_stream16(const uint8_t* p) {
-  uint4 v;
-  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-               : "l"(p));
-  return v;
-}
-__device__ __forceinline__ uint2 ldg_stream8(const uint8_t* p) {
-  uint2 v;
-  asm volatile("ld.global.nc.L1::no_allocate.v2.u32 {%0, %1}, [%2];\n" : "=r"(v.x), "=r"(v.y) : "l"(p));
-  return v;
-}
 
 struct WeightRegs {
   uint4 c[4];  // codes, i = 2 sb + h
