@@ -100,15 +100,16 @@ def read_points(path):
         if m:
             copy_gbs = float(m.group(1))
         if skip or not line.startswith("|"):
-            header = None if not line.startswith("|") else header
+            header = None
             continue
         cells = [c.strip() for c in line.strip("|").split("|")]
         if cells[:2] == ["preset", "M"]:
             header = cells
             preset = None
             continue
-        if not header or set(cells[0]) <= set("-: ") and set(cells[1]) <= set("-: "):
+        if not header:
             continue
+        # An empty preset cell repeats the row above's; the separator row names none.
         preset = preset_key(cells[0]) or (preset if not cells[0] else None)
         if preset is None or copy_gbs is None or not cells[1].isdigit():
             continue

@@ -418,9 +418,10 @@ void print_plan(const Opts& o) {
         }
         const int head = Grouped::part_rows(c, Grouped::Part::head, mid).rows;
         const int heads = (head + Grouped::kPartRows - 1) / Grouped::kPartRows;
-        const int part_tile = Grouped::part_rows(c, Grouped::Part::tail, mid).rows  ? Grouped::kPartTail
-                              : Grouped::part_rows(c, Grouped::Part::mid, mid).rows ? Grouped::kPartMid
-                                                                                    : 0;
+        const Grouped::Part owner = Grouped::remainder_part(c % Grouped::kPartRows, mid);
+        const int part_tile = owner == Grouped::Part::tail ? Grouped::kPartTail
+                              : owner == Grouped::Part::mid ? Grouped::kPartMid
+                                                            : 0;
         mixed_mma += int64_t(heads) * Grouped::kPartRows + part_tile;
         mixed_tiles += heads + (part_tile > 0);
       }
