@@ -416,14 +416,15 @@ void print_plan(const Opts& o) {
           mixed_tiles += tiles;
           continue;
         }
+        // Each launch's rows by the fill's own rule: the head's in 256-wide tiles, a tail's or
+        // mid's remainder in one tile of its width.
         const int head = Grouped::part_rows(c, Grouped::Part::head, mid).rows;
         const int heads = (head + Grouped::kPartRows - 1) / Grouped::kPartRows;
-        const Grouped::Part owner = Grouped::remainder_part(c % Grouped::kPartRows, mid);
-        const int part_tile = owner == Grouped::Part::tail ? Grouped::kPartTail
-                              : owner == Grouped::Part::mid ? Grouped::kPartMid
-                                                            : 0;
-        mixed_mma += int64_t(heads) * Grouped::kPartRows + part_tile;
-        mixed_tiles += heads + (part_tile > 0);
+        const bool tail = Grouped::part_rows(c, Grouped::Part::tail, mid).rows > 0;
+        const bool middle = Grouped::part_rows(c, Grouped::Part::mid, mid).rows > 0;
+        mixed_mma += int64_t(heads) * Grouped::kPartRows + (tail ? Grouped::kPartTail : 0) +
+                     (middle ? Grouped::kPartMid : 0);
+        mixed_tiles += heads + tail + middle;
       }
       const int touched = brows.touched(M);
       const auto [lo, hi] = std::minmax_element(counts.begin(), counts.end());
